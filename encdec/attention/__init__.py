@@ -1,0 +1,5 @@
+"""Attention for encoder/decoder models: types, per-step metadata, the layer, and backends."""
+from encdec.attention.layer import Attention
+from encdec.attention.metadata import AttentionMetadata, AttentionType
+
+__all__ = ["Attention", "AttentionMetadata", "AttentionType"]

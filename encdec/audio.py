@@ -1,0 +1,236 @@
+"""Audio loading and the Whisper log-mel front end.
+
+Two ways to turn a 30 s window into the 3000 feature frames the encoder expects:
+
+* ``style="hf"`` (Hugging Face ``WhisperFeatureExtractor``): pad or trim the waveform to
+  30 s, then take the log-mel of the padded window.
+* ``style="whisper"`` (openai-whisper / faster-whisper): take the log-mel of the clip
+  itself, keep its ``len(audio) // 160`` content frames and zero-pad the *features* to
+  3000 frames.
+
+They differ in the dynamic-range clamp and in the padded frames, which is enough to
+change transcripts of short clips, so callers pick one on purpose.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Sequence, Union
+
+import librosa
+import numpy as np
+import soundfile
+import torch
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16000
+N_FFT = 400
+HOP_LENGTH = 160
+CHUNK_LENGTH = 30
+N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000
+N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000
+
+STYLES = ("hf", "whisper")
+
+AudioSource = Union[str, os.PathLike, tuple]
+ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
+
+
+class AudioFileNotFoundError(FileNotFoundError, ValueError):
+    """The audio file does not exist (catchable as ``ValueError`` too)."""
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
+    """Return ``source`` as a mono float32 waveform at ``sr`` Hz.
+
+    ``source`` is a path to any file soundfile (or librosa's fallback) can decode, or a
+    ``(waveform, sample_rate)`` pair. A 2-D waveform is downmixed by averaging; its
+    smaller dimension is taken as the channel axis. Integer PCM is scaled to [-1, 1).
+    """
+    if sr <= 0:
+        raise ValueError(f"target sample rate must be positive, got {sr}")
+    if isinstance(source, (tuple, list)):
+        if len(source) != 2:
+            raise ValueError("expected a path or a (waveform, sample_rate) pair")
+        waveform, rate = source
+        name = "waveform"
+        audio = _downmix(_as_float_array(waveform, name), name)
+    else:
+        name = os.fspath(source)
+        audio, rate = _read_file(Path(name))
+    if not np.isscalar(rate) or not rate > 0:
+        raise ValueError(f"{name}: sample rate must be positive, got {rate!r}")
+    if audio.size == 0:
+        raise ValueError(f"{name}: contains no audio samples")
+    if not np.all(np.isfinite(audio)):
+        raise ValueError(f"{name}: contains NaN or infinite samples")
+    if rate != sr:
+        audio = _resample(audio, int(rate), sr)
+    return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def _read_file(path: Path) -> tuple[np.ndarray, int]:
+    if not path.is_file():
+        raise AudioFileNotFoundError(f"audio file not found: {path}")
+    if path.stat().st_size == 0:
+        raise ValueError(f"{path}: audio file is empty")
+    try:
+        data, rate = soundfile.read(path, dtype="float32", always_2d=True)
+        return data.mean(axis=1), rate
+    except Exception as error:  # libsndfile cannot decode it; try librosa's fallback
+        sf_error = error
+        logger.debug("soundfile could not read %s (%s); trying librosa", path, error)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            data, rate = librosa.load(path, sr=None, mono=True, dtype=np.float32)
+    except Exception as error:
+        reason = str(error) or str(sf_error) or type(error).__name__
+        raise ValueError(f"{path}: not a readable audio file ({reason})") from error
+    return data, rate
+
+
+def _as_float_array(waveform: ArrayLike, name: str) -> np.ndarray:
+    if isinstance(waveform, torch.Tensor):
+        waveform = waveform.detach().cpu().numpy()
+    array = np.asarray(waveform)
+    if np.issubdtype(array.dtype, np.integer):
+        scale = float(np.iinfo(array.dtype).max) + 1.0
+        return array.astype(np.float32) / scale
+    if not np.issubdtype(array.dtype, np.floating):
+        raise ValueError(f"{name}: expected numeric samples, got dtype {array.dtype}")
+    return array.astype(np.float32, copy=False)
+
+
+def _downmix(audio: np.ndarray, name: str) -> np.ndarray:
+    if audio.ndim == 1:
+        return audio
+    if audio.ndim != 2:
+        raise ValueError(f"{name}: expected a 1-D or 2-D waveform, got shape {audio.shape}")
+    channel_axis = 0 if audio.shape[0] <= audio.shape[1] else 1
+    return audio.mean(axis=channel_axis)
+
+
+def _resample(audio: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
+    try:
+        return librosa.resample(audio, orig_sr=orig_sr, target_sr=target_sr, res_type="soxr_hq")
+    except Exception as error:  # soxr missing: librosa's default resampler
+        logger.debug("soxr_hq resampling unavailable (%s); using librosa's default", error)
+        return librosa.resample(audio, orig_sr=orig_sr, target_sr=target_sr)
+
+
+# --------------------------------------------------------------------------- log-mel
+
+
+@functools.lru_cache(maxsize=None)
+def mel_filters(n_mels: int) -> torch.Tensor:
+    """Slaney mel filter bank ``[n_mels, N_FFT // 2 + 1]`` (float32, cached; do not modify)."""
+    bank = librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=n_mels, htk=False, norm="slaney")
+    return torch.from_numpy(bank.astype(np.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def _hann_window() -> torch.Tensor:
+    return torch.hann_window(N_FFT, periodic=True, dtype=torch.float32)
+
+
+def _as_batch(audio: ArrayLike) -> tuple[torch.Tensor, bool]:
+    tensor = audio if isinstance(audio, torch.Tensor) else torch.from_numpy(np.asarray(audio))
+    tensor = tensor.to(torch.float32)
+    if tensor.dim() not in (1, 2):
+        raise ValueError(f"expected audio of shape [N] or [B, N], got {tuple(tensor.shape)}")
+    return (tensor.unsqueeze(0), True) if tensor.dim() == 1 else (tensor, False)
+
+
+def _log10_mel(batch: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """``log10(max(mel power, 1e-10))`` of ``[B, N]`` audio, ``N // HOP_LENGTH`` frames."""
+    if batch.shape[-1] <= N_FFT // 2:  # reflect padding needs more samples than the pad
+        batch = torch.nn.functional.pad(batch, (0, N_FFT // 2 + 1 - batch.shape[-1]))
+    window = _hann_window().to(batch.device)
+    stft = torch.stft(
+        batch, N_FFT, HOP_LENGTH, window=window, center=True, pad_mode="reflect", return_complex=True
+    )
+    power = stft[..., :-1].abs() ** 2
+    mel = mel_filters(n_mels).to(batch.device) @ power
+    return torch.clamp(mel, min=1e-10).log10()
+
+
+def _normalize(log_spec: torch.Tensor, max_frames: torch.Tensor | None = None) -> torch.Tensor:
+    """Clamp to (per-item max - 8) and rescale; the max only sees frames ``< max_frames``."""
+    if max_frames is None:
+        peak = log_spec.amax(dim=(-2, -1), keepdim=True)
+    else:
+        frame = torch.arange(log_spec.shape[-1], device=log_spec.device)
+        outside = frame[None, None, :] >= max_frames.to(log_spec.device)[:, None, None]
+        peak = log_spec.masked_fill(outside, float("-inf")).amax(dim=(-2, -1), keepdim=True)
+    return (torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0
+
+
+def log_mel_spectrogram(audio: ArrayLike, n_mels: int = 80, padding: int = 0) -> torch.Tensor:
+    """Whisper's normalised log-mel spectrogram.
+
+    ``audio`` is ``[N]`` or ``[B, N]`` at 16 kHz; ``padding`` zeros are appended first.
+    Returns ``[n_mels, frames]`` or ``[B, n_mels, frames]`` with ``frames = (N + padding) // 160``.
+    """
+    batch, single = _as_batch(audio)
+    if padding > 0:
+        batch = torch.nn.functional.pad(batch, (0, padding))
+    features = _normalize(_log10_mel(batch, n_mels))
+    return features[0] if single else features
+
+
+def pad_or_trim(array: ArrayLike, length: int, axis: int = -1) -> torch.Tensor:
+    """Zero-pad or cut ``array`` to ``length`` along ``axis``."""
+    tensor = array if isinstance(array, torch.Tensor) else torch.from_numpy(np.asarray(array))
+    size = tensor.shape[axis]
+    if size > length:
+        return tensor.narrow(axis, 0, length)
+    if size < length:
+        shape = list(tensor.shape)
+        shape[axis] = length - size
+        return torch.cat([tensor, tensor.new_zeros(shape)], dim=axis)
+    return tensor
+
+
+def windows_features(
+    windows: Sequence[ArrayLike], n_mels: int = 80, style: str = "hf"
+) -> torch.Tensor:
+    """Features ``[B, n_mels, 3000]`` for a batch of 16 kHz windows (see the module doc)."""
+    if style not in STYLES:
+        raise ValueError(f"unknown front-end style {style!r}; expected one of {STYLES}")
+    if len(windows) == 0:
+        raise ValueError("expected at least one audio window")
+    clips = [_as_batch(w)[0][0] for w in windows]
+    if any(len(c) == 0 for c in clips):
+        raise ValueError("audio windows must not be empty")
+    if style == "hf":
+        batch = torch.stack([pad_or_trim(c, N_SAMPLES) for c in clips])
+        return _normalize(_log10_mel(batch, n_mels))
+    return _whisper_style(clips, n_mels)
+
+
+def _whisper_style(clips: list[torch.Tensor], n_mels: int) -> torch.Tensor:
+    # faster-whisper appends 160 zeros, takes the log-mel (clamp max over all frames),
+    # keeps len // 160 content frames and zero-pads them. Padding every clip with more
+    # zeros leaves those frames unchanged, so the batch shares one STFT.
+    lengths = torch.tensor([len(c) for c in clips])
+    total = int(lengths.max()) + HOP_LENGTH
+    batch = torch.stack([pad_or_trim(c, total) for c in clips])
+    log_spec = _normalize(_log10_mel(batch, n_mels), max_frames=(lengths + HOP_LENGTH) // HOP_LENGTH)
+    content = lengths // HOP_LENGTH
+    frame = torch.arange(log_spec.shape[-1])
+    log_spec = log_spec.masked_fill(frame[None, None, :] >= content[:, None, None], 0.0)
+    return pad_or_trim(log_spec, N_FRAMES).contiguous()
+
+
+def whisper_features(audio: ArrayLike, n_mels: int = 80, style: str = "hf") -> torch.Tensor:
+    """Features ``[n_mels, 3000]`` for one 16 kHz window (first 30 s of ``audio``)."""
+    return windows_features([audio], n_mels=n_mels, style=style)[0]

@@ -1,0 +1,97 @@
+"""Engine configuration: what model, how big the cache, how the scheduler batches, which device."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+           "half": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_dtype(dtype: Any) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype in (None, "auto"):
+        return torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+@dataclass
+class ModelConfig:
+    """The model and the limits its config implies."""
+
+    model: str
+    hf_config: Any
+    dtype: torch.dtype
+    max_encoder_len: int
+    max_decoder_len: int
+    vocab_size: int
+    decoder_start_token_id: int
+    bos_token_id: Optional[int]
+    eos_token_id: Optional[int]
+
+    @property
+    def num_decoder_layers(self) -> int:
+        return self.hf_config.decoder_layers
+
+    @property
+    def num_decoder_heads(self) -> int:
+        return self.hf_config.decoder_attention_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.hf_config.d_model // self.hf_config.decoder_attention_heads
+
+
+@dataclass
+class CacheConfig:
+    """Paged KV cache: block size, and either a block count or a memory budget (GiB)."""
+
+    block_size: int = 16
+    num_gpu_blocks: Optional[int] = None
+    kv_cache_space: float = 4.0
+    swap_space: float = 4.0
+    watermark: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
+            raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
+        if self.swap_space < 0 or self.kv_cache_space <= 0:
+            raise ValueError("swap_space must be >= 0 and kv_cache_space > 0 (GiB)")
+
+
+@dataclass
+class SchedulerConfig:
+    """Batching budgets and the preemption mode ("swap" or "recompute")."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 16384
+    preemption_mode: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        if self.preemption_mode not in (None, "swap", "recompute"):
+            raise ValueError(f"preemption_mode must be 'swap' or 'recompute', got {self.preemption_mode!r}")
+
+
+@dataclass
+class DeviceConfig:
+    device: torch.device
+
+    @classmethod
+    def create(cls, device: Optional[str]) -> "DeviceConfig":
+        if device in (None, "auto"):
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dev = torch.device(device)
+        if dev.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was requested but CUDA is not available on this machine")
+        return cls(dev)

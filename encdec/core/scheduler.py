@@ -1,0 +1,216 @@
+"""Continuous batching: which groups run this step, and what moves in the cache first.
+
+Each step: running groups get a slot for their next token, preempting the most recently
+admitted groups when blocks run out (by recompute for single-sequence groups, by swap
+otherwise, or as `preemption_mode` says); when nothing was preempted, swapped groups come back
+and waiting groups are admitted within the budgets. Prefills and decodes share one step.
+Preemption by recompute frees both the self and the cross blocks, so the encoder runs again.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Optional
+
+from encdec.config import CacheConfig, SchedulerConfig
+from encdec.core.block_manager import AllocStatus, BlockSpaceManager
+from encdec.sequence import Sequence, SequenceGroup, SequenceGroupMetadata, SequenceStatus
+
+
+class PreemptionMode(enum.Enum):
+    SWAP = "swap"
+    RECOMPUTE = "recompute"
+
+
+@dataclass
+class SchedulerOutputs:
+    scheduled_seq_groups: list[SequenceGroup]
+    num_prefill_groups: int
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    ignored_seq_groups: list[SequenceGroup] = field(default_factory=list)
+
+    def is_empty(self) -> bool:
+        return not (self.scheduled_seq_groups or self.blocks_to_swap_in or self.blocks_to_swap_out)
+
+
+@dataclass
+class SchedulerStats:
+    num_preemptions: int = 0
+    num_recomputes: int = 0
+    num_swap_outs: int = 0
+    num_swap_ins: int = 0
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
+                 num_gpu_blocks: int, num_cpu_blocks: int):
+        self.config = scheduler_config
+        self.block_manager = BlockSpaceManager(cache_config.block_size, num_gpu_blocks,
+                                               num_cpu_blocks, cache_config.watermark)
+        self.waiting: deque[SequenceGroup] = deque()
+        self.running: deque[SequenceGroup] = deque()
+        self.swapped: deque[SequenceGroup] = deque()
+        self.stats = SchedulerStats()
+
+    # -- queue management ---------------------------------------------------------------
+    def add_seq_group(self, seq_group: SequenceGroup) -> None:
+        self.waiting.append(seq_group)
+
+    def has_unfinished_seqs(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped)
+
+    def get_num_unfinished_seq_groups(self) -> int:
+        return len(self.waiting) + len(self.running) + len(self.swapped)
+
+    def abort_seq_group(self, request_id: str) -> bool:
+        """Abort a request wherever it is; frees its self and cross blocks."""
+        for queue in (self.waiting, self.running, self.swapped):
+            for group in queue:
+                if group.request_id == request_id:
+                    queue.remove(group)
+                    for seq in group.get_unfinished_seqs():
+                        seq.status = SequenceStatus.FINISHED_ABORTED
+                    self._free_group(group)
+                    return True
+        return False
+
+    def free_seq(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+
+    def free_finished_seq_groups(self) -> list[SequenceGroup]:
+        finished = [g for g in self.running if g.is_finished()]
+        for group in finished:
+            self.running.remove(group)
+            self._free_group(group)
+        return finished
+
+    def _free_group(self, group: SequenceGroup) -> None:
+        for seq in group.get_seqs():
+            self.block_manager.free(seq)
+        self.block_manager.free_cross(group)
+
+    # -- scheduling ---------------------------------------------------------------------
+    def schedule(self) -> tuple[list[SequenceGroupMetadata], SchedulerOutputs]:
+        out = SchedulerOutputs([], 0)
+        decodes, preempted = self._schedule_running(out)
+        budget_seqs = self.config.max_num_seqs - sum(g.num_seqs(SequenceStatus.RUNNING) for g in decodes)
+        budget_tokens = self.config.max_num_batched_tokens - sum(
+            g.num_seqs(SequenceStatus.RUNNING) for g in decodes)
+        if not preempted:
+            budget_seqs, budget_tokens = self._schedule_swapped(out, decodes, budget_seqs, budget_tokens)
+        prefills = []
+        if not preempted and not self.swapped:
+            prefills = self._schedule_prefills(out, budget_seqs, budget_tokens)
+        out.scheduled_seq_groups = prefills + decodes
+        out.num_prefill_groups = len(prefills)
+        return [self._metadata(g, is_prompt=i < len(prefills))
+                for i, g in enumerate(out.scheduled_seq_groups)], out
+
+    def _schedule_running(self, out: SchedulerOutputs) -> tuple[list[SequenceGroup], bool]:
+        scheduled: list[SequenceGroup] = []
+        preempted = False
+        running = self.running
+        self.running = deque()
+        while running:
+            group = running.popleft()
+            while not self.block_manager.can_append_slots(group):
+                preempted = True
+                victim = running.pop() if running else group
+                self._preempt(victim, out)
+                if victim is group:
+                    break
+            else:
+                for seq in group.get_seqs(SequenceStatus.RUNNING):
+                    out.blocks_to_copy.extend(self.block_manager.append_slots(seq))
+                scheduled.append(group)
+        self.running.extend(scheduled)
+        return scheduled, preempted
+
+    def _schedule_swapped(self, out: SchedulerOutputs, decodes: list[SequenceGroup],
+                          budget_seqs: int, budget_tokens: int) -> tuple[int, int]:
+        while self.swapped:
+            group = self.swapped[0]
+            num_seqs = group.num_seqs(SequenceStatus.SWAPPED)
+            if num_seqs > min(budget_seqs, budget_tokens):
+                break
+            if self.block_manager.can_swap_in(group) != AllocStatus.OK:
+                break
+            self.swapped.popleft()
+            out.blocks_to_swap_in.extend(self.block_manager.swap_in(group))
+            self.stats.num_swap_ins += 1
+            for seq in group.get_seqs(SequenceStatus.SWAPPED):
+                seq.status = SequenceStatus.RUNNING
+                out.blocks_to_copy.extend(self.block_manager.append_slots(seq))
+            decodes.append(group)
+            self.running.append(group)
+            budget_seqs -= num_seqs
+            budget_tokens -= num_seqs
+        return budget_seqs, budget_tokens
+
+    def _schedule_prefills(self, out: SchedulerOutputs, budget_seqs: int,
+                           budget_tokens: int) -> list[SequenceGroup]:
+        scheduled = []
+        while self.waiting:
+            group = self.waiting[0]
+            (seq,) = group.get_seqs(SequenceStatus.WAITING)
+            num_tokens = len(seq) + len(group.encoder_seq)
+            status = self.block_manager.can_allocate(group)
+            if status == AllocStatus.NEVER:
+                self.waiting.popleft()
+                seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
+                out.ignored_seq_groups.append(group)
+                continue
+            if status == AllocStatus.LATER or group.get_max_num_running_seqs() > budget_seqs or (
+                    num_tokens > budget_tokens and scheduled):
+                break
+            self.waiting.popleft()
+            self.block_manager.allocate(group)
+            seq.status = SequenceStatus.RUNNING
+            scheduled.append(group)
+            self.running.append(group)
+            budget_seqs -= group.get_max_num_running_seqs()
+            budget_tokens -= num_tokens
+        return scheduled
+
+    def _preempt(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
+        self.stats.num_preemptions += 1
+        mode = self.config.preemption_mode
+        if mode is None:
+            mode = "recompute" if len(group.get_unfinished_seqs()) == 1 else "swap"
+        if mode == "recompute" and len(group.get_unfinished_seqs()) > 1:
+            mode = "swap"  # several decoder sequences share one encoder prefill: keep their caches
+        if mode == "swap" and not self.block_manager.can_swap_out(group):
+            if len(group.get_unfinished_seqs()) > 1:
+                raise RuntimeError("out of KV cache: cannot swap out a multi-sequence request; "
+                                   "raise swap_space or num_gpu_blocks")
+            mode = "recompute"
+        if mode == "recompute":
+            self.stats.num_recomputes += 1
+            self._free_group(group)
+            for seq in group.get_unfinished_seqs():
+                seq.reset_for_recompute()
+            self.waiting.appendleft(group)
+        else:
+            self.stats.num_swap_outs += 1
+            out.blocks_to_swap_out.extend(self.block_manager.swap_out(group))
+            for seq in group.get_seqs(SequenceStatus.RUNNING):
+                seq.status = SequenceStatus.SWAPPED
+            self.swapped.append(group)
+
+    def _metadata(self, group: SequenceGroup, is_prompt: bool) -> SequenceGroupMetadata:
+        seqs = group.get_seqs(SequenceStatus.RUNNING)
+        return SequenceGroupMetadata(
+            request_id=group.request_id,
+            is_prompt=is_prompt,
+            seq_data={s.seq_id: s.data for s in seqs},
+            sampling_params=group.sampling_params,
+            block_tables={s.seq_id: self.block_manager.get_block_table(s) for s in seqs},
+            encoder_seq_data=group.encoder_seq.data,
+            cross_block_table=self.block_manager.get_cross_block_table(group),
+            encoder_features=group.encoder_features if is_prompt else None,
+            generator=group.generator,
+        )

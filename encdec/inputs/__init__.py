@@ -1,0 +1,7 @@
+"""Prompt types and their preprocessing into encoder/decoder token ids (seed 004)."""
+from encdec.inputs.data import (ExplicitEncoderDecoderPrompt, PromptType, TextPrompt, TokensPrompt,
+                                zip_enc_dec_prompts)
+from encdec.inputs.preprocess import InputPreprocessor
+
+__all__ = ["ExplicitEncoderDecoderPrompt", "InputPreprocessor", "PromptType", "TextPrompt",
+           "TokensPrompt", "zip_enc_dec_prompts"]

@@ -1,0 +1,128 @@
+"""Turn any accepted prompt into `EncoderDecoderInputs`, validating it at the edge.
+
+Encoder side: text is tokenized with special tokens, token ids pass unchanged, audio becomes
+features through the model's audio processor. Decoder side: None gives the model's default
+decoder prompt (BART: [<DEC>, <BOS>] = [2, 0]); text is tokenized without special tokens; any
+token list not starting with <DEC> (decoder_start_token_id) gets it prepended.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from encdec.config import ModelConfig
+from encdec.inputs.data import is_explicit_encoder_decoder_prompt
+from encdec.sequence import EncoderDecoderInputs
+
+# audio source -> (encoder features, encoder sequence length)
+AudioProcessor = Callable[[Any], tuple[Any, int]]
+
+
+class InputPreprocessor:
+    def __init__(self, model_config: ModelConfig, tokenizer: Any,
+                 default_decoder_prompt: Optional[list[int]] = None,
+                 audio_processor: Optional[AudioProcessor] = None):
+        self.model_config = model_config
+        self.tokenizer = tokenizer
+        self.audio_processor = audio_processor
+        start, bos = model_config.decoder_start_token_id, model_config.bos_token_id
+        self.default_decoder_prompt = default_decoder_prompt or (
+            [start] if bos is None else [start, bos])
+
+    def preprocess(self, prompt: Any) -> EncoderDecoderInputs:
+        if is_explicit_encoder_decoder_prompt(prompt):
+            unknown = set(prompt) - {"encoder_prompt", "decoder_prompt"}
+            if unknown:
+                raise ValueError(f"unknown keys {sorted(unknown)} in an encoder/decoder prompt")
+            encoder_prompt, decoder_prompt = prompt["encoder_prompt"], prompt.get("decoder_prompt")
+        else:
+            encoder_prompt, decoder_prompt = prompt, None
+        enc_text, enc_ids, features = self._encoder_side(encoder_prompt)
+        dec_text, dec_ids = self._decoder_side(decoder_prompt)
+        return EncoderDecoderInputs(encoder_prompt_token_ids=enc_ids, prompt_token_ids=dec_ids,
+                                    encoder_prompt=enc_text, prompt=dec_text,
+                                    encoder_features=features)
+
+    def _encoder_side(self, prompt: Any) -> tuple[Optional[str], list[int], Any]:
+        text, ids, mm_data = _parse_singleton(prompt, "encoder_prompt")
+        limit = self.model_config.max_encoder_len
+        if mm_data:
+            if set(mm_data) != {"audio"}:
+                raise ValueError(f"multi_modal_data supports only 'audio', got {sorted(mm_data)}")
+            if self.audio_processor is None:
+                raise ValueError("this model takes no audio: multi_modal_data['audio'] is for Whisper")
+            features, length = self.audio_processor(mm_data["audio"])
+            return text, [0] * length, features
+        if self.audio_processor is not None:
+            raise ValueError("this model's encoder takes audio: pass "
+                             "{'prompt': '', 'multi_modal_data': {'audio': (waveform, sample_rate)}}")
+        if ids is None:
+            if text == "":
+                raise ValueError("encoder_prompt is empty: give some text or token ids")
+            ids = self._tokenize(text, add_special_tokens=True)
+        if not ids:
+            raise ValueError("encoder_prompt is empty: give at least one token id")
+        if len(ids) > limit:
+            raise ValueError(f"encoder_prompt has {len(ids)} tokens, more than the model's "
+                             f"maximum of {limit} (max_position_embeddings)")
+        self._check_vocab(ids, "encoder_prompt")
+        return text, ids, None
+
+    def _decoder_side(self, prompt: Any) -> tuple[Optional[str], list[int]]:
+        if prompt is None:
+            return None, list(self.default_decoder_prompt)
+        text, ids, mm_data = _parse_singleton(prompt, "decoder_prompt")
+        if mm_data:
+            raise ValueError("decoder_prompt cannot carry multi_modal_data")
+        if ids is None:
+            ids = self._tokenize(text, add_special_tokens=False)
+        start = self.model_config.decoder_start_token_id
+        if not ids or ids[0] != start:
+            ids = [start] + list(ids)
+        limit = self.model_config.max_decoder_len
+        if len(ids) >= limit:
+            raise ValueError(f"decoder_prompt has {len(ids)} tokens (with <DEC>); the model "
+                             f"decodes at most {limit} positions, leaving no room to generate")
+        self._check_vocab(ids, "decoder_prompt")
+        return text, ids
+
+    def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("the model directory has no tokenizer: pass token ids "
+                             "({'prompt_token_ids': [...]}) instead of text")
+        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def _check_vocab(self, ids: list[int], field: str) -> None:
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not isinstance(t, int) or t < 0 or t >= vocab]
+        if bad:
+            raise ValueError(f"{field} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+
+
+def _parse_singleton(prompt: Any, field: str) -> tuple[Optional[str], Optional[list[int]], Optional[dict]]:
+    """(text, token ids, multi_modal_data) of a singleton prompt; exactly one of text/ids set."""
+    if isinstance(prompt, str):
+        return prompt, None, None
+    if isinstance(prompt, (list, tuple)):
+        return None, _as_ids(prompt, field), None
+    if isinstance(prompt, dict):
+        mm_data = prompt.get("multi_modal_data")
+        if "prompt_token_ids" in prompt and set(prompt) <= {"prompt_token_ids", "multi_modal_data"}:
+            return None, _as_ids(prompt["prompt_token_ids"], field), mm_data
+        if "prompt" in prompt and set(prompt) <= {"prompt", "multi_modal_data"}:
+            if not isinstance(prompt["prompt"], str):
+                raise ValueError(f"{field}['prompt'] must be a string, got {type(prompt['prompt']).__name__}")
+            return prompt["prompt"], None, mm_data
+        raise ValueError(f"{field} has unknown keys {sorted(prompt)}: expected a TextPrompt "
+                         "{'prompt'}, a TokensPrompt {'prompt_token_ids'} or, at the top level, "
+                         "{'encoder_prompt', 'decoder_prompt'}")
+    raise ValueError(f"{field} of type {type(prompt).__name__} is not a prompt: expected str, "
+                     "TextPrompt, TokensPrompt, a list of token ids or ExplicitEncoderDecoderPrompt")
+
+
+def _as_ids(ids: Any, field: str) -> list[int]:
+    out = []
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise ValueError(f"{field} token ids must be integers, got {t!r}")
+        out.append(int(t))
+    return out

@@ -1,0 +1,96 @@
+"""The offline API: `LLM(model=...).generate(prompts, sampling_params)`, as in vLLM."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Optional, Sequence, Union
+
+from encdec.config import CacheConfig, DeviceConfig, SchedulerConfig, resolve_dtype
+from encdec.engine.llm_engine import LLMEngine
+from encdec.outputs import RequestOutput
+from encdec.sampling.params import SamplingParams
+from encdec.weights.loader import load_model
+
+
+class LLM:
+    """An encoder/decoder model behind the paged-cache engine.
+
+    `model` is a local Hugging Face checkpoint directory (or a Whisper alias). Cache size comes
+    from `num_gpu_blocks` or the `kv_cache_space` budget (GiB); `swap_space` (GiB) sizes the
+    swap pool used when requests are preempted by swapping.
+    """
+
+    def __init__(self, model: str, dtype: str = "auto", device: Optional[str] = None,
+                 block_size: int = 16, num_gpu_blocks: Optional[int] = None,
+                 kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
+                 max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
+                 seed: int = 0, attention_backend: Optional[str] = None):
+        device_config = DeviceConfig.create(device)
+        loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend)
+        cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                                   kv_cache_space=kv_cache_space, swap_space=swap_space)
+        scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
+                                           max_num_batched_tokens=max_num_batched_tokens,
+                                           preemption_mode=preemption_mode)
+        needed = loaded.model_config.max_encoder_len + loaded.model_config.max_decoder_len
+        if max_num_batched_tokens < needed:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "
+                             f"request can need ({needed}: encoder + decoder positions)")
+        self.llm_engine = LLMEngine(loaded, cache_config, scheduler_config, device_config, seed)
+        self._request_counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.tokenizer
+
+    def generate(self, prompts: Union[Any, Sequence[Any]],
+                 sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Run every prompt to completion; outputs come back in input order."""
+        if isinstance(prompts, (str, dict)) or (
+                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        if isinstance(sampling_params, SamplingParams):
+            sampling_params = [sampling_params] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
+        request_ids = self._add_requests(prompts, list(sampling_params))
+        return self._run_engine(request_ids, use_tqdm)
+
+    def _add_requests(self, prompts: list[Any], params: list[SamplingParams]) -> list[str]:
+        engine = self.llm_engine
+        added: list[str] = []
+        try:
+            for prompt, p in zip(prompts, params):
+                request_id = str(next(self._request_counter))
+                engine.add_request(request_id, prompt, p)
+                added.append(request_id)
+        except ValueError as err:
+            for request_id in added:
+                engine.abort_request(request_id)
+            raise ValueError(f"prompt {len(added)}: {err}") from err
+        return added
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        bar = None
+        if use_tqdm:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True)
+        try:
+            while engine.has_unfinished_requests():
+                for out in engine.step():
+                    finished[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        except BaseException:
+            for request_id in request_ids:
+                if request_id not in finished:
+                    engine.abort_request(request_id)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [finished[r] for r in request_ids]

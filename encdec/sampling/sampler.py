@@ -1,0 +1,117 @@
+"""From last-token logits to the next token of every scheduled sequence.
+
+Order per row: logits processors (min_tokens, then the request's own), log-probabilities of the
+processed logits, then greedy argmax or temperature / top-k / top-p sampling. Seeded requests
+draw from their own generator, so their samples do not depend on the rest of the batch. A group
+in its first step with n > 1 draws n samples from its one prompt row (the engine forks them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from encdec.sampling.params import SamplingParams
+from encdec.sequence import SequenceGroupMetadata
+
+
+@dataclass
+class SequenceOutput:
+    parent_seq_id: int
+    token_id: int
+    logprob: float
+    top_logprobs: Optional[dict[int, float]] = None
+
+
+@dataclass
+class GroupOutput:
+    request_id: str
+    samples: list[SequenceOutput]
+
+
+SamplerOutput = list[GroupOutput]
+
+
+@dataclass
+class SamplingMetadata:
+    """Per group: its params, rows in the logits, their seq ids and token histories."""
+
+    groups: list[SequenceGroupMetadata]
+    row_slices: list[slice] = field(default_factory=list)
+
+    @classmethod
+    def from_groups(cls, groups: list[SequenceGroupMetadata]) -> "SamplingMetadata":
+        slices, start = [], 0
+        for g in groups:
+            slices.append(slice(start, start + len(g.seq_data)))
+            start += len(g.seq_data)
+        return cls(groups, slices)
+
+
+class Sampler:
+    def __init__(self, eos_token_id: Optional[int], vocab_size: int):
+        self.eos_token_id = eos_token_id
+        self.vocab_size = vocab_size
+
+    def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
+        logits = logits[:, :self.vocab_size]
+        self._apply_processors(logits, meta)
+        logprobs = torch.log_softmax(logits, dim=-1)
+        outputs = []
+        for g, rows in zip(meta.groups, meta.row_slices):
+            params = g.sampling_params
+            num_samples = params.n if g.is_prompt else 1
+            if params.is_greedy:
+                tokens = logits[rows].argmax(dim=-1, keepdim=True)
+            else:
+                tokens = _sample(logits[rows], params, num_samples, g.generator)
+            outputs.append(_group_output(g, tokens, logprobs[rows], params))
+        return outputs
+
+    def _apply_processors(self, logits: torch.Tensor, meta: SamplingMetadata) -> None:
+        for g, rows in zip(meta.groups, meta.row_slices):
+            params = g.sampling_params
+            for row, data in zip(range(rows.start, rows.stop), g.seq_data.values()):
+                if len(data.output_token_ids) < params.min_tokens:
+                    stop_ids = list(params.stop_token_ids)
+                    if self.eos_token_id is not None and not params.ignore_eos:
+                        stop_ids.append(self.eos_token_id)
+                    logits[row, stop_ids] = -float("inf")
+                for processor in getattr(params, "logits_processors", None) or ():
+                    logits[row] = processor(data.output_token_ids, logits[row])
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, num_samples: int,
+            generator: Optional[torch.Generator]) -> torch.Tensor:
+    """[rows, num_samples] token ids drawn from temperature / top-k / top-p filtered logits."""
+    logits = logits / params.temperature
+    if params.top_k > 0 and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -float("inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        remove = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p  # keep the one crossing p
+        logits = logits.masked_fill(torch.zeros_like(remove).scatter(-1, order, remove), -float("inf"))
+    probs = logits.softmax(dim=-1)
+    probs = probs.repeat_interleave(num_samples, dim=0)
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1).view(-1, num_samples)
+
+
+def _group_output(g: SequenceGroupMetadata, tokens: torch.Tensor, logprobs: torch.Tensor,
+                  params: SamplingParams) -> GroupOutput:
+    samples = []
+    top: Any = None
+    if params.logprobs:
+        top_vals, top_ids = logprobs.topk(params.logprobs, dim=-1)
+    token_list = tokens.tolist()
+    for row, seq_id in enumerate(g.seq_data):
+        for token in token_list[row]:
+            if params.logprobs:
+                top = dict(zip(top_ids[row].tolist(), top_vals[row].tolist()))
+                top[token] = logprobs[row, token].item()
+            samples.append(SequenceOutput(seq_id, token, logprobs[row, token].item(), top))
+    return GroupOutput(g.request_id, samples)

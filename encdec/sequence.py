@@ -1,0 +1,197 @@
+"""Sequences, sequence groups and the per-step metadata the scheduler hands the runner.
+
+A request is one `SequenceGroup`: one or more decoder `Sequence`s (n > 1 sampling, beam
+search) and one `encoder_seq` that is static after the first step (seed 004).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from encdec.sampling.params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    SWAPPED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH_CAPPED = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISH_REASONS
+
+    @property
+    def finish_reason(self) -> Optional[str]:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    SequenceStatus.FINISHED_STOPPED: "stop",
+    SequenceStatus.FINISHED_LENGTH_CAPPED: "length",
+    SequenceStatus.FINISHED_ABORTED: "abort",
+}
+
+
+@dataclass
+class SequenceData:
+    """Token ids of one sequence: the prompt, what was generated, and how much is cached."""
+
+    prompt_token_ids: list[int]
+    output_token_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    cumulative_logprob: float = 0.0
+
+    def __len__(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def get_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def get_last_token_id(self) -> int:
+        return self.output_token_ids[-1] if self.output_token_ids else self.prompt_token_ids[-1]
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.num_computed_tokens == 0
+
+    def copy(self) -> "SequenceData":
+        return SequenceData(list(self.prompt_token_ids), list(self.output_token_ids),
+                            self.num_computed_tokens, self.cumulative_logprob)
+
+
+class Sequence:
+    """One decoder sequence (or the encoder sequence) of a request."""
+
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int,
+                 prompt: Optional[str] = None, eos_token_id: Optional[int] = None):
+        self.seq_id = seq_id
+        self.data = SequenceData(list(prompt_token_ids))
+        self.prompt = prompt
+        self.block_size = block_size
+        self.eos_token_id = eos_token_id
+        self.status = SequenceStatus.WAITING
+        self.output_logprobs: list[dict[int, float]] = []
+        self.output_text = ""
+
+    @classmethod
+    def from_inputs(cls, seq_id: int, inputs: "EncoderDecoderInputs", block_size: int,
+                    from_decoder_prompt: bool = True,
+                    eos_token_id: Optional[int] = None) -> "Sequence":
+        """Build the decoder sequence (from_decoder_prompt) or the encoder sequence."""
+        if from_decoder_prompt:
+            return cls(seq_id, inputs.prompt_token_ids, block_size, inputs.prompt, eos_token_id)
+        return cls(seq_id, inputs.encoder_prompt_token_ids, block_size, inputs.encoder_prompt)
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    @property
+    def n_blocks(self) -> int:
+        """Blocks needed to hold every token of this sequence."""
+        return -(-len(self.data) // self.block_size)
+
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def append_token_id(self, token_id: int, logprob: float,
+                        top_logprobs: Optional[dict[int, float]] = None) -> None:
+        self.data.output_token_ids.append(token_id)
+        self.data.cumulative_logprob += logprob
+        if top_logprobs is not None:
+            self.output_logprobs.append(top_logprobs)
+
+    def fork(self, new_seq_id: int) -> "Sequence":
+        child = Sequence.__new__(Sequence)
+        child.__dict__.update(self.__dict__)
+        child.seq_id = new_seq_id
+        child.data = self.data.copy()
+        child.output_logprobs = list(self.output_logprobs)
+        return child
+
+    def reset_for_recompute(self) -> None:
+        """After preemption by recompute the whole sequence is prefilled again."""
+        self.data.num_computed_tokens = 0
+        self.status = SequenceStatus.WAITING
+
+    def __repr__(self) -> str:
+        return f"Sequence(id={self.seq_id}, status={self.status.name}, len={len(self)})"
+
+
+@dataclass
+class EncoderDecoderInputs:
+    """A preprocessed request: token ids for both sides, plus optional encoder features."""
+
+    encoder_prompt_token_ids: list[int]
+    prompt_token_ids: list[int]
+    encoder_prompt: Optional[str] = None
+    prompt: Optional[str] = None
+    encoder_features: Any = None  # e.g. Whisper log-mel [n_mels, frames]; None for text
+
+
+class SequenceGroup:
+    """All sequences of one request: decoder sequences plus the encoder sequence."""
+
+    def __init__(self, request_id: str, seqs: list[Sequence], sampling_params: SamplingParams,
+                 arrival_time: float, encoder_seq: Sequence, encoder_features: Any = None):
+        self.request_id = request_id
+        self.seqs = {seq.seq_id: seq for seq in seqs}
+        self.sampling_params = sampling_params
+        self.arrival_time = arrival_time
+        self.encoder_seq = encoder_seq
+        self.encoder_features = encoder_features
+        self.generator = None  # torch.Generator for seeded sampling, set by the engine
+
+    def get_seqs(self, status: Optional[SequenceStatus] = None) -> list[Sequence]:
+        if status is None:
+            return list(self.seqs.values())
+        return [s for s in self.seqs.values() if s.status == status]
+
+    def get_unfinished_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs.values() if not s.is_finished()]
+
+    def get_finished_seqs(self) -> list[Sequence]:
+        return [s for s in self.seqs.values() if s.is_finished()]
+
+    def num_seqs(self, status: Optional[SequenceStatus] = None) -> int:
+        return len(self.get_seqs(status))
+
+    def get_max_num_running_seqs(self) -> int:
+        """The most decoder sequences this group can have running at once from now on."""
+        if self.is_prefill():
+            return self.sampling_params.max_num_seqs
+        return len(self.get_unfinished_seqs())
+
+    def is_prefill(self) -> bool:
+        return all(s.data.is_prefill for s in self.get_unfinished_seqs())
+
+    def add(self, seq: Sequence) -> None:
+        assert seq.seq_id not in self.seqs
+        self.seqs[seq.seq_id] = seq
+
+    def remove(self, seq_id: int) -> None:
+        del self.seqs[seq_id]
+
+    def is_finished(self) -> bool:
+        return all(s.is_finished() for s in self.seqs.values())
+
+    def __repr__(self) -> str:
+        return f"SequenceGroup(request_id={self.request_id}, seqs={len(self.seqs)})"
+
+
+@dataclass
+class SequenceGroupMetadata:
+    """What the runner needs of one scheduled group for one step."""
+
+    request_id: str
+    is_prompt: bool
+    seq_data: dict[int, SequenceData]
+    sampling_params: SamplingParams
+    block_tables: dict[int, list[int]]
+    encoder_seq_data: Optional[SequenceData] = None
+    cross_block_table: Optional[list[int]] = None
+    encoder_features: Any = None
+    generator: Any = None

@@ -1,0 +1,52 @@
+"""Per-layer paged KV caches on the device and in the swap pool, and the block moves between them.
+
+Each decoder layer has one tensor [2, num_blocks, block_size, num_heads, head_size] holding both
+self- and cross-attention blocks. Caches start zeroed so that padded reads never see NaN.
+"""
+from __future__ import annotations
+
+import torch
+
+from encdec.config import CacheConfig, ModelConfig
+from encdec.kernels.cache_ops import copy_blocks, swap_blocks
+
+_GIB = 1 << 30
+
+
+def block_bytes(model_config: ModelConfig, block_size: int) -> int:
+    """Bytes one block takes across all decoder layers (keys and values)."""
+    elem = torch.tensor([], dtype=model_config.dtype).element_size()
+    per_layer = 2 * block_size * model_config.num_decoder_heads * model_config.head_size * elem
+    return per_layer * model_config.num_decoder_layers
+
+
+def num_blocks(cache_config: CacheConfig, model_config: ModelConfig) -> tuple[int, int]:
+    """(device blocks, swap blocks) from the explicit count or the GiB budgets."""
+    size = block_bytes(model_config, cache_config.block_size)
+    gpu = cache_config.num_gpu_blocks or int(cache_config.kv_cache_space * _GIB // size)
+    cpu = int(cache_config.swap_space * _GIB // size)
+    return gpu, cpu
+
+
+class CacheEngine:
+    def __init__(self, cache_config: CacheConfig, model_config: ModelConfig, device: torch.device,
+                 num_gpu_blocks: int, num_cpu_blocks: int):
+        shape = (cache_config.block_size, model_config.num_decoder_heads, model_config.head_size)
+        layers = range(model_config.num_decoder_layers)
+        dtype = model_config.dtype
+        self.gpu_cache = [torch.zeros((2, num_gpu_blocks) + shape, dtype=dtype, device=device)
+                          for _ in layers]
+        pin = device.type == "cuda"
+        self.cpu_cache = [torch.zeros((2, num_cpu_blocks) + shape, dtype=dtype, pin_memory=pin)
+                          for _ in layers]
+
+    def swap_in(self, mapping: list[tuple[int, int]]) -> None:
+        for cpu, gpu in zip(self.cpu_cache, self.gpu_cache):
+            swap_blocks(cpu, gpu, mapping)
+
+    def swap_out(self, mapping: list[tuple[int, int]]) -> None:
+        for gpu, cpu in zip(self.gpu_cache, self.cpu_cache):
+            swap_blocks(gpu, cpu, mapping)
+
+    def copy(self, mapping: list[tuple[int, int]]) -> None:
+        copy_blocks(self.gpu_cache, mapping)

@@ -1,0 +1,153 @@
+"""EncoderDecoderModelRunner: scheduled groups -> model inputs + attention metadata -> samples.
+
+Builds, with vectorized numpy over persistent CPU buffers whose numpy views share memory with
+torch tensors (seed 000): decoder `input_ids`/`positions`/`slot_mapping`, and for groups in their
+first step the encoder inputs and `cross_slot_mapping`; plus `block_tables`,
+`cross_block_tables` and the lengths in `AttentionMetadata`. Prefill sequences come first.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from encdec.attention.metadata import AttentionMetadata
+from encdec.sampling.sampler import Sampler, SamplerOutput, SamplingMetadata
+from encdec.sequence import SequenceData, SequenceGroupMetadata
+from encdec.worker.input_layout import pad_block_tables, slot_mapping, token_layout
+
+
+class CpuBuffer:
+    """A persistent 1-D CPU tensor and its numpy view (same memory); grows when needed."""
+
+    def __init__(self, size: int, dtype: torch.dtype):
+        self.tensor = torch.zeros(size, dtype=dtype)
+        self.np = self.tensor.numpy()
+
+    def put(self, values: np.ndarray) -> torch.Tensor:
+        n = len(values)
+        if n > len(self.np):
+            self.tensor = torch.zeros(2 * n, dtype=self.tensor.dtype)
+            self.np = self.tensor.numpy()
+        self.np[:n] = values
+        return self.tensor[:n]
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    attn_metadata: AttentionMetadata
+    encoder_input_ids: Optional[torch.Tensor]
+    encoder_positions: Optional[torch.Tensor]
+    encoder_input_features: Optional[torch.Tensor]
+    logits_indices: torch.Tensor
+    sampling_metadata: SamplingMetadata
+
+
+class EncoderDecoderModelRunner:
+    def __init__(self, model: torch.nn.Module, block_size: int, device: torch.device,
+                 max_num_batched_tokens: int, eos_token_id: Optional[int], vocab_size: int):
+        self.model = model
+        self.block_size = block_size
+        self.device = device
+        self.sampler = Sampler(eos_token_id, vocab_size)
+        self.num_encoder_runs = 0
+        n = max_num_batched_tokens
+        self._input_ids = CpuBuffer(n, torch.int64)
+        self._positions = CpuBuffer(n, torch.int64)
+        self._slot_mapping = CpuBuffer(n, torch.int64)
+        self._encoder_input_ids = CpuBuffer(n, torch.int64)
+        self._encoder_positions = CpuBuffer(n, torch.int64)
+        self._cross_slot_mapping = CpuBuffer(n, torch.int64)
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.device.type == "cpu" else t.to(self.device, non_blocking=True)
+
+    def prepare_inputs(self, metadata_list: list[SequenceGroupMetadata]) -> ModelInput:
+        """Flatten the scheduled sequences (prefills first) into model inputs and metadata."""
+        groups = sorted(metadata_list, key=lambda g: not g.is_prompt)
+        rows = [(g, seq_id, data) for g in groups for seq_id, data in g.seq_data.items()]
+        num_prefills = sum(1 for g, _, _ in rows if g.is_prompt)
+        datas: list[SequenceData] = [data for _, _, data in rows]
+
+        # Decoder side: a prefill schedules every not-yet-computed token, a decode one token.
+        num_computed = np.fromiter((d.num_computed_tokens for d in datas), np.int64, len(datas))
+        num_tokens = np.fromiter((len(d) for d in datas), np.int64, len(datas))
+        layout = token_layout(num_computed, num_tokens - num_computed)
+        token_ids = np.concatenate([np.asarray(d.get_token_ids()[d.num_computed_tokens:], np.int64)
+                                    if g.is_prompt else np.asarray([d.get_last_token_id()], np.int64)
+                                    for (g, _, _), d in zip(rows, datas)])
+        block_tables = pad_block_tables([g.block_tables[seq_id] for g, seq_id, _ in rows])
+        slots = slot_mapping(block_tables, layout.req_indices, layout.positions, self.block_size)
+
+        # Encoder side: one encoder sequence per prefill (a prefill group has one decoder seq).
+        prefill_groups = [g for g, _, _ in rows[:num_prefills]]
+        encoder_lens = np.fromiter((len(g.encoder_seq_data) for g, _, _ in rows), np.int64, len(rows))
+        cross_tables = pad_block_tables([g.cross_block_table for g, _, _ in rows])
+        enc_layout = token_layout(np.zeros(num_prefills, np.int64), encoder_lens[:num_prefills])
+        cross_slots = slot_mapping(cross_tables, enc_layout.req_indices, enc_layout.positions,
+                                   self.block_size)
+
+        encoder_input_ids = encoder_positions = encoder_features = None
+        if num_prefills:
+            self.num_encoder_runs += num_prefills
+            if prefill_groups[0].encoder_features is not None:
+                encoder_features = self._to_device(torch.stack([g.encoder_features for g in prefill_groups]))
+            else:
+                enc_ids = np.concatenate([g.encoder_seq_data.prompt_token_ids for g in prefill_groups])
+                encoder_input_ids = self._to_device(self._encoder_input_ids.put(enc_ids))
+            encoder_positions = self._to_device(self._encoder_positions.put(enc_layout.positions))
+
+        seq_lens = layout.seq_lens.tolist()
+        query_lens = (num_tokens - num_computed)
+        num_prefill_tokens = int(query_lens[:num_prefills].sum())
+        meta = AttentionMetadata(
+            num_prefills=num_prefills,
+            num_prefill_tokens=num_prefill_tokens,
+            num_decode_tokens=len(datas) - num_prefills,
+            slot_mapping=self._to_device(self._slot_mapping.put(slots)),
+            seq_lens=seq_lens,
+            seq_lens_tensor=self._to_device(torch.from_numpy(layout.seq_lens)),
+            query_start_loc=self._to_device(torch.from_numpy(layout.query_start_loc)),
+            seq_start_loc=self._to_device(torch.from_numpy(
+                np.concatenate([[0], np.cumsum(layout.seq_lens)]))),
+            max_query_len=int(query_lens.max()) if len(datas) else 0,
+            max_prefill_seq_len=max(seq_lens[:num_prefills], default=0),
+            max_decode_seq_len=max(seq_lens[num_prefills:], default=0),
+            block_tables=self._to_device(torch.from_numpy(block_tables)),
+            encoder_seq_lens=encoder_lens.tolist(),
+            encoder_seq_lens_tensor=self._to_device(torch.from_numpy(encoder_lens)),
+            encoder_seq_start_loc=self._to_device(torch.from_numpy(enc_layout.query_start_loc)),
+            max_encoder_seq_len=int(encoder_lens.max()) if len(rows) else 0,
+            num_encoder_tokens=int(encoder_lens[:num_prefills].sum()),
+            cross_slot_mapping=self._to_device(self._cross_slot_mapping.put(cross_slots)),
+            cross_block_tables=self._to_device(torch.from_numpy(cross_tables)),
+        )
+        return ModelInput(
+            input_ids=self._to_device(self._input_ids.put(token_ids)),
+            positions=self._to_device(self._positions.put(layout.positions)),
+            attn_metadata=meta,
+            encoder_input_ids=encoder_input_ids,
+            encoder_positions=encoder_positions,
+            encoder_input_features=encoder_features,
+            logits_indices=self._to_device(torch.from_numpy(layout.query_start_loc[1:] - 1)),
+            sampling_metadata=SamplingMetadata.from_groups(groups),
+        )
+
+    @torch.inference_mode()
+    def execute_model(self, metadata_list: list[SequenceGroupMetadata],
+                      kv_caches: list[torch.Tensor]) -> SamplerOutput:
+        model_input = self.prepare_inputs(metadata_list)
+        kwargs = {}
+        if model_input.encoder_input_features is not None:
+            kwargs["encoder_input_features"] = model_input.encoder_input_features
+        elif model_input.encoder_input_ids is not None:
+            kwargs["encoder_input_ids"] = model_input.encoder_input_ids
+            kwargs["encoder_positions"] = model_input.encoder_positions
+        hidden = self.model(model_input.input_ids, model_input.positions, kv_caches,
+                            model_input.attn_metadata, **kwargs)
+        logits = self.model.compute_logits(hidden[model_input.logits_indices])
+        return self.sampler(logits.float(), model_input.sampling_metadata)

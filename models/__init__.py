@@ -1,0 +1,1 @@
+"""Model implementations (installed as `encdec.models`)."""

@@ -1,0 +1,62 @@
+"""Seeded random-weight BART checkpoints, written with `save_pretrained` at test time.
+
+A byte-level BPE tokenizer is trained on a small built-in corpus, so text prompts work offline.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "The rain in spain falls mainly on the plain.",
+    "Paged attention keeps keys and values in fixed-size blocks addressed through block tables.",
+    "An encoder reads the whole document once; the decoder writes the summary one token at a time.",
+    "Continuous batching lets new requests join while others are still being decoded.",
+    "Whisper turns thirty seconds of audio into a log-mel spectrogram before the encoder sees it.",
+    "Summaries of long articles should keep the facts and drop the repetition.",
+    "The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun.",
+    "Numbers like 3, 14, 159 and 2026 appear in reports, tables and financial statements.",
+]
+
+# facebook/bart-base as published (config.json), minus the generation fields.
+BART_BASE = dict(
+    vocab_size=50265, d_model=768, encoder_layers=6, decoder_layers=6, encoder_attention_heads=12,
+    decoder_attention_heads=12, encoder_ffn_dim=3072, decoder_ffn_dim=3072,
+    max_position_embeddings=1024, activation_function="gelu", scale_embedding=False,
+    pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+    forced_eos_token_id=2, normalize_before=False, add_final_layer_norm=False,
+)
+
+TINY = dict(BART_BASE, vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2,
+            encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+            decoder_ffn_dim=128, max_position_embeddings=256)
+
+
+def train_tokenizer(out_dir: Path, vocab_size: int = 1000):
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import BartTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(CORPUS * 4, vocab_size=vocab_size, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bpe.save_model(str(out_dir))
+    return BartTokenizerFast(vocab=str(out_dir / "vocab.json"), merges=str(out_dir / "merges.txt"))
+
+
+def make_bart_checkpoint(out_dir: Path, seed: int = 0, init_std: float = 0.3,
+                         safe_serialization: bool = True, **overrides) -> Path:
+    """Save a seeded random BART (TINY shape unless overridden) plus tokenizer to `out_dir`."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    out_dir = Path(out_dir)
+    tokenizer = train_tokenizer(out_dir / "_bpe")
+    config = BartConfig(**{**TINY, **overrides, "init_std": init_std})
+    torch.manual_seed(seed)
+    model = BartForConditionalGeneration(config).eval()
+    with torch.no_grad():  # a non-zero final_logits_bias checks that it is loaded and applied
+        model.final_logits_bias.normal_(0.0, 0.05)
+    model.save_pretrained(str(out_dir), safe_serialization=safe_serialization)
+    tokenizer.save_pretrained(str(out_dir))
+    return out_dir

@@ -1,0 +1,103 @@
+import math
+
+import pytest
+import torch
+
+from encdec.kernels import paged_attention
+
+NUM_HEADS = 4
+HEAD_SIZE = 16
+
+
+def build_paged(seq_lens, block_size, num_blocks, dtype=torch.float32, seed=0):
+    """Random per-sequence K/V plus a NaN-filled cache holding them in shuffled blocks."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = torch.full((2, num_blocks, block_size, NUM_HEADS, HEAD_SIZE), float("nan"), dtype=dtype)
+    free = torch.randperm(num_blocks, generator=gen).tolist()
+    max_blocks = max(-(-n // block_size) for n in seq_lens) + 1
+    tables = torch.zeros((len(seq_lens), max_blocks), dtype=torch.int32)
+    keys, values = [], []
+    for i, length in enumerate(seq_lens):
+        k = torch.randn(length, NUM_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+        v = torch.randn(length, NUM_HEADS, HEAD_SIZE, generator=gen).to(dtype)
+        for pos in range(length):
+            block, offset = divmod(pos, block_size)
+            if offset == 0:
+                tables[i, block] = free.pop()
+            cache[0, tables[i, block], offset] = k[pos]
+            cache[1, tables[i, block], offset] = v[pos]
+        keys.append(k)
+        values.append(v)
+    return cache, tables, keys, values
+
+
+def reference_attention(q, k, v, scale, visible):
+    """softmax(q k^T * scale) v in float64 for q ``[H, D]``, k/v ``[L, H, D]`` over ``k[:visible]``."""
+    q, k, v = q.double(), k[:visible].double(), v[:visible].double()
+    scores = torch.einsum("hd,lhd->hl", q, k) * scale
+    return torch.einsum("hl,lhd->hd", scores.softmax(dim=-1), v)
+
+
+@pytest.mark.parametrize("block_size", [4, 16])
+def test_single_query_matches_unpaged_attention(block_size):
+    seq_lens = [1, 16, 32, 17, 15, 5, 48, 3]
+    cache, tables, keys, values = build_paged(seq_lens, block_size, num_blocks=64, seed=block_size)
+    query = torch.randn(len(seq_lens), NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(1))
+    scale = 1.0 / math.sqrt(HEAD_SIZE)
+
+    out = paged_attention(query, cache, tables, torch.tensor(seq_lens), scale)
+
+    assert out.shape == query.shape and out.dtype == torch.float32
+    for i, length in enumerate(seq_lens):
+        want = reference_attention(query[i], keys[i], values[i], scale, length).float()
+        torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+
+
+def test_default_scale_and_int64_tables():
+    seq_lens = [7, 20]
+    cache, tables, keys, values = build_paged(seq_lens, 8, num_blocks=16, seed=2)
+    query = torch.randn(2, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(3))
+
+    out = paged_attention(query, cache, tables.long(), seq_lens)
+
+    for i, length in enumerate(seq_lens):
+        want = reference_attention(query[i], keys[i], values[i], HEAD_SIZE**-0.5, length).float()
+        torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+
+
+def test_bfloat16_close_to_reference():
+    seq_lens = [9, 33]
+    cache, tables, keys, values = build_paged(seq_lens, 16, num_blocks=8, dtype=torch.bfloat16, seed=4)
+    query = torch.randn(2, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(5)).bfloat16()
+
+    out = paged_attention(query, cache, tables, seq_lens, 0.25)
+
+    assert out.dtype == torch.bfloat16
+    for i, length in enumerate(seq_lens):
+        want = reference_attention(query[i], keys[i], values[i], 0.25, length).float()
+        torch.testing.assert_close(out[i].float(), want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_multi_query_tokens(causal):
+    seq_lens, query_lens, q_len = [6, 16, 3], [2, 4, 3], 4
+    cache, tables, keys, values = build_paged(seq_lens, 4, num_blocks=16, seed=6)
+    query = torch.randn(3, q_len, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(7))
+    scale = 0.3
+
+    out = paged_attention(query, cache, tables, seq_lens, scale, query_lens=query_lens, causal=causal)
+
+    assert out.shape == query.shape
+    assert torch.isfinite(out).all()
+    for i, (length, n_query) in enumerate(zip(seq_lens, query_lens)):
+        for j in range(n_query):
+            visible = length - n_query + j + 1 if causal else length
+            want = reference_attention(query[i, j], keys[i], values[i], scale, visible).float()
+            torch.testing.assert_close(out[i, j], want, atol=1e-5, rtol=1e-5)
+
+
+def test_rejects_zero_length():
+    cache, tables, _, _ = build_paged([4, 4], 4, num_blocks=4)
+    query = torch.zeros(2, NUM_HEADS, HEAD_SIZE)
+    with pytest.raises(ValueError):
+        paged_attention(query, cache, tables, [4, 0], 1.0)

@@ -1,0 +1,270 @@
+"""Audio loading and the Whisper front end against their references.
+
+"hf" style is checked against transformers' ``WhisperFeatureExtractor``; "whisper" style
+against faster-whisper's ``FeatureExtractor`` used the way its ``transcribe`` does.
+"""
+
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+import soundfile
+import torch
+
+from encdec import audio as A
+
+# Measured: hf <= 1.2e-7 (same torch STFT); whisper <= 5.6e-5 (numpy vs torch FFT rounding).
+HF_TOL = 1e-6
+WHISPER_TOL = 1e-4
+SENTENCE = "The quick brown fox jumps over the lazy dog. Whisper turns speech into text."
+
+
+def _espeak(path, text):
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed")
+    subprocess.run(["espeak-ng", "-w", str(path), text], check=True, capture_output=True)
+    return path
+
+
+def _sox(src, dst, *effects):
+    if shutil.which("sox") is None:
+        pytest.skip("sox is not installed")
+    subprocess.run(["sox", str(src), str(dst), *effects], check=True, capture_output=True)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """espeak-ng speech (22050 Hz) and sox / soundfile variants of it."""
+    d = tmp_path_factory.mktemp("speech")
+    orig = _espeak(d / "speech.wav", SENTENCE)
+    out = {
+        "wav22k": orig,
+        "short22k": _espeak(d / "short.wav", "Hello."),
+        "wav8k": _sox(orig, d / "speech8k.wav", "rate", "8000"),
+        "wav44k": _sox(orig, d / "speech44k.wav", "rate", "44100"),
+        "wav16k": _sox(orig, d / "speech16k.wav", "rate", "16000"),
+    }
+    mono44, rate = soundfile.read(out["wav44k"], dtype="float32")
+    out["stereo44k"] = d / "stereo44k.wav"
+    soundfile.write(out["stereo44k"], np.stack([mono44, 0.5 * mono44], axis=1), rate, subtype="FLOAT")
+    out["flac"] = _sox(orig, d / "speech.flac")
+    out["ogg"] = d / "speech.ogg"
+    soundfile.write(out["ogg"], soundfile.read(orig)[0], 22050, format="OGG", subtype="VORBIS")
+    return out
+
+
+def _noise(seconds, rate, seed=0, channels=None):
+    rng = np.random.default_rng(seed)
+    shape = (int(seconds * rate),) if channels is None else (channels, int(seconds * rate))
+    return (0.1 * rng.standard_normal(shape)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def inputs(files):
+    """16 kHz mono waveforms from ``load_audio``, one per kind of source."""
+    mono44, _ = soundfile.read(files["wav44k"], dtype="float32")
+    stereo = np.stack([mono44, -0.25 * mono44])
+    sources = {
+        "wav22k": files["wav22k"],
+        "short22k": files["short22k"],
+        "wav8k": files["wav8k"],
+        "wav44k": files["wav44k"],
+        "wav16k": files["wav16k"],
+        "stereo44k_file": files["stereo44k"],
+        "stereo_channels_first": (stereo, 44100),
+        "stereo_channels_last": (stereo.T, 44100),
+        "noise16k": (_noise(7, 16000), 16000),
+        "noise44k_stereo": (_noise(3, 44100, seed=1, channels=2), 44100),
+        "noise16k_35s": (_noise(35, 16000, seed=2), 16000),
+    }
+    return {name: A.load_audio(src) for name, src in sources.items()}
+
+
+INPUT_NAMES = [
+    "wav22k", "short22k", "wav8k", "wav44k", "wav16k", "stereo44k_file",
+    "stereo_channels_first", "stereo_channels_last", "noise16k", "noise44k_stereo", "noise16k_35s",
+]
+
+
+@pytest.fixture(scope="module")
+def hf_extractors():
+    transformers = pytest.importorskip("transformers")
+    return {n: transformers.WhisperFeatureExtractor(feature_size=n) for n in (80, 128)}
+
+
+@pytest.fixture(scope="module")
+def fw_extractors():
+    fe = pytest.importorskip("faster_whisper.feature_extractor")
+    return {n: fe.FeatureExtractor(feature_size=n) for n in (80, 128)}
+
+
+def _faster_whisper_window(extractor, audio):
+    """First 30 s window exactly as faster-whisper's ``transcribe`` builds it."""
+    from faster_whisper.audio import pad_or_trim
+
+    features = extractor(audio)
+    content_frames = features.shape[-1] - 1
+    return pad_or_trim(features[:, : min(A.N_FRAMES, content_frames)])
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+@pytest.mark.parametrize("name", INPUT_NAMES)
+def test_hf_style_matches_transformers(inputs, hf_extractors, name, n_mels):
+    audio = inputs[name]
+    ref = hf_extractors[n_mels](audio, sampling_rate=16000, return_tensors="np").input_features[0]
+    ours = A.whisper_features(audio, n_mels=n_mels, style="hf")
+    assert ours.shape == (n_mels, A.N_FRAMES) and ours.dtype == torch.float32
+    assert np.abs(ours.numpy() - ref).max() < HF_TOL
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+@pytest.mark.parametrize("name", INPUT_NAMES)
+def test_whisper_style_matches_faster_whisper(inputs, fw_extractors, name, n_mels):
+    audio = inputs[name]
+    ref = _faster_whisper_window(fw_extractors[n_mels], audio)
+    ours = A.whisper_features(audio, n_mels=n_mels, style="whisper")
+    assert ours.shape == (n_mels, A.N_FRAMES)
+    assert np.abs(ours.numpy() - ref).max() < WHISPER_TOL
+    content = min(len(audio) // A.HOP_LENGTH, A.N_FRAMES)
+    assert torch.all(ours[:, content:] == 0)
+
+
+@pytest.mark.parametrize("style", A.STYLES)
+def test_batch_equals_single_windows(inputs, hf_extractors, style):
+    names = ["wav22k", "short22k", "noise16k", "noise16k_35s"]
+    batch = A.windows_features([inputs[n] for n in names], n_mels=80, style=style)
+    assert batch.shape == (len(names), 80, A.N_FRAMES)
+    for row, name in zip(batch, names):
+        assert torch.equal(row, A.whisper_features(inputs[name], 80, style=style))
+    if style == "hf":
+        ref = hf_extractors[80]([inputs[n] for n in names], sampling_rate=16000, return_tensors="np")
+        assert np.abs(batch.numpy() - ref.input_features).max() < HF_TOL
+
+
+def test_styles_differ_on_short_clips(inputs):
+    hf = A.whisper_features(inputs["short22k"], style="hf")
+    whisper = A.whisper_features(inputs["short22k"], style="whisper")
+    content = len(inputs["short22k"]) // A.HOP_LENGTH
+    assert torch.allclose(hf[:, : content - 2], whisper[:, : content - 2], atol=1e-5)
+    assert torch.all(whisper[:, content:] == 0) and torch.all(hf[:, content + 2 :] < 0)
+
+
+def test_log_mel_spectrogram_shapes():
+    audio = _noise(1.01, 16000)
+    assert A.log_mel_spectrogram(audio).shape == (80, len(audio) // 160)
+    batch = np.stack([audio, audio[::-1].copy()])
+    out = A.log_mel_spectrogram(batch, n_mels=128, padding=480)
+    assert out.shape == (2, 128, (len(audio) + 480) // 160)
+    assert torch.equal(out[0], A.log_mel_spectrogram(audio, n_mels=128, padding=480))
+
+
+def test_mel_filters_are_slaney_and_cached():
+    import librosa
+
+    bank = A.mel_filters(80)
+    assert bank.shape == (80, 201) and A.mel_filters(80) is bank
+    ref = librosa.filters.mel(sr=16000, n_fft=400, n_mels=80, htk=False, norm="slaney")
+    assert np.allclose(bank.numpy(), ref)
+
+
+# --------------------------------------------------------------------------- resampling
+
+
+@pytest.mark.parametrize("rate", [8000, 22050, 44100, 48000])
+def test_resampled_sine_keeps_frequency_and_level(rate):
+    t = np.arange(int(2.0 * rate)) / rate
+    sine = (0.5 * np.sin(2 * np.pi * 1000.0 * t)).astype(np.float32)
+    out = A.load_audio((sine, rate))
+    assert out.dtype == np.float32 and abs(len(out) - 32000) <= 1
+    spectrum = np.abs(np.fft.rfft(out * np.hanning(len(out))))
+    peak_hz = np.argmax(spectrum) * 16000 / len(out)
+    assert abs(peak_hz - 1000.0) < 1.0
+    rms = np.sqrt(np.mean(out[1000:-1000] ** 2))
+    assert abs(rms - 0.5 / np.sqrt(2)) < 0.01
+
+
+def _corr(a, b):
+    n = min(len(a), len(b))
+    return float(np.corrcoef(a[:n], b[:n])[0, 1])
+
+
+def test_resampled_speech_agrees_across_source_rates(inputs):
+    ref = inputs["wav22k"]
+    for name in ("wav44k", "wav16k", "stereo44k_file", "stereo_channels_first", "stereo_channels_last"):
+        assert abs(len(inputs[name]) - len(ref)) <= 2, name
+        assert _corr(inputs[name], ref) > 0.99, name
+    # 8 kHz loses everything above 4 kHz: compare with the band-limited reference.
+    low = A.load_audio((A.load_audio((ref, 16000), sr=8000), 8000))
+    assert _corr(inputs["wav8k"], low) > 0.98
+    assert np.allclose(inputs["stereo44k_file"], 0.75 * inputs["wav44k"], atol=1e-4)
+    assert np.allclose(inputs["stereo_channels_first"], inputs["stereo_channels_last"])
+
+
+def test_other_containers(files, inputs):
+    assert np.allclose(A.load_audio(files["flac"]), inputs["wav22k"], atol=1e-6)
+    ogg = A.load_audio(files["ogg"])
+    assert abs(len(ogg) - len(inputs["wav22k"])) < 1600 and _corr(ogg, inputs["wav22k"]) > 0.9
+
+
+def test_integer_pcm_and_torch_input():
+    pcm = (np.arange(-8, 8) * 2048).astype(np.int16)
+    assert np.allclose(A.load_audio((pcm, 16000)), pcm / 32768.0)
+    tensor = torch.linspace(-1, 1, 1600)
+    assert np.allclose(A.load_audio((tensor, 16000)), tensor.numpy())
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "nope.wav"
+    with pytest.raises(FileNotFoundError, match="nope.wav"):
+        A.load_audio(path)
+    with pytest.raises(ValueError, match="nope.wav"):
+        A.load_audio(str(path))
+
+
+def test_non_audio_file(tmp_path):
+    path = tmp_path / "notes.wav"
+    path.write_text("this is not audio\n" * 50)
+    with pytest.raises(ValueError, match="notes.wav"):
+        A.load_audio(path)
+
+
+def test_empty_file(tmp_path):
+    path = tmp_path / "empty.wav"
+    path.touch()
+    with pytest.raises(ValueError, match="empty.wav.*empty"):
+        A.load_audio(path)
+
+
+def test_header_only_wav_has_no_samples(tmp_path):
+    path = tmp_path / "silent.wav"
+    soundfile.write(path, np.zeros(0, dtype=np.float32), 16000)
+    with pytest.raises(ValueError, match="no audio samples"):
+        A.load_audio(path)
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ((np.zeros(0, np.float32), 16000), "no audio samples"),
+        ((np.zeros(100, np.float32), 0), "sample rate"),
+        ((np.zeros(100, np.float32), -8000), "sample rate"),
+        ((np.array([0.0, np.nan, 0.1], np.float32), 16000), "NaN"),
+        ((np.array([0.0, np.inf], np.float32), 16000), "NaN or infinite"),
+        ((np.zeros((2, 3, 4), np.float32), 16000), "1-D or 2-D"),
+    ],
+)
+def test_bad_waveforms(source, message):
+    with pytest.raises(ValueError, match=message):
+        A.load_audio(source)
+
+
+def test_bad_style_and_empty_window():
+    with pytest.raises(ValueError, match="style"):
+        A.whisper_features(np.zeros(16000, np.float32), style="kaldi")
+    with pytest.raises(ValueError, match="empty"):
+        A.windows_features([np.zeros(0, np.float32)])
