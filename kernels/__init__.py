@@ -1,6 +1,14 @@
 """Paged KV-cache kernels (pure torch, CPU-first)."""
 
-from .cache_ops import copy_blocks, gather_kv, reshape_and_cache, swap_blocks
-from .paged_attention import paged_attention
+from .cache_ops import copy_blocks, gather_kv, gather_sequence_kv, reshape_and_cache, swap_blocks
+from .paged_attention import paged_attention, paged_attention_per_seq
 
-__all__ = ["copy_blocks", "gather_kv", "paged_attention", "reshape_and_cache", "swap_blocks"]
+__all__ = [
+    "copy_blocks",
+    "gather_kv",
+    "gather_sequence_kv",
+    "paged_attention",
+    "paged_attention_per_seq",
+    "reshape_and_cache",
+    "swap_blocks",
+]

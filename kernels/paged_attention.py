@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .cache_ops import Lengths, as_lengths, gather_kv
+from .cache_ops import Lengths, as_lengths, gather_kv, gather_sequence_kv
 
 
 def paged_attention(
@@ -44,6 +44,36 @@ def paged_attention(
     )
     out = out.transpose(1, 2)
     return out[:, 0] if single else out
+
+
+def paged_attention_per_seq(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: Lengths,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Single-token decode attention computed one sequence at a time.
+
+    Same contract and result as :func:`paged_attention` for a 3-D ``query``
+    ``[num_seqs, num_heads, head_size]``. It gathers only each sequence's own tokens (no
+    padded batch K/V, no mask), which is faster on CPU once sequences are long.
+    """
+    if query.dim() != 3:
+        raise ValueError(f"query must be [num_seqs, num_heads, head_size], got {tuple(query.shape)}")
+    _check_shapes(query[:, None], kv_cache, block_tables)
+    lens = as_lengths(seq_lens).tolist()
+    if min(lens, default=1) < 1:
+        raise ValueError("paged_attention_per_seq needs seq_lens >= 1")
+    if scale is None:
+        scale = 1.0 / math.sqrt(query.shape[-1])
+    tables = block_tables.to(device=kv_cache.device, dtype=torch.int64)
+    out = torch.empty_like(query)
+    for i, seq_len in enumerate(lens):
+        keys, values = gather_sequence_kv(kv_cache, tables[i], seq_len)
+        q = query[i, :, None]
+        out[i] = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), scale=scale)[:, 0]
+    return out
 
 
 def _check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor) -> None:

@@ -46,8 +46,12 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 1000):
 
 
 def make_bart_checkpoint(out_dir: Path, seed: int = 0, init_std: float = 0.3,
-                         safe_serialization: bool = True, **overrides) -> Path:
-    """Save a seeded random BART (TINY shape unless overridden) plus tokenizer to `out_dir`."""
+                         safe_serialization: bool = True, eos_logit_bias: float = 0.0,
+                         **overrides) -> Path:
+    """Save a seeded random BART (TINY shape unless overridden) plus tokenizer to `out_dir`.
+
+    `eos_logit_bias` raises EOS's final_logits_bias so that some outputs stop early.
+    """
     from transformers import BartConfig, BartForConditionalGeneration
 
     out_dir = Path(out_dir)
@@ -57,6 +61,7 @@ def make_bart_checkpoint(out_dir: Path, seed: int = 0, init_std: float = 0.3,
     model = BartForConditionalGeneration(config).eval()
     with torch.no_grad():  # a non-zero final_logits_bias checks that it is loaded and applied
         model.final_logits_bias.normal_(0.0, 0.05)
+        model.final_logits_bias[0, config.eos_token_id] += eos_logit_bias
     model.save_pretrained(str(out_dir), safe_serialization=safe_serialization)
     tokenizer.save_pretrained(str(out_dir))
     return out_dir

@@ -24,8 +24,8 @@ class AttentionMetadata:
     """Everything an attention backend needs to run one step.
 
     Per decoder sequence (prefills first): `seq_lens`, `block_tables`, `encoder_seq_lens`,
-    `cross_block_tables`. `query_start_loc`/`seq_start_loc` cover the prefills' decoder tokens,
-    `encoder_seq_start_loc` the prefills' encoder tokens.
+    `cross_block_tables`, and `query_start_loc`/`seq_start_loc` (num_seqs + 1 entries).
+    `encoder_seq_start_loc` covers only the prefills' encoder tokens (num_prefills + 1).
     """
 
     num_prefills: int

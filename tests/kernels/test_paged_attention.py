@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from encdec.kernels import paged_attention
+from encdec.kernels import paged_attention, paged_attention_per_seq
 
 NUM_HEADS = 4
 HEAD_SIZE = 16
@@ -38,14 +38,15 @@ def reference_attention(q, k, v, scale, visible):
     return torch.einsum("hl,lhd->hd", scores.softmax(dim=-1), v)
 
 
+@pytest.mark.parametrize("attention", [paged_attention, paged_attention_per_seq])
 @pytest.mark.parametrize("block_size", [4, 16])
-def test_single_query_matches_unpaged_attention(block_size):
+def test_single_query_matches_unpaged_attention(attention, block_size):
     seq_lens = [1, 16, 32, 17, 15, 5, 48, 3]
     cache, tables, keys, values = build_paged(seq_lens, block_size, num_blocks=64, seed=block_size)
     query = torch.randn(len(seq_lens), NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(1))
     scale = 1.0 / math.sqrt(HEAD_SIZE)
 
-    out = paged_attention(query, cache, tables, torch.tensor(seq_lens), scale)
+    out = attention(query, cache, tables, torch.tensor(seq_lens), scale)
 
     assert out.shape == query.shape and out.dtype == torch.float32
     for i, length in enumerate(seq_lens):
@@ -53,24 +54,26 @@ def test_single_query_matches_unpaged_attention(block_size):
         torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
 
 
-def test_default_scale_and_int64_tables():
+@pytest.mark.parametrize("attention", [paged_attention, paged_attention_per_seq])
+def test_default_scale_and_int64_tables(attention):
     seq_lens = [7, 20]
     cache, tables, keys, values = build_paged(seq_lens, 8, num_blocks=16, seed=2)
     query = torch.randn(2, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(3))
 
-    out = paged_attention(query, cache, tables.long(), seq_lens)
+    out = attention(query, cache, tables.long(), seq_lens)
 
     for i, length in enumerate(seq_lens):
         want = reference_attention(query[i], keys[i], values[i], HEAD_SIZE**-0.5, length).float()
         torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
 
 
-def test_bfloat16_close_to_reference():
+@pytest.mark.parametrize("attention", [paged_attention, paged_attention_per_seq])
+def test_bfloat16_close_to_reference(attention):
     seq_lens = [9, 33]
     cache, tables, keys, values = build_paged(seq_lens, 16, num_blocks=8, dtype=torch.bfloat16, seed=4)
     query = torch.randn(2, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(5)).bfloat16()
 
-    out = paged_attention(query, cache, tables, seq_lens, 0.25)
+    out = attention(query, cache, tables, seq_lens, 0.25)
 
     assert out.dtype == torch.bfloat16
     for i, length in enumerate(seq_lens):
@@ -96,8 +99,20 @@ def test_multi_query_tokens(causal):
             torch.testing.assert_close(out[i, j], want, atol=1e-5, rtol=1e-5)
 
 
-def test_rejects_zero_length():
+def test_per_seq_matches_reference_on_long_sequences():
+    seq_lens = [100, 1, 64, 257, 31]
+    cache, tables, _, _ = build_paged(seq_lens, 16, num_blocks=64, seed=8)
+    query = torch.randn(len(seq_lens), NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(9))
+
+    fast = paged_attention_per_seq(query, cache, tables, seq_lens, 0.2)
+    reference = paged_attention(query, cache, tables, seq_lens, 0.2)
+
+    torch.testing.assert_close(fast, reference, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention", [paged_attention, paged_attention_per_seq])
+def test_rejects_zero_length(attention):
     cache, tables, _, _ = build_paged([4, 4], 4, num_blocks=4)
     query = torch.zeros(2, NUM_HEADS, HEAD_SIZE)
     with pytest.raises(ValueError):
-        paged_attention(query, cache, tables, [4, 0], 1.0)
+        attention(query, cache, tables, [4, 0], 1.0)

@@ -1,0 +1,31 @@
+"""Whisper's input side: special tokens, the decoder prefix, and the audio processor hook."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from encdec.whisper.processor import WhisperAudioProcessor
+from encdec.whisper.tokens import WhisperTokens, whisper_tokens
+
+
+@dataclass
+class WhisperInputHooks:
+    """What the engine needs to turn audio prompts into Whisper requests."""
+
+    tokens: WhisperTokens
+    default_decoder_prompt: list[int]
+    audio_processor: WhisperAudioProcessor
+
+
+def whisper_input_hooks(hf_config: Any, tokenizer: Any = None,
+                        generation_config: Optional[dict] = None,
+                        style: str = "hf") -> WhisperInputHooks:
+    """Tokens from the tokenizer / generation config / config; the default prefix transcribes
+    English without timestamps; features are [num_mel_bins, 3000], 1500 encoder positions."""
+    tokens = whisper_tokens(hf_config, tokenizer, generation_config)
+    processor = WhisperAudioProcessor(hf_config.num_mel_bins, hf_config.max_source_positions, style)
+    return WhisperInputHooks(tokens, tokens.decoder_prefix(), processor)
+
+
+__all__ = ["WhisperAudioProcessor", "WhisperInputHooks", "WhisperTokens", "whisper_input_hooks",
+           "whisper_tokens"]

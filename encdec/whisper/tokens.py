@@ -1,0 +1,120 @@
+"""Whisper's special tokens and the decoder prefix (as openai-whisper's `tokenizer.py` spells it).
+
+Ids come from the tokenizer when there is one (its vocabulary is the truth), then from
+generation_config.json, then from config.json. Standard Whisper vocabularies end with
+<|notimestamps|> followed by 1501 timestamp tokens, preceded by <|translate|>, <|transcribe|>,
+<|startoflm|>, <|startofprev|>, <|nocaptions|>; that layout is the last fallback.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+NUM_TIMESTAMP_TOKENS = 1501  # <|0.00|> .. <|30.00|>
+MULTILINGUAL_VOCAB_SIZE = 51865  # Hugging Face: is_multilingual = vocab_size >= 51865
+_LANGUAGE_TOKEN = re.compile(r"^<\|([a-z]{2,3})\|>$")
+
+
+@dataclass(frozen=True)
+class WhisperTokens:
+    """Special-token ids of one Whisper model; `lang_to_id` maps "en" -> id of <|en|>."""
+
+    eot: int
+    sot: int
+    no_timestamps: Optional[int]
+    multilingual: bool
+    lang_to_id: dict[str, int] = field(default_factory=dict)
+    task_to_id: dict[str, int] = field(default_factory=dict)
+    suppress_tokens: tuple[int, ...] = ()
+    begin_suppress_tokens: tuple[int, ...] = ()
+
+    def decoder_prefix(self, language: Optional[str] = "en", task: str = "transcribe",
+                       timestamps: bool = False) -> list[int]:
+        """<|startoftranscript|> [<|lang|> <|task|>] [<|notimestamps|>].
+
+        Multilingual models get the language (None leaves it to the model) and the task;
+        English-only models take neither.
+        """
+        ids = [self.sot]
+        if self.multilingual:
+            if language is not None:
+                if language not in self.lang_to_id:
+                    raise ValueError(f"language {language!r} is not one of this model's "
+                                     f"{len(self.lang_to_id)} languages")
+                ids.append(self.lang_to_id[language])
+            if task not in self.task_to_id:
+                raise ValueError(f"task {task!r} is not one of {sorted(self.task_to_id)}")
+            ids.append(self.task_to_id[task])
+        elif language not in (None, "en") or task != "transcribe":
+            raise ValueError(f"this Whisper model is English-only: language={language!r}, "
+                             f"task={task!r} need a multilingual model")
+        if not timestamps and self.no_timestamps is not None:
+            ids.append(self.no_timestamps)
+        return ids
+
+
+def whisper_tokens(hf_config: Any, tokenizer: Any = None,
+                   generation_config: Optional[dict] = None) -> WhisperTokens:
+    """Resolve the special tokens from the tokenizer, generation config and model config."""
+    gen = generation_config or {}
+    added = _added_vocab(tokenizer)
+    vocab_size = hf_config.vocab_size
+    layout = _standard_layout(vocab_size)
+    eot = _first_int(added.get("<|endoftext|>"), gen.get("eos_token_id"), hf_config.eos_token_id)
+    sot = _first_int(added.get("<|startoftranscript|>"), gen.get("decoder_start_token_id"),
+                     hf_config.decoder_start_token_id)
+    if eot is None or sot is None:
+        raise ValueError("cannot tell Whisper's <|endoftext|> / <|startoftranscript|> ids: "
+                         "no tokenizer and no eos_token_id / decoder_start_token_id in the config")
+    gen_tasks = gen.get("task_to_id") or {}
+    tasks = {task: _first_int(added.get(f"<|{task}|>"), gen_tasks.get(task), layout.get(task))
+             for task in ("translate", "transcribe")}
+    no_timestamps = _first_int(added.get("<|notimestamps|>"), gen.get("no_timestamps_token_id"),
+                               layout.get("no_timestamps"))
+    return WhisperTokens(
+        eot=eot, sot=sot, no_timestamps=no_timestamps,
+        multilingual=bool(gen.get("is_multilingual", vocab_size >= MULTILINGUAL_VOCAB_SIZE)),
+        lang_to_id=_languages(added, gen, sot),
+        task_to_id={task: i for task, i in tasks.items() if i is not None},
+        suppress_tokens=tuple(_first_list(gen, hf_config, "suppress_tokens")),
+        begin_suppress_tokens=tuple(_first_list(gen, hf_config, "begin_suppress_tokens")),
+    )
+
+
+def _first_int(*values: Any) -> Optional[int]:
+    """The first value that is an int (eos_token_id may be a list in some configs: skipped)."""
+    return next((v for v in values if isinstance(v, int) and not isinstance(v, bool)), None)
+
+
+def _added_vocab(tokenizer: Any) -> dict[str, int]:
+    """The tokenizer's special tokens (<|...|>) by content."""
+    if tokenizer is None or not hasattr(tokenizer, "get_added_vocab"):
+        return {}
+    return {tok: i for tok, i in tokenizer.get_added_vocab().items()
+            if tok.startswith("<|") and tok.endswith("|>")}
+
+
+def _standard_layout(vocab_size: int) -> dict[str, int]:
+    if vocab_size <= NUM_TIMESTAMP_TOKENS + 6:
+        return {}
+    no_timestamps = vocab_size - NUM_TIMESTAMP_TOKENS - 1
+    return {"no_timestamps": no_timestamps, "transcribe": no_timestamps - 4,
+            "translate": no_timestamps - 5}
+
+
+def _languages(added: dict[str, int], gen: dict, sot: int) -> dict[str, int]:
+    """Language code -> id, from the tokenizer, else generation_config's `lang_to_id`, else
+    the standard layout's first language (<|en|> right after <|startoftranscript|>)."""
+    found = {m.group(1): i for tok, i in added.items() if (m := _LANGUAGE_TOKEN.match(tok))}
+    if not found:
+        found = {m.group(1): i for tok, i in (gen.get("lang_to_id") or {}).items()
+                 if (m := _LANGUAGE_TOKEN.match(tok))}
+    return found or {"en": sot + 1}
+
+
+def _first_list(gen: dict, hf_config: Any, key: str) -> list[int]:
+    value = gen.get(key)
+    if value is None:
+        value = getattr(hf_config, key, None)
+    return list(value or [])

@@ -1,0 +1,134 @@
+"""Whisper on the paged-cache engine, with Hugging Face weight names.
+
+Encoder: two GELU convolutions (the second halves 3000 mel frames to 1500), stored sinusoidal
+positions, pre-LayerNorm layers, a final `layer_norm`. Decoder: token embeddings plus learned
+positions, pre-LayerNorm layers with paged self- and cross-attention, a final `layer_norm`,
+logits from the (usually tied) output projection. Embeddings are not scaled, as in Hugging Face.
+"""
+from __future__ import annotations
+
+import re
+from typing import Iterable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encdec.attention import AttentionMetadata, AttentionType
+from encdec.attention.backends.abstract import AttentionBackend
+from encdec.models.layers import CrossAttention, FeedForward, SelfAttention, load_hf_weights
+
+
+class WhisperEncoderLayer(nn.Module):
+    def __init__(self, config, backend: AttentionBackend):
+        super().__init__()
+        d = config.d_model
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.self_attn = SelfAttention(d, config.encoder_attention_heads, backend, AttentionType.ENCODER)
+        self.final_layer_norm = nn.LayerNorm(d)
+        self.ffn = FeedForward(d, config.encoder_ffn_dim, config.activation_function)
+
+    def forward(self, h: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        h = h + self.self_attn(self.self_attn_layer_norm(h), None, meta)
+        return h + self.ffn(self.final_layer_norm(h))
+
+
+class WhisperDecoderLayer(nn.Module):
+    def __init__(self, config, backend: AttentionBackend):
+        super().__init__()
+        d, heads = config.d_model, config.decoder_attention_heads
+        self.self_attn_layer_norm = nn.LayerNorm(d)
+        self.self_attn = SelfAttention(d, heads, backend, AttentionType.DECODER)
+        self.encoder_attn_layer_norm = nn.LayerNorm(d)
+        self.encoder_attn = CrossAttention(d, heads, backend)
+        self.final_layer_norm = nn.LayerNorm(d)
+        self.ffn = FeedForward(d, config.decoder_ffn_dim, config.activation_function)
+
+    def forward(self, h: torch.Tensor, encoder_h: Optional[torch.Tensor],
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        h = h + self.self_attn(self.self_attn_layer_norm(h), kv_cache, meta)
+        h = h + self.encoder_attn(self.encoder_attn_layer_norm(h), encoder_h, kv_cache, meta)
+        return h + self.ffn(self.final_layer_norm(h))
+
+
+class WhisperEncoder(nn.Module):
+    def __init__(self, config, backend: AttentionBackend):
+        super().__init__()
+        d = config.d_model
+        self.num_frames = 2 * config.max_source_positions
+        self.conv1 = nn.Conv1d(config.num_mel_bins, d, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
+        self.embed_positions = nn.Embedding(config.max_source_positions, d)
+        self.layers = nn.ModuleList([WhisperEncoderLayer(config, backend)
+                                     for _ in range(config.encoder_layers)])
+        self.layer_norm = nn.LayerNorm(d)
+
+    def forward(self, features: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """[B, n_mels, 3000] log-mel features -> [B * 1500, d_model] encoder states."""
+        assert features.shape[-1] == self.num_frames, \
+            f"Whisper features need {self.num_frames} frames, got {features.shape[-1]}"
+        x = F.gelu(self.conv1(features.to(self.conv1.weight.dtype)))
+        x = F.gelu(self.conv2(x)).transpose(1, 2)
+        h = (x + self.embed_positions.weight).reshape(-1, x.shape[-1])
+        for layer in self.layers:
+            h = layer(h, meta)
+        return self.layer_norm(h)
+
+
+class WhisperDecoder(nn.Module):
+    def __init__(self, config, backend: AttentionBackend):
+        super().__init__()
+        d = config.d_model
+        self.embed_tokens = nn.Embedding(config.vocab_size, d)
+        self.embed_positions = nn.Embedding(config.max_target_positions, d)
+        self.layers = nn.ModuleList([WhisperDecoderLayer(config, backend)
+                                     for _ in range(config.decoder_layers)])
+        self.layer_norm = nn.LayerNorm(d)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                encoder_h: Optional[torch.Tensor], kv_caches: list[torch.Tensor],
+                meta: AttentionMetadata) -> torch.Tensor:
+        h = self.embed_tokens(input_ids) + self.embed_positions(positions)
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            h = layer(h, encoder_h, kv_cache, meta)
+        return self.layer_norm(h)
+
+
+class WhisperModel(nn.Module):
+    def __init__(self, config, backend: AttentionBackend):
+        super().__init__()
+        self.encoder = WhisperEncoder(config, backend)
+        self.decoder = WhisperDecoder(config, backend)
+
+
+class WhisperForConditionalGeneration(nn.Module):
+    def __init__(self, config, backend: AttentionBackend):
+        super().__init__()
+        self.config = config
+        self.model = WhisperModel(config, backend)
+        self.tied = getattr(config, "tie_word_embeddings", True)
+        if not self.tied:
+            self.proj_out = nn.Linear(config.d_model, config.vocab_size, bias=False)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata,
+                encoder_input_features: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Decoder hidden states; the encoder runs only when the step has prefills (features)."""
+        encoder_h = None
+        if encoder_input_features is not None and encoder_input_features.numel():
+            encoder_h = self.model.encoder(encoder_input_features, attn_metadata)
+        return self.model.decoder(input_ids, positions, encoder_h, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = self.model.decoder.embed_tokens.weight if self.tied else self.proj_out.weight
+        return F.linear(hidden_states, weight)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        aliases = {"proj_out.weight": "model.decoder.embed_tokens.weight"} if self.tied else {}
+        renamed = ((_FC.sub(r".ffn.\1.", name), tensor) for name, tensor in weights)
+        # Whisper's k_proj has no bias: that third of the fused bias stays zero.
+        load_hf_weights(self, renamed, aliases, zero_if_missing=("qkv_proj.bias", "kv_proj.bias"))
+
+
+# HF keeps fc1/fc2 directly on the layer; here they live in the shared FeedForward `ffn`.
+_FC = re.compile(r"\.(fc[12])\.")

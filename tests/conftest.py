@@ -1,0 +1,20 @@
+"""Shared fixtures: seeded random BART checkpoints and the engine's free-block invariant."""
+from __future__ import annotations
+
+import pytest
+
+from tests.bart_checkpoints import make_bart_checkpoint
+
+
+@pytest.fixture(scope="session")
+def tiny_bart_dir(tmp_path_factory):
+    return make_bart_checkpoint(tmp_path_factory.mktemp("tiny_bart"), seed=0)
+
+
+def assert_all_blocks_free(llm) -> None:
+    """After a run every device and swap block is back in its pool, and no table remains."""
+    bm = llm.llm_engine.block_manager
+    bm.check_invariants()
+    assert bm.get_num_free_gpu_blocks() == bm.num_total_gpu_blocks
+    assert bm.get_num_free_cpu_blocks() == bm.num_total_cpu_blocks
+    assert not bm.block_tables and not bm.cross_block_tables
