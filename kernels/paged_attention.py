@@ -32,6 +32,8 @@ def paged_attention(
     single = query.dim() == 3
     q = query[:, None] if single else query
     _check_shapes(q, kv_cache, block_tables)
+    if q.shape[0] == 0:
+        return torch.empty_like(query)
     lens = as_lengths(seq_lens, q.device)
     if bool((lens < 1).any()):
         raise ValueError("paged_attention needs seq_lens >= 1")

@@ -110,13 +110,4 @@ class BartForConditionalGeneration(nn.Module):
         aliases = {"model.encoder.embed_tokens.weight": "model.shared.weight",
                    "model.decoder.embed_tokens.weight": "model.shared.weight",
                    "lm_head.weight": "model.shared.weight"}
-        renamed = ((_rename_ffn(name), tensor) for name, tensor in weights)
-        load_hf_weights(self, renamed, aliases, zero_if_missing=("final_logits_bias",))
-
-
-def _rename_ffn(name: str) -> str:
-    """HF keeps fc1/fc2 directly on the layer; here they live in `ffn`."""
-    for fc in (".fc1.", ".fc2."):
-        if fc in name:
-            return name.replace(fc, ".ffn" + fc)
-    return name
+        load_hf_weights(self, weights, aliases, zero_if_missing=("final_logits_bias",))

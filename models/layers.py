@@ -2,6 +2,7 @@
 feed-forward block, activations, and loading Hugging Face weights into fused parameters."""
 from __future__ import annotations
 
+import re
 from typing import Iterable, Optional
 
 import torch
@@ -79,6 +80,9 @@ class FeedForward(nn.Module):
         return self.fc2(self.act(self.fc1(x)))
 
 
+# HF keeps fc1/fc2 directly on the layer; here they live in the shared FeedForward `ffn`.
+_FFN = re.compile(r"\.(fc[12])\.")
+
 # Hugging Face projection name -> (fused parameter name, shard index, number of shards).
 _STACKED = {
     "self_attn.q_proj": ("self_attn.qkv_proj", 0, 3),
@@ -106,7 +110,7 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
             param.data.zero_()
     filled: dict[str, set[int]] = {}
     for name, tensor in weights:
-        name = aliases.get(name, name)
+        name = _FFN.sub(r".ffn.\1.", aliases.get(name, name))
         if name.endswith(ignored):
             continue
         target, shard, num_shards = name, None, 1

@@ -7,7 +7,6 @@ logits from the (usually tied) output projection. Embeddings are not scaled, as 
 """
 from __future__ import annotations
 
-import re
 from typing import Iterable, Optional
 
 import torch
@@ -125,10 +124,5 @@ class WhisperForConditionalGeneration(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         aliases = {"proj_out.weight": "model.decoder.embed_tokens.weight"} if self.tied else {}
-        renamed = ((_FC.sub(r".ffn.\1.", name), tensor) for name, tensor in weights)
         # Whisper's k_proj has no bias: that third of the fused bias stays zero.
-        load_hf_weights(self, renamed, aliases, zero_if_missing=("qkv_proj.bias", "kv_proj.bias"))
-
-
-# HF keeps fc1/fc2 directly on the layer; here they live in the shared FeedForward `ffn`.
-_FC = re.compile(r"\.(fc[12])\.")
+        load_hf_weights(self, weights, aliases, zero_if_missing=("qkv_proj.bias", "kv_proj.bias"))

@@ -46,11 +46,13 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 1000):
 
 
 def make_bart_checkpoint(out_dir: Path, seed: int = 0, init_std: float = 0.3,
-                         safe_serialization: bool = True, eos_logit_bias: float = 0.0,
+                         weights_format: str = "safetensors", eos_logit_bias: float = 0.0,
                          **overrides) -> Path:
     """Save a seeded random BART (TINY shape unless overridden) plus tokenizer to `out_dir`.
 
-    `eos_logit_bias` raises EOS's final_logits_bias so that some outputs stop early.
+    `weights_format`: "safetensors", "sharded" (several safetensors files and an index) or
+    "bin" (a single pytorch_model.bin, as older checkpoints ship). `eos_logit_bias` raises
+    EOS's final_logits_bias so that some outputs stop early.
     """
     from transformers import BartConfig, BartForConditionalGeneration
 
@@ -62,6 +64,11 @@ def make_bart_checkpoint(out_dir: Path, seed: int = 0, init_std: float = 0.3,
     with torch.no_grad():  # a non-zero final_logits_bias checks that it is loaded and applied
         model.final_logits_bias.normal_(0.0, 0.05)
         model.final_logits_bias[0, config.eos_token_id] += eos_logit_bias
-    model.save_pretrained(str(out_dir), safe_serialization=safe_serialization)
+    if weights_format == "bin":
+        model.save_pretrained(str(out_dir))
+        (out_dir / "model.safetensors").unlink()
+        torch.save(model.state_dict(), out_dir / "pytorch_model.bin")
+    else:
+        model.save_pretrained(str(out_dir), max_shard_size="100KB" if weights_format == "sharded" else "50GB")
     tokenizer.save_pretrained(str(out_dir))
     return out_dir

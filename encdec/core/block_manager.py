@@ -225,11 +225,18 @@ class BlockSpaceManager:
         return len({block for table in tables for block in table})
 
     def can_swap_in(self, seq_group: SequenceGroup) -> AllocStatus:
-        """The group's swapped blocks plus one block per SWAPPED sequence to grow into."""
+        """The group's swapped blocks plus a block for each SWAPPED sequence whose next slot
+        needs one (a new block, or a copy of a shared last block)."""
         tables = self._tables_to_swap(seq_group, SequenceStatus.SWAPPED, on_cpu=True)
-        num_required = (self._num_unique_blocks(tables)
-                        + seq_group.num_seqs(SequenceStatus.SWAPPED))
-        return self._alloc_status(num_required)
+        growth = sum(self._next_slot_needs_block(seq, self.cpu_pool)
+                     for seq in seq_group.get_seqs(SequenceStatus.SWAPPED))
+        return self._alloc_status(self._num_unique_blocks(tables) + growth)
+
+    def _next_slot_needs_block(self, seq: Sequence, pool: "BlockPool") -> bool:
+        table = self.block_tables[seq.seq_id]
+        if len(table) < -(-len(seq) // self.block_size):
+            return True
+        return bool(table) and pool.ref_counts[table[-1]] > 1
 
     def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
         """Move the SWAPPED sequences' tables and the cross table to the device.

@@ -137,7 +137,11 @@ class Scheduler:
             num_seqs = group.num_seqs(SequenceStatus.SWAPPED)
             if num_seqs > min(budget_seqs, budget_tokens):
                 break
-            if self.block_manager.can_swap_in(group) != AllocStatus.OK:
+            status = self.block_manager.can_swap_in(group)
+            if status == AllocStatus.NEVER:
+                raise RuntimeError(f"request {group.request_id} was swapped out but can never fit "
+                                   "in the device cache again; raise num_gpu_blocks")
+            if status == AllocStatus.LATER:
                 break
             self.swapped.popleft()
             out.blocks_to_swap_in.extend(self.block_manager.swap_in(group))

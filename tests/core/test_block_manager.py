@@ -310,6 +310,8 @@ def test_can_swap_in_later_and_never():
     admit(bm, group)
     bm.swap_out(group)
     set_status(group, SequenceStatus.SWAPPED)
+    assert bm.can_swap_in(group) == AllocStatus.OK
+    group.get_seqs()[0].append_token_id(7, 0.0)  # the 9th token needs a third block
     assert bm.can_swap_in(group) == AllocStatus.OK  # 10 free - 6 >= 2
 
     other = make_group(encoder_len=4, decoder_len=4)  # 2 blocks
@@ -323,6 +325,7 @@ def test_can_swap_in_later_and_never():
     admit(small, group)  # 5 blocks: 8 - 5 >= 3
     small.swap_out(group)
     set_status(group, SequenceStatus.SWAPPED)
+    group.get_seqs()[0].append_token_id(7, 0.0)
     assert small.can_swap_in(group) == AllocStatus.NEVER  # 5 + 1 > 8 - 3
 
 

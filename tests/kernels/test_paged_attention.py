@@ -116,3 +116,11 @@ def test_rejects_zero_length(attention):
     query = torch.zeros(2, NUM_HEADS, HEAD_SIZE)
     with pytest.raises(ValueError):
         attention(query, cache, tables, [4, 0], 1.0)
+
+
+@pytest.mark.parametrize("attention", [paged_attention, paged_attention_per_seq])
+def test_empty_batch(attention):
+    cache, _, _, _ = build_paged([4], 4, num_blocks=4)
+    query = torch.zeros(0, NUM_HEADS, HEAD_SIZE)
+    out = attention(query, cache, torch.zeros((0, 2), dtype=torch.int32), [], 1.0)
+    assert out.shape == query.shape

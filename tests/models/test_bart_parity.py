@@ -2,59 +2,10 @@
 from __future__ import annotations
 
 import pytest
-from transformers import BartForConditionalGeneration
-
-from encdec import LLM, SamplingParams, TextPrompt, TokensPrompt
-from tests.bart_checkpoints import BART_BASE, CORPUS, make_bart_checkpoint
+from encdec import LLM
+from tests.bart_checkpoints import BART_BASE, make_bart_checkpoint
+from tests.bart_parity import EOS, assert_varied, mixed_prompts, run_parity
 from tests.conftest import assert_all_blocks_free
-from tests.hf_reference import NEAR_TIE, divergence_margin, hf_greedy
-
-EOS = 2
-
-
-def mixed_prompts(tokenizer, count: int = 16) -> list:
-    """`count` prompts of different lengths cycling through all four prompt forms."""
-    prompts = []
-    for i in range(count):
-        text = " ".join(CORPUS[j % len(CORPUS)] for j in range(i, i + 1 + i % 4))
-        ids = tokenizer(text)["input_ids"]
-        form = i % 4
-        if form == 0:
-            prompts.append(text)
-        elif form == 1:
-            prompts.append(TextPrompt(prompt=text))
-        elif form == 2:
-            prompts.append(TokensPrompt(prompt_token_ids=ids))
-        else:
-            decoder = [None, "The summary", [0, 100 + i], [2, 0, 50 + i]][(i // 4) % 4]
-            prompts.append({"encoder_prompt": TokensPrompt(prompt_token_ids=ids),
-                            "decoder_prompt": decoder})
-    return prompts
-
-
-def run_parity(model_dir, llm: LLM, prompts, max_tokens: list[int]):
-    """Run the engine on all prompts in one batch and compare each with HF; return outputs."""
-    params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
-    hf = BartForConditionalGeneration.from_pretrained(str(model_dir)).eval()
-    ties = []
-    for i, out in enumerate(outputs):
-        enc, dec, got = out.encoder_prompt_token_ids, out.prompt_token_ids, out.outputs[0].token_ids
-        expected = hf_greedy(hf, enc, dec, max_tokens[i], EOS)
-        if got != expected:
-            margin = divergence_margin(hf, enc, dec, got, expected)
-            assert margin < NEAR_TIE, f"prompt {i} differs from Hugging Face (logit margin {margin})"
-            ties.append((i, margin))
-    assert len(ties) <= 1, f"too many near-tie divergences: {ties}"
-    return outputs
-
-
-def assert_varied(outputs):
-    """Random weights must still give varied, long outputs, or parity proves little."""
-    seqs = [tuple(o.outputs[0].token_ids) for o in outputs]
-    assert len(set(seqs)) >= len(seqs) // 2, "outputs are nearly all identical"
-    assert sum(len(set(s)) > 1 for s in seqs) >= len(seqs) // 2, "outputs repeat one token"
-    assert max(len(s) for s in seqs) >= 16
 
 
 def test_tiny_bart_parity_mixed_prompts(tiny_bart_dir):
@@ -87,9 +38,11 @@ def test_eos_stops_like_hugging_face(tmp_path):
     assert_all_blocks_free(llm)
 
 
-def test_pytorch_bin_checkpoint_loads(tmp_path):
-    model_dir = make_bart_checkpoint(tmp_path / "bin", seed=2, safe_serialization=False)
-    assert (model_dir / "pytorch_model.bin").exists()
+@pytest.mark.parametrize("weights_format, expected_file", [
+    ("bin", "pytorch_model.bin"), ("sharded", "model.safetensors.index.json")])
+def test_other_checkpoint_layouts_load(tmp_path, weights_format, expected_file):
+    model_dir = make_bart_checkpoint(tmp_path / weights_format, seed=2, weights_format=weights_format)
+    assert (model_dir / expected_file).exists()
     llm = LLM(model=str(model_dir), num_gpu_blocks=128)
     prompts = mixed_prompts(llm.get_tokenizer(), count=4)
     run_parity(model_dir, llm, prompts, [12] * 4)

@@ -1,0 +1,135 @@
+"""Request-level behaviour: validation at the edge, n > 1 sampling, seeds, aborts."""
+from __future__ import annotations
+
+import pytest
+
+from encdec import LLM, SamplingParams, TokensPrompt
+from tests.conftest import assert_all_blocks_free
+
+TEXT = "The rain in spain falls mainly on the plain."
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_bart_dir):
+    return LLM(model=str(tiny_bart_dir), num_gpu_blocks=128)
+
+
+@pytest.mark.parametrize("prompt, params, message", [
+    ("", SamplingParams(), "encoder_prompt is empty"),
+    (TokensPrompt(prompt_token_ids=[]), SamplingParams(), "encoder_prompt is empty"),
+    (TokensPrompt(prompt_token_ids=[5] * 300), SamplingParams(), "more than the model's maximum of 256"),
+    (TokensPrompt(prompt_token_ids=[0, 1000, 2]), SamplingParams(), r"outside the vocabulary \[0, 1000\)"),
+    (TokensPrompt(prompt_token_ids=[0, -1, 2]), SamplingParams(), "outside the vocabulary"),
+    ({"encoder_prompt": TEXT, "decoder_prompt": [7] * 300}, SamplingParams(),
+     "decoder_prompt has 301 tokens"),
+    ({"prompt_ids": [1, 2]}, SamplingParams(), "unknown keys"),
+    (12345, SamplingParams(), "is not a prompt"),
+    ({"encoder_prompt": TEXT, "decoder_prompt": TEXT, "extra": 1}, SamplingParams(), "unknown keys"),
+    ({"prompt": "", "multi_modal_data": {"audio": ([0.0], 16000)}}, SamplingParams(),
+     "takes no audio"),
+])
+def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
+    with pytest.raises(ValueError, match=message):
+        llm.generate([TEXT, prompt], params, use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests()
+    assert_all_blocks_free(llm)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
+    (dict(max_tokens=-3), "max_tokens must be an integer >= 1"),
+    (dict(temperature=-0.5), "temperature must be >= 0"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+    (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+    (dict(top_k=0), "top_k must be -1"),
+    (dict(n=0), "n must be an integer >= 1"),
+    (dict(min_tokens=5, max_tokens=3), "min_tokens must be <= max_tokens"),
+    (dict(logprobs=-1), "logprobs must be an integer >= 0"),
+])
+def test_bad_sampling_params(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_greedy_with_n_above_one_is_refused(llm):
+    with pytest.raises(ValueError, match="n=2 needs random sampling"):
+        llm.generate(TEXT, SamplingParams(n=2, temperature=0.0), use_tqdm=False)
+    assert_all_blocks_free(llm)
+
+
+def test_n3_samples_share_one_encoder_run_and_cross_table(llm):
+    engine = llm.llm_engine
+    runs_before = engine.stats.num_encoder_runs
+    engine.add_request("n3", TEXT, SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12))
+    engine.step()  # the prefill: one encoder run, then the group forks into three sequences
+    group = engine._groups["n3"]
+    seqs = group.get_seqs()
+    assert len(seqs) == 3
+    bm = engine.block_manager
+    assert len(bm.cross_block_tables) == 1
+    first_blocks = {bm.get_block_table(s)[0] for s in seqs}
+    assert len(first_blocks) == 1 and bm.get_ref_count(first_blocks.pop()) == 3  # shared prompt block
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    (out,) = outputs
+    assert engine.stats.num_encoder_runs - runs_before == 1
+    samples = [tuple(o.token_ids) for o in out.outputs]
+    assert len(samples) == 3 and len(set(samples)) == 3
+    assert_all_blocks_free(llm)
+
+
+def test_seeded_request_ignores_the_rest_of_the_batch(llm):
+    params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=1234, max_tokens=16)
+    alone = llm.generate(TEXT, params, use_tqdm=False)[0].outputs[0].token_ids
+    others = [SamplingParams(temperature=1.0, max_tokens=10 + i) for i in range(5)]
+    batch = llm.generate(["Numbers like 3 and 14."] * 5 + [TEXT], others + [params], use_tqdm=False)
+    assert batch[-1].outputs[0].token_ids == alone
+    assert len(set(alone)) > 1
+
+
+def test_unseeded_requests_follow_the_engine_seed(tiny_bart_dir):
+    params = SamplingParams(temperature=1.0, max_tokens=12)
+    runs = [LLM(model=str(tiny_bart_dir), num_gpu_blocks=64, seed=s).generate(TEXT, params, use_tqdm=False)
+            for s in (3, 3, 4)]
+    ids = [r[0].outputs[0].token_ids for r in runs]
+    assert ids[0] == ids[1] and ids[0] != ids[2]
+
+
+def test_min_tokens_stop_ids_and_logprobs(llm):
+    free = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=10), use_tqdm=False)[0]
+    first = free.outputs[0].token_ids[0]
+    stopped = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[first]),
+                           use_tqdm=False)[0].outputs[0]
+    assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
+    held = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=10, min_tokens=3,
+                                             stop_token_ids=[first], logprobs=2),
+                        use_tqdm=False)[0].outputs[0]
+    assert first not in held.token_ids[:3] and len(held.token_ids) >= 3
+    assert len(held.logprobs) == len(held.token_ids)
+    assert all(tok in lp and len(lp) <= 3 for tok, lp in zip(held.token_ids, held.logprobs))
+    assert_all_blocks_free(llm)
+
+
+def test_abort_frees_self_and_cross_blocks(llm):
+    engine = llm.llm_engine
+    engine.add_request("a", TEXT, SamplingParams(temperature=0.0, max_tokens=50))
+    engine.add_request("b", TEXT, SamplingParams(n=2, temperature=1.0, max_tokens=50))
+    engine.step()
+    engine.step()
+    assert engine.block_manager.get_num_free_gpu_blocks() < engine.block_manager.num_total_gpu_blocks
+    engine.abort_request("a")
+    engine.abort_request("b")
+    assert not engine.has_unfinished_requests()
+    assert_all_blocks_free(llm)
+
+
+def test_outputs_carry_both_prompts_in_input_order(llm):
+    prompts = [TEXT, {"encoder_prompt": "Numbers like 3.", "decoder_prompt": "Sum"}]
+    outs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    assert outs[0].encoder_prompt == TEXT and outs[0].prompt is None
+    assert outs[1].encoder_prompt == "Numbers like 3." and outs[1].prompt == "Sum"
+    tok = llm.get_tokenizer()
+    assert outs[1].encoder_prompt_token_ids == tok("Numbers like 3.")["input_ids"]
+    assert outs[1].prompt_token_ids == [2] + tok("Sum", add_special_tokens=False)["input_ids"]
+    assert outs[0].outputs[0].text == tok.decode(outs[0].outputs[0].token_ids, skip_special_tokens=True)
