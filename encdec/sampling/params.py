@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
+
+import torch
+
+# (output token ids so far, logits row [vocab]) -> logits row; may modify in place.
+LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 
 _GREEDY_EPS = 1e-5
 
@@ -13,7 +18,8 @@ class SamplingParams:
 
     temperature 0 means greedy. `seed` gives the request its own generator, so its samples do
     not depend on what else is in the batch. `logprobs` asks for that many top log-probabilities
-    per generated token (plus the chosen one).
+    per generated token (plus the chosen one). `logits_processors` run per sequence, in order,
+    after the built-in ones.
     """
 
     n: int = 1
@@ -27,6 +33,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: Optional[int] = None
     skip_special_tokens: bool = True
+    logits_processors: list[LogitsProcessor] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.stop_token_ids = list(self.stop_token_ids or [])

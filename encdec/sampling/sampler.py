@@ -78,7 +78,7 @@ class Sampler:
                     if self.eos_token_id is not None and not params.ignore_eos:
                         stop_ids.append(self.eos_token_id)
                     logits[row, stop_ids] = -float("inf")
-                for processor in getattr(params, "logits_processors", None) or ():
+                for processor in params.logits_processors:
                     logits[row] = processor(data.output_token_ids, logits[row])
 
 

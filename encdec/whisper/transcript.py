@@ -1,0 +1,28 @@
+"""What `LLM.transcribe` returns for one audio input."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+@dataclass
+class Segment:
+    """A stretch of speech with absolute times (seconds from the start of the input)."""
+
+    start: float
+    end: float
+    text: str
+    tokens: list[int] = field(default_factory=list)
+    avg_logprob: float = 0.0
+    no_speech_prob: float = 0.0
+
+
+@dataclass
+class Transcription:
+    """One input's transcript: full text, detected or given language, ordered segments."""
+
+    text: str
+    language: Optional[str]
+    segments: list[Segment]
+    duration: float
+    source: Optional[str] = None  # the file path, when the input was a file
