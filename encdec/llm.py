@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 from encdec.config import CacheConfig, DeviceConfig, SchedulerConfig, resolve_dtype
 from encdec.engine.llm_engine import LLMEngine
+from encdec.generation_config import load_generation_defaults
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import SamplingParams
 from encdec.weights.loader import load_model
@@ -35,7 +36,8 @@ class LLM:
         if max_num_batched_tokens < needed:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "
                              f"request can need ({needed}: encoder + decoder positions)")
-        self.llm_engine = LLMEngine(loaded, cache_config, scheduler_config, device_config, seed)
+        self.llm_engine = LLMEngine(loaded, cache_config, scheduler_config, device_config, seed,
+                                    load_generation_defaults(model))
         self._request_counter = itertools.count()
 
     def get_tokenizer(self):
@@ -44,7 +46,11 @@ class LLM:
     def generate(self, prompts: Union[Any, Sequence[Any]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Run every prompt to completion; outputs come back in input order."""
+        """Run every prompt to completion; outputs come back in input order.
+
+        Sampling params left unset (or none given) take the checkpoint's generation config, as
+        Hugging Face's `generate()` does; see `encdec.generation_config`.
+        """
         if isinstance(prompts, (str, dict)) or (
                 isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
@@ -72,7 +78,21 @@ class LLM:
             raise ValueError(f"prompt {len(added)}: {err}") from err
         return added
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+    def transcribe(self, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
+                   timestamps: bool = True, initial_prompt: Optional[str] = None,
+                   on_progress: Optional[Callable[[float], None]] = None) -> list:
+        """Whisper: transcribe audio files or `(waveform, sample_rate)` pairs of any length.
+
+        Returns one `encdec.whisper.Transcription` per input; see `encdec.whisper.transcribe`.
+        """
+        from encdec.whisper.transcribe import transcribe
+
+        return transcribe(self, inputs, language=language, task=task, timestamps=timestamps,
+                          initial_prompt=initial_prompt, on_progress=on_progress)
+
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool,
+                    on_output: Optional[Callable[[RequestOutput], None]] = None) -> list[RequestOutput]:
+        """Step until every request is done; `on_output` sees each output as it finishes."""
         engine = self.llm_engine
         finished: dict[str, RequestOutput] = {}
         bar = None
@@ -83,6 +103,8 @@ class LLM:
             while engine.has_unfinished_requests():
                 for out in engine.step():
                     finished[out.request_id] = out
+                    if on_output is not None:
+                        on_output(out)
                     if bar is not None:
                         bar.update(1)
         except BaseException:

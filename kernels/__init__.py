@@ -1,9 +1,10 @@
 """Paged KV-cache kernels (pure torch, CPU-first)."""
 
 from .cache_ops import copy_blocks, gather_kv, gather_sequence_kv, reshape_and_cache, swap_blocks
-from .paged_attention import paged_attention, paged_attention_per_seq
+from .paged_attention import block_runs, paged_attention, paged_attention_per_seq
 
 __all__ = [
+    "block_runs",
     "copy_blocks",
     "gather_kv",
     "gather_sequence_kv",

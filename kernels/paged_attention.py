@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -48,18 +49,33 @@ def paged_attention(
     return out[:, 0] if single else out
 
 
+def block_runs(block_tables: torch.Tensor, seq_lens: Lengths, block_size: int) -> list[int | None]:
+    """For each sequence, its first block id if its blocks are consecutive ids, else None.
+
+    A consecutive run is one slice of the cache, so attention can read it without a copy.
+    """
+    tables = block_tables.to("cpu", torch.int64).numpy()
+    nblocks = -(-as_lengths(seq_lens).numpy() // block_size)
+    cols = np.arange(tables.shape[1] - 1)
+    steps_ok = (np.diff(tables, axis=1) == 1) | (cols[None, :] >= nblocks[:, None] - 1)
+    consecutive = steps_ok.all(axis=1)
+    return [int(t[0]) if ok else None for t, ok in zip(tables, consecutive)]
+
+
 def paged_attention_per_seq(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: Lengths,
     scale: float | None = None,
+    runs: list[int | None] | None = None,
 ) -> torch.Tensor:
     """Single-token decode attention computed one sequence at a time.
 
     Same contract and result as :func:`paged_attention` for a 3-D ``query``
-    ``[num_seqs, num_heads, head_size]``. It gathers only each sequence's own tokens (no
-    padded batch K/V, no mask), which is faster on CPU once sequences are long.
+    ``[num_seqs, num_heads, head_size]``. No padded batch K/V, no mask: a sequence whose
+    blocks are consecutive (``runs`` from :func:`block_runs`) is read as a view of the cache,
+    any other is gathered on its own. Faster on CPU once sequences are long.
     """
     if query.dim() != 3:
         raise ValueError(f"query must be [num_seqs, num_heads, head_size], got {tuple(query.shape)}")
@@ -69,10 +85,18 @@ def paged_attention_per_seq(
         raise ValueError("paged_attention_per_seq needs seq_lens >= 1")
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    tables = block_tables.to(device=kv_cache.device, dtype=torch.int64)
+    _, _, block_size, num_heads, head_size = kv_cache.shape
+    if runs is None:
+        runs = block_runs(block_tables, lens, block_size)
     out = torch.empty_like(query)
     for i, seq_len in enumerate(lens):
-        keys, values = gather_sequence_kv(kv_cache, tables[i], seq_len)
+        first = runs[i]
+        if first is None:
+            keys, values = gather_sequence_kv(kv_cache, block_tables[i], seq_len)
+        else:
+            run = kv_cache[:, first:first - (-seq_len // block_size)]
+            kv = run.reshape(2, -1, num_heads, head_size)[:, :seq_len].transpose(1, 2)
+            keys, values = kv[0], kv[1]
         q = query[i, :, None]
         out[i] = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), scale=scale)[:, 0]
     return out

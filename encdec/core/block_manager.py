@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import enum
 
+import numpy as np
+
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -53,6 +55,23 @@ class BlockPool:
         block = self._free.pop()
         self.ref_counts[block] = 1
         return block
+
+    def allocate_run(self, n: int) -> list[int]:
+        """`n` blocks, consecutive ids when such a free run exists (attention can then read
+        the whole table as one view of the cache instead of gathering it)."""
+        if n <= 1 or n > len(self._free):
+            return [self.allocate() for _ in range(n)]
+        free = np.sort(np.fromiter(self._free, np.int64, len(self._free)))
+        starts = np.flatnonzero(free[n - 1:] - free[:len(free) - n + 1] == n - 1)
+        if not len(starts):
+            return [self.allocate() for _ in range(n)]
+        first = int(free[starts[0]])
+        run = list(range(first, first + n))
+        taken = set(run)
+        self._free = [b for b in self._free if b not in taken]
+        for block in run:
+            self.ref_counts[block] = 1
+        return run
 
     def incref(self, block: int) -> None:
         assert self.ref_counts[block] > 0, f"{self.device} block {block} is free"
@@ -136,7 +155,7 @@ class BlockSpaceManager:
         self.cross_block_tables[request_id] = self._new_table(len(seq_group.encoder_seq))
 
     def _new_table(self, num_tokens: int) -> list[int]:
-        return [self.gpu_pool.allocate() for _ in range(self._num_blocks(num_tokens))]
+        return self.gpu_pool.allocate_run(self._num_blocks(num_tokens))
 
     # Decoding ---------------------------------------------------------------------------
 

@@ -10,10 +10,13 @@ import torch
 
 from encdec.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
 from encdec.core.scheduler import Scheduler
+from encdec.generation_config import GenerationDefaults, resolve_sampling_params
+from encdec.inputs.data import is_explicit_encoder_decoder_prompt
 from encdec.inputs.preprocess import InputPreprocessor
 from encdec.outputs import CompletionOutput, RequestOutput
+from encdec.sampling.beam_search import BeamSearch
 from encdec.sampling.params import SamplingParams
-from encdec.sampling.sampler import SamplerOutput
+from encdec.sampling.sampler import SamplerOutput, SequenceOutput
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
 from encdec.weights.loader import LoadedModel
 from encdec.worker.cache_engine import CacheEngine, num_blocks
@@ -33,9 +36,14 @@ class EngineStats:
 
 
 class LLMEngine:
+    """`generation_defaults` (the checkpoint's generation config) fill each request's unset
+    sampling params; beam requests keep their search state here, outside the sequences."""
+
     def __init__(self, loaded: LoadedModel, cache_config: CacheConfig,
-                 scheduler_config: SchedulerConfig, device_config: DeviceConfig, seed: int = 0):
+                 scheduler_config: SchedulerConfig, device_config: DeviceConfig, seed: int = 0,
+                 generation_defaults: Optional[GenerationDefaults] = None):
         self.model_config: ModelConfig = loaded.model_config
+        self.generation_defaults = generation_defaults or GenerationDefaults()
         self.tokenizer = loaded.tokenizer
         self.cache_config = cache_config
         self.scheduler_config = scheduler_config
@@ -53,6 +61,7 @@ class LLMEngine:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self._seq_ids = itertools.count()
         self._groups: dict[str, SequenceGroup] = {}
+        self._beams: dict[str, BeamSearch] = {}
         self.num_steps = 0
 
     @property
@@ -72,6 +81,12 @@ class LLMEngine:
         if request_id in self._groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         inputs = self.input_preprocessor.preprocess(prompt)
+        resolved = self._resolve(params, inputs.prompt_token_ids)
+        if resolved.forced_bos_token_id is not None and not _has_decoder_prompt(prompt):
+            # Hugging Face's default: the prompt is <DEC> alone and BOS its first generated token
+            inputs.prompt_token_ids = [self.model_config.decoder_start_token_id]
+            resolved = self._resolve(params, inputs.prompt_token_ids)
+        params = resolved
         self._check_fits(inputs.prompt_token_ids, inputs.encoder_prompt_token_ids, params)
         block_size = self.cache_config.block_size
         eos = self.model_config.eos_token_id
@@ -82,26 +97,34 @@ class LLMEngine:
         group.generator = (torch.Generator(device=self.device).manual_seed(params.seed)
                            if params.seed is not None else self.generator)
         self._groups[request_id] = group
+        if params.use_beam_search:
+            self._beams[request_id] = BeamSearch(params)
         self.scheduler.add_seq_group(group)
 
+    def _resolve(self, params: SamplingParams, decoder_ids: list[int]) -> SamplingParams:
+        return resolve_sampling_params(params, self.generation_defaults, len(decoder_ids),
+                                       self.model_config.max_decoder_len)
+
     def _check_fits(self, decoder_ids: list[int], encoder_ids: list[int], params: SamplingParams) -> None:
-        if params.n > 1 and params.is_greedy:
+        if params.n > 1 and params.is_greedy and not params.use_beam_search:
             raise ValueError(f"n={params.n} needs random sampling: set temperature > 0 "
                              "(greedy decoding would return n identical outputs)")
         block_size = self.cache_config.block_size
         max_len = self.model_config.max_decoder_len
         if params.max_tokens is not None:
             max_len = min(max_len, len(decoder_ids) + params.max_tokens)
-        needed = -(-len(encoder_ids) // block_size) + params.n * -(-max_len // block_size)
+        seqs = params.max_num_seqs
+        needed = -(-len(encoder_ids) // block_size) + seqs * -(-max_len // block_size)
         total = self.block_manager.num_total_gpu_blocks
         if needed > total:
             raise ValueError(f"the request needs {needed} KV cache blocks (encoder "
-                             f"{len(encoder_ids)} tokens, decoder up to {max_len} tokens, n={params.n}) "
-                             f"but the cache has only num_gpu_blocks={total}")
+                             f"{len(encoder_ids)} tokens, decoder up to {max_len} tokens, "
+                             f"{seqs} sequences) but the cache has only num_gpu_blocks={total}")
 
     def abort_request(self, request_id: str) -> None:
         if self.scheduler.abort_seq_group(request_id):
             self._groups.pop(request_id, None)
+            self._beams.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_seqs()
@@ -133,6 +156,9 @@ class LLMEngine:
         by_id = {o.request_id: o for o in outputs}
         for group in groups:
             samples = by_id[group.request_id].samples
+            if group.sampling_params.use_beam_search:
+                self._process_beams(group, samples)
+                continue
             seqs = group.seqs
             parent_samples = [(seqs[s.parent_seq_id], s) for s in samples]
             if len(samples) > len(group.get_seqs(SequenceStatus.RUNNING)):
@@ -144,8 +170,34 @@ class LLMEngine:
                 if seq.is_finished():
                     self.scheduler.free_seq(seq)
 
+    def _process_beams(self, group: SequenceGroup, samples: list[SequenceOutput]) -> None:
+        """One beam-search step: continue, fork and free beams; the group keeps them in rank order.
+
+        Beams that do not continue free their blocks and leave the group, unless the search is
+        done: then they stay, finished, so the group is finished too.
+        """
+        search = self._beams[group.request_id]
+        params = group.sampling_params
+        parents = {seq.seq_id: seq for seq in group.get_seqs(SequenceStatus.RUNNING)}
+        beams = search.step(samples, {i: seq.data.output_token_ids for i, seq in parents.items()},
+                            lambda token: self._is_stop_token(token, params))
+        children = self._fork_children(group, [(parents[c.parent_seq_id], c) for c in beams])
+        continuing = {seq.seq_id for seq, _ in children}
+        for seq in parents.values():
+            if seq.seq_id not in continuing:
+                self.scheduler.free_seq(seq)
+                seq.status = SequenceStatus.FINISHED_STOPPED
+                if not search.done:
+                    group.remove(seq.seq_id)
+        for seq, sample in children:
+            seq.append_token_id(sample.token_id, sample.logprob)
+            seq.data.cumulative_logprob = sample.beam_score  # exactly the float32 running score
+            seq.data.num_computed_tokens = len(seq.data) - 1
+            group.remove(seq.seq_id)
+            group.add(seq)
+
     def _fork_children(self, group: SequenceGroup, parent_samples):
-        """First step of an n > 1 request: the parent's extra samples become forked children."""
+        """Samples past the first of a parent (n > 1, beam search) become its forked children."""
         forked, used = [], set()
         for parent, sample in parent_samples:
             if parent.seq_id in used:
@@ -158,28 +210,41 @@ class LLMEngine:
                 forked.append((parent, sample))
         return forked
 
+    def _is_stop_token(self, token: int, params: SamplingParams) -> bool:
+        return token in params.stop_token_ids or (
+            not params.ignore_eos and token == self.model_config.eos_token_id)
+
     def _check_stop(self, seq: Sequence, params: SamplingParams) -> None:
         token = seq.data.get_last_token_id()
         num_out = len(seq.data.output_token_ids)
-        if num_out >= params.min_tokens and (
-                token in params.stop_token_ids
-                or (not params.ignore_eos and token == self.model_config.eos_token_id)):
+        if num_out >= params.min_tokens and self._is_stop_token(token, params):
             seq.status = SequenceStatus.FINISHED_STOPPED
         elif (params.max_tokens is not None and num_out >= params.max_tokens) or \
                 len(seq) >= self.model_config.max_decoder_len:
             seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
 
     def _request_output(self, group: SequenceGroup) -> RequestOutput:
+        """The group's sequences, or for beam search its best n hypotheses by score."""
         params = group.sampling_params
+        search = self._beams.pop(group.request_id, None)
+        if search is not None and search.finished:
+            results = [(h.token_ids, h.cumulative_logprob, None, h.finish_reason)
+                       for h in search.best(params.n)]
+        else:
+            results = [(seq.data.output_token_ids, seq.data.cumulative_logprob,
+                        seq.output_logprobs if params.logprobs is not None else None,
+                        seq.status.finish_reason) for seq in group.get_seqs()]
         outputs = []
-        for index, seq in enumerate(group.get_seqs()):
-            ids = seq.data.output_token_ids
+        for index, (ids, cumulative_logprob, logprobs, finish_reason) in enumerate(results):
             text = (self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
                     if self.tokenizer is not None else "")
-            outputs.append(CompletionOutput(index, text, list(ids), seq.data.cumulative_logprob,
-                                            seq.output_logprobs if params.logprobs is not None else None,
-                                            seq.status.finish_reason))
+            outputs.append(CompletionOutput(index, text, list(ids), cumulative_logprob, logprobs,
+                                            finish_reason))
         first = next(iter(group.seqs.values()))
         return RequestOutput(group.request_id, first.prompt, list(first.data.prompt_token_ids),
                              group.encoder_seq.prompt, list(group.encoder_seq.data.prompt_token_ids),
                              outputs, group.is_finished())
+
+
+def _has_decoder_prompt(prompt: Any) -> bool:
+    return is_explicit_encoder_decoder_prompt(prompt) and prompt.get("decoder_prompt") is not None

@@ -1,0 +1,1 @@
+"""User-facing entry points: the `encdec` command line (`cli.main`)."""

@@ -3,7 +3,9 @@
 Encoder side: text is tokenized with special tokens, token ids pass unchanged, audio becomes
 features through the model's audio processor. Decoder side: None gives the model's default
 decoder prompt (BART: [<DEC>, <BOS>] = [2, 0]); text is tokenized without special tokens; any
-token list not starting with <DEC> (decoder_start_token_id) gets it prepended.
+token list not starting with <DEC> (decoder_start_token_id) gets it prepended, unless it starts
+with a token the model's config declares in `extra_decoder_start_token_ids` (Whisper's
+<|startofprev|>, which opens a text prompt before <|startoftranscript|>).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ class InputPreprocessor:
         start, bos = model_config.decoder_start_token_id, model_config.bos_token_id
         self.default_decoder_prompt = default_decoder_prompt or (
             [start] if bos is None else [start, bos])
+        extra = getattr(model_config.hf_config, "extra_decoder_start_token_ids", None) or ()
+        self.decoder_starts = {start, *extra}
 
     def preprocess(self, prompt: Any) -> EncoderDecoderInputs:
         if is_explicit_encoder_decoder_prompt(prompt):
@@ -75,9 +79,8 @@ class InputPreprocessor:
             raise ValueError("decoder_prompt cannot carry multi_modal_data")
         if ids is None:
             ids = self._tokenize(text, add_special_tokens=False)
-        start = self.model_config.decoder_start_token_id
-        if not ids or ids[0] != start:
-            ids = [start] + list(ids)
+        if not ids or ids[0] not in self.decoder_starts:
+            ids = [self.model_config.decoder_start_token_id] + list(ids)
         limit = self.model_config.max_decoder_len
         if len(ids) >= limit:
             raise ValueError(f"decoder_prompt has {len(ids)} tokens (with <DEC>); the model "

@@ -1,8 +1,9 @@
 """Sampling parameters of one request, validated at the edge."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 
@@ -11,29 +12,56 @@ LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
 
 _GREEDY_EPS = 1e-5
 
+# What an unset field becomes when the checkpoint's generation config does not decide it.
+BUILTIN_DEFAULTS = dict(
+    max_tokens=16, min_tokens=0, temperature=1.0, top_k=-1, top_p=1.0, use_beam_search=False,
+    beam_width=1, length_penalty=1.0, early_stopping=False, no_repeat_ngram_size=0,
+    repetition_penalty=1.0, forced_bos_token_id=None, forced_eos_token_id=None,
+)
+EARLY_STOPPING_VALUES = (True, False, "never")
+
 
 @dataclass
 class SamplingParams:
-    """How to decode one request (vLLM's names and meanings).
+    """How to decode one request: vLLM's names and meanings, plus Hugging Face's beam search.
+
+    Fields left as None are unset. The engine fills them per request from the checkpoint's
+    generation config when `temperature` is unset (see `encdec.generation_config`), otherwise
+    from `BUILTIN_DEFAULTS`; setting `temperature` asks for plain vLLM-style decoding.
 
     temperature 0 means greedy. `seed` gives the request its own generator, so its samples do
     not depend on what else is in the batch. `logprobs` asks for that many top log-probabilities
     per generated token (plus the chosen one). `logits_processors` run per sequence, in order,
-    after the built-in ones.
+    after the built-in ones (repetition_penalty, no_repeat_ngram_size, min_tokens,
+    forced_bos_token_id, forced_eos_token_id).
+
+    Beam search (`use_beam_search`, or just `beam_width` >= 2) keeps `beam_width` beams and
+    returns the best `n` finished hypotheses, scored `sum of log-probs / generated_len **
+    length_penalty`; `early_stopping` is True, False or "never" with Hugging Face's meanings.
+    `forced_bos_token_id` is forced as the first generated token (the default decoder prompt is
+    then just <DEC>), `forced_eos_token_id` as the last one allowed by `max_tokens`.
     """
 
     n: int = 1
-    max_tokens: Optional[int] = 16
-    min_tokens: int = 0
-    temperature: float = 1.0
-    top_k: int = -1
-    top_p: float = 1.0
+    max_tokens: Optional[int] = None
+    min_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
     seed: Optional[int] = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: Optional[int] = None
     skip_special_tokens: bool = True
     logits_processors: list[LogitsProcessor] = field(default_factory=list)
+    use_beam_search: Optional[bool] = None
+    beam_width: Optional[int] = None
+    length_penalty: Optional[float] = None
+    early_stopping: Union[bool, str, None] = None
+    no_repeat_ngram_size: Optional[int] = None
+    repetition_penalty: Optional[float] = None
+    forced_bos_token_id: Optional[int] = None
+    forced_eos_token_id: Optional[int] = None
 
     def __post_init__(self) -> None:
         self.stop_token_ids = list(self.stop_token_ids or [])
@@ -43,27 +71,77 @@ class SamplingParams:
         _check(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
         _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _check(isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+        _check(self.min_tokens is None or (isinstance(self.min_tokens, int) and self.min_tokens >= 0),
                f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
-        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens,
+        _check(self.max_tokens is None or self.min_tokens is None or self.min_tokens <= self.max_tokens,
                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
-        _check(self.temperature >= 0.0, f"temperature must be >= 0, got {self.temperature}")
-        _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        _check(isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1),
+        _check(self.temperature is None or self.temperature >= 0.0,
+               f"temperature must be >= 0, got {self.temperature}")
+        _check(self.top_p is None or 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k is None or (isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1)),
                f"top_k must be -1 (disabled) or an integer >= 1, got {self.top_k!r}")
         _check(self.seed is None or isinstance(self.seed, int), f"seed must be an int, got {self.seed!r}")
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
                f"logprobs must be an integer >= 0, got {self.logprobs!r}")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        self._validate_processors()
+        self._validate_beam_search()
+
+    def _validate_processors(self) -> None:
+        _check(self.no_repeat_ngram_size is None or (
+            isinstance(self.no_repeat_ngram_size, int) and self.no_repeat_ngram_size >= 0),
+            f"no_repeat_ngram_size must be an integer >= 0, got {self.no_repeat_ngram_size!r}")
+        _check(self.repetition_penalty is None or (
+            isinstance(self.repetition_penalty, (int, float)) and 0.0 < self.repetition_penalty < math.inf),
+            f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        for name in ("forced_bos_token_id", "forced_eos_token_id"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and value >= 0),
+                   f"{name} must be a non-negative token id, got {value!r}")
+
+    def _validate_beam_search(self) -> None:
+        _check(self.beam_width is None or (isinstance(self.beam_width, int) and self.beam_width >= 1),
+               f"beam_width must be an integer >= 1, got {self.beam_width!r}")
+        _check(self.length_penalty is None or (
+            isinstance(self.length_penalty, (int, float)) and math.isfinite(self.length_penalty)),
+            f"length_penalty must be a finite number, got {self.length_penalty!r}")
+        _check(self.early_stopping is None or any(
+            self.early_stopping is v or (isinstance(v, str) and self.early_stopping == v)
+            for v in EARLY_STOPPING_VALUES),
+            f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        if not self.is_beam_search:
+            _check(self.use_beam_search is not False or self.beam_width in (None, 1),
+                   f"beam_width={self.beam_width} needs use_beam_search=True")
+            return
+        width = self.beam_width
+        _check(width is None or width >= 2,
+               f"beam search needs beam_width >= 2, got beam_width={width}")
+        _check(self.temperature is None or self.temperature < _GREEDY_EPS,
+               f"beam search is deterministic: temperature must be 0 (or unset), got {self.temperature}")
+        _check(self.top_k in (None, -1) and self.top_p in (None, 1.0),
+               f"beam search does not sample: top_k must be -1 and top_p 1, "
+               f"got top_k={self.top_k}, top_p={self.top_p}")
+        _check(width is None or self.n <= width,
+               f"n={self.n} must be <= beam_width={width} (beam search returns the best n beams)")
+        _check(self.logprobs is None, "logprobs is not supported with beam search")
+
+    @property
+    def is_beam_search(self) -> bool:
+        """Whether the request asks for beam search (`use_beam_search`, or a `beam_width` > 1)."""
+        if self.use_beam_search is not None:
+            return self.use_beam_search
+        return self.beam_width is not None and self.beam_width > 1
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature < _GREEDY_EPS
+        return self.temperature is not None and self.temperature < _GREEDY_EPS
 
     @property
     def max_num_seqs(self) -> int:
         """Decoder sequences the request will run at once."""
+        if self.is_beam_search and self.beam_width is not None:
+            return self.beam_width
         return self.n
 
 

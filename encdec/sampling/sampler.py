@@ -1,9 +1,13 @@
 """From last-token logits to the next token of every scheduled sequence.
 
-Order per row: logits processors (min_tokens, then the request's own), log-probabilities of the
-processed logits, then greedy argmax or temperature / top-k / top-p sampling. Seeded requests
-draw from their own generator, so their samples do not depend on the rest of the batch. A group
-in its first step with n > 1 draws n samples from its one prompt row (the engine forks them).
+Beam rows first become log-probabilities, as Hugging Face's beam search processes them; then
+the logits processors run over the whole batch (`logits_processors.py`). Greedy rows take the
+argmax, sampled rows draw with temperature / top-k / top-p, both with log-probabilities of the
+processed logits. Seeded requests draw from their own generator, so their samples do not depend
+on the rest of the batch. A group in its first step with n > 1 draws n samples from its one
+prompt row (the engine forks them). A beam group returns its ranked candidates
+(`beam_search.top_candidates`), each with its running score, for the engine's `BeamSearch`.
+All SamplingParams here are resolved (`encdec.generation_config.resolve_sampling_params`).
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ from typing import Any, Optional
 
 import torch
 
+from encdec.sampling.beam_search import num_candidates, top_candidates
+from encdec.sampling.logits_processors import apply_logits_processors
 from encdec.sampling.params import SamplingParams
 from encdec.sequence import SequenceGroupMetadata
 
@@ -22,6 +28,7 @@ class SequenceOutput:
     token_id: int
     logprob: float
     top_logprobs: Optional[dict[int, float]] = None
+    beam_score: Optional[float] = None  # beam search: the parent's running score + logprob
 
 
 @dataclass
@@ -55,31 +62,39 @@ class Sampler:
         self.vocab_size = vocab_size
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
-        logits = logits[:, :self.vocab_size]
-        self._apply_processors(logits, meta)
-        logprobs = torch.log_softmax(logits, dim=-1)
+        scores = logits[:, :self.vocab_size]
+        beam_rows = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
+        for g, rows in zip(meta.groups, meta.row_slices):
+            beam_rows[rows] = g.sampling_params.use_beam_search
+        if beam_rows.any():
+            scores[beam_rows] = torch.log_softmax(scores[beam_rows], dim=-1)
+        apply_logits_processors(scores, [(data, g.sampling_params) for g in meta.groups
+                                         for data in g.seq_data.values()], self.eos_token_id)
+        logprobs = torch.where(beam_rows[:, None], scores, torch.log_softmax(scores, dim=-1))
         outputs = []
         for g, rows in zip(meta.groups, meta.row_slices):
             params = g.sampling_params
+            if params.use_beam_search:
+                outputs.append(self._beam_output(g, logprobs[rows], params))
+                continue
             num_samples = params.n if g.is_prompt else 1
             if params.is_greedy:
-                tokens = logits[rows].argmax(dim=-1, keepdim=True)
+                tokens = scores[rows].argmax(dim=-1, keepdim=True)
             else:
-                tokens = _sample(logits[rows], params, num_samples, g.generator)
+                tokens = _sample(scores[rows], params, num_samples, g.generator)
             outputs.append(_group_output(g, tokens, logprobs[rows], params))
         return outputs
 
-    def _apply_processors(self, logits: torch.Tensor, meta: SamplingMetadata) -> None:
-        for g, rows in zip(meta.groups, meta.row_slices):
-            params = g.sampling_params
-            for row, data in zip(range(rows.start, rows.stop), g.seq_data.values()):
-                if len(data.output_token_ids) < params.min_tokens:
-                    stop_ids = list(params.stop_token_ids)
-                    if self.eos_token_id is not None and not params.ignore_eos:
-                        stop_ids.append(self.eos_token_id)
-                    logits[row, stop_ids] = -float("inf")
-                for processor in params.logits_processors:
-                    logits[row] = processor(data.output_token_ids, logits[row])
+    def _beam_output(self, g: SequenceGroupMetadata, logprobs: torch.Tensor,
+                     params: SamplingParams) -> GroupOutput:
+        seq_ids = list(g.seq_data)
+        num_stop_ids = len(params.stop_token_ids) + (self.eos_token_id is not None and not params.ignore_eos)
+        values, parents, tokens = top_candidates(
+            logprobs, [d.cumulative_logprob for d in g.seq_data.values()],
+            num_candidates(params, num_stop_ids))
+        return GroupOutput(g.request_id, [
+            SequenceOutput(seq_ids[row], token, logprobs[row, token].item(), beam_score=value)
+            for value, row, token in zip(values, parents, tokens)])
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, num_samples: int,

@@ -61,12 +61,41 @@ def load_hf_directory(path: Path, dtype: torch.dtype, device: torch.device,
     return loaded
 
 
+def load_ct2_whisper_model(name: str, dtype: torch.dtype, device: torch.device,
+                           attention_backend: Optional[str]) -> LoadedModel:
+    """A CTranslate2 Whisper model (alias "tiny.en" / "base", or a directory with model.bin):
+    weights converted to Hugging Face names, the tokenizer from its tokenizer.json, suppress
+    lists and language ids from its config.json."""
+    from transformers import PreTrainedTokenizerFast, WhisperConfig
+
+    from encdec.weights.ct2 import load_ct2_whisper
+    from encdec.weights.whisper_assets import resolve_whisper_model
+
+    assets = resolve_whisper_model(name)
+    if assets.tokenizer_json is None:
+        raise ValueError(f"{assets.name}: no tokenizer.json beside model.bin")
+    config, state = load_ct2_whisper(assets)
+    hf_config = WhisperConfig(**config, architectures=["WhisperForConditionalGeneration"])
+    model = build_model(hf_config, state.items(), dtype, device, attention_backend)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(assets.tokenizer_json))
+    loaded = LoadedModel(model, model_config_from_hf(assets.name, hf_config, dtype), tokenizer)
+    return with_whisper_hooks(loaded, config)
+
+
 def with_whisper_hooks(loaded: LoadedModel, generation_config: Optional[dict] = None) -> LoadedModel:
     """Whisper: <|startoftranscript|> / <|endoftext|> as start / end, the control-token prefix
-    as the default decoder prompt, and log-mel features for audio prompts."""
+    as the default decoder prompt, and log-mel features for audio prompts.
+
+    The resolved suppress lists and <|startofprev|> (a second accepted first decoder token)
+    are written into the HF config, so later readers of the config see the same tokens."""
     from encdec.whisper import whisper_input_hooks
 
-    hooks = whisper_input_hooks(loaded.model_config.hf_config, loaded.tokenizer, generation_config)
+    hf_config = loaded.model_config.hf_config
+    hooks = whisper_input_hooks(hf_config, loaded.tokenizer, generation_config)
+    hf_config.suppress_tokens = list(hooks.tokens.suppress_tokens)
+    hf_config.begin_suppress_tokens = list(hooks.tokens.begin_suppress_tokens)
+    hf_config.extra_decoder_start_token_ids = (
+        [] if hooks.tokens.sot_prev is None else [hooks.tokens.sot_prev])
     model_config = dataclasses.replace(loaded.model_config, decoder_start_token_id=hooks.tokens.sot,
                                        eos_token_id=hooks.tokens.eot)
     return dataclasses.replace(loaded, model_config=model_config,
@@ -76,8 +105,20 @@ def with_whisper_hooks(loaded: LoadedModel, generation_config: Optional[dict] = 
 
 def load_model(model: str, dtype: torch.dtype, device: torch.device,
                attention_backend: Optional[str] = None) -> LoadedModel:
+    """A local Hugging Face checkpoint directory, or a CTranslate2 Whisper model: an alias of
+    a bundled one ("tiny.en", "base") or a directory holding model.bin (or its parts)."""
+    from encdec.weights.whisper_assets import ALIASES
+
     path = Path(model).expanduser()
-    if path.is_dir() and (path / "config.json").exists() and not (path / "model.bin").exists():
+    if model in ALIASES or (path.is_dir() and _has_ct2_weights(path)):
+        return load_ct2_whisper_model(model if model in ALIASES else str(path), dtype, device,
+                                      attention_backend)
+    if path.is_dir() and (path / "config.json").exists():
         return load_hf_directory(path, dtype, device, attention_backend)
     raise ValueError(f"model {model!r} is not a local Hugging Face checkpoint directory "
-                     "(config.json + weights)")
+                     "(config.json + weights), a directory with a CTranslate2 Whisper model.bin, "
+                     f"or one of the bundled Whisper models {list(ALIASES)}")
+
+
+def _has_ct2_weights(path: Path) -> bool:
+    return (path / "model.bin").is_file() or (path / "model.bin.part1").is_file()

@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 from encdec.whisper.processor import WhisperAudioProcessor
 from encdec.whisper.tokens import WhisperTokens, whisper_tokens
+from encdec.whisper.transcript import Segment, Transcription
 
 
 @dataclass
@@ -19,13 +20,14 @@ class WhisperInputHooks:
 
 def whisper_input_hooks(hf_config: Any, tokenizer: Any = None,
                         generation_config: Optional[dict] = None,
-                        style: str = "hf") -> WhisperInputHooks:
+                        style: str = "whisper") -> WhisperInputHooks:
     """Tokens from the tokenizer / generation config / config; the default prefix transcribes
-    English without timestamps; features are [num_mel_bins, 3000], 1500 encoder positions."""
+    English without timestamps; features are [num_mel_bins, 3000], 1500 encoder positions,
+    from openai-whisper's front end by default (see `encdec.whisper.processor`)."""
     tokens = whisper_tokens(hf_config, tokenizer, generation_config)
     processor = WhisperAudioProcessor(hf_config.num_mel_bins, hf_config.max_source_positions, style)
     return WhisperInputHooks(tokens, tokens.decoder_prefix(), processor)
 
 
-__all__ = ["WhisperAudioProcessor", "WhisperInputHooks", "WhisperTokens", "whisper_input_hooks",
-           "whisper_tokens"]
+__all__ = ["Segment", "Transcription", "WhisperAudioProcessor", "WhisperInputHooks",
+           "WhisperTokens", "whisper_input_hooks", "whisper_tokens"]

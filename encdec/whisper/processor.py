@@ -13,10 +13,12 @@ class WhisperAudioProcessor:
 
     The engine reserves `encoder_len` cross-attention slots per request: the encoder's output
     length (max_source_positions), whatever the clip's length. One request holds at most 30 s.
-    `style` picks the front end ("hf" = WhisperFeatureExtractor, "whisper" = openai-whisper).
+    `style` picks the front end: "whisper" (the default: openai-whisper / faster-whisper, the
+    log-mel of the clip zero-padded to 3000 frames; it reproduces faster-whisper's text) or
+    "hf" (WhisperFeatureExtractor: the clip padded to 30 s before the log-mel).
     """
 
-    def __init__(self, n_mels: int, encoder_len: int, style: str = "hf"):
+    def __init__(self, n_mels: int, encoder_len: int, style: str = "whisper"):
         self.n_mels = n_mels
         self.encoder_len = encoder_len
         self.style = style

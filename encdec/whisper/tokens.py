@@ -28,6 +28,17 @@ class WhisperTokens:
     task_to_id: dict[str, int] = field(default_factory=dict)
     suppress_tokens: tuple[int, ...] = ()
     begin_suppress_tokens: tuple[int, ...] = ()
+    no_speech: Optional[int] = None  # <|nospeech|> (<|nocaptions|> in older vocabularies)
+    sot_prev: Optional[int] = None  # <|startofprev|>: opens a text prompt before sot
+    sot_lm: Optional[int] = None
+
+    @property
+    def timestamp_begin(self) -> Optional[int]:
+        """Id of <|0.00|>; ids from here up are timestamps, 0.02 s apart."""
+        return None if self.no_timestamps is None else self.no_timestamps + 1
+
+    def language_of(self, token_id: int) -> Optional[str]:
+        return next((lang for lang, i in self.lang_to_id.items() if i == token_id), None)
 
     def decoder_prefix(self, language: Optional[str] = "en", task: str = "transcribe",
                        timestamps: bool = False) -> list[int]:
@@ -79,6 +90,11 @@ def whisper_tokens(hf_config: Any, tokenizer: Any = None,
         task_to_id={task: i for task, i in tasks.items() if i is not None},
         suppress_tokens=tuple(_first_list(gen, hf_config, "suppress_tokens")),
         begin_suppress_tokens=tuple(_first_list(gen, hf_config, "begin_suppress_tokens")),
+        no_speech=_first_int(added.get("<|nospeech|>"), added.get("<|nocaptions|>"),
+                             layout.get("no_speech")),
+        sot_prev=_first_int(added.get("<|startofprev|>"), gen.get("prev_sot_token_id"),
+                            layout.get("sot_prev")),
+        sot_lm=_first_int(added.get("<|startoflm|>"), layout.get("sot_lm")),
     )
 
 
@@ -99,8 +115,9 @@ def _standard_layout(vocab_size: int) -> dict[str, int]:
     if vocab_size <= NUM_TIMESTAMP_TOKENS + 6:
         return {}
     no_timestamps = vocab_size - NUM_TIMESTAMP_TOKENS - 1
-    return {"no_timestamps": no_timestamps, "transcribe": no_timestamps - 4,
-            "translate": no_timestamps - 5}
+    return {"no_timestamps": no_timestamps, "no_speech": no_timestamps - 1,
+            "sot_prev": no_timestamps - 2, "sot_lm": no_timestamps - 3,
+            "transcribe": no_timestamps - 4, "translate": no_timestamps - 5}
 
 
 def _languages(added: dict[str, int], gen: dict, sot: int) -> dict[str, int]:

@@ -3,17 +3,19 @@ import math
 import pytest
 import torch
 
-from encdec.kernels import paged_attention, paged_attention_per_seq
+from encdec.kernels import block_runs, paged_attention, paged_attention_per_seq
 
 NUM_HEADS = 4
 HEAD_SIZE = 16
 
 
-def build_paged(seq_lens, block_size, num_blocks, dtype=torch.float32, seed=0):
-    """Random per-sequence K/V plus a NaN-filled cache holding them in shuffled blocks."""
+def build_paged(seq_lens, block_size, num_blocks, dtype=torch.float32, seed=0, consecutive=False):
+    """Random per-sequence K/V plus a NaN-filled cache holding them in shuffled blocks
+    (or, with `consecutive`, in runs of consecutive block ids)."""
     gen = torch.Generator().manual_seed(seed)
     cache = torch.full((2, num_blocks, block_size, NUM_HEADS, HEAD_SIZE), float("nan"), dtype=dtype)
-    free = torch.randperm(num_blocks, generator=gen).tolist()
+    free = list(range(num_blocks - 1, -1, -1)) if consecutive else \
+        torch.randperm(num_blocks, generator=gen).tolist()
     max_blocks = max(-(-n // block_size) for n in seq_lens) + 1
     tables = torch.zeros((len(seq_lens), max_blocks), dtype=torch.int32)
     keys, values = [], []
@@ -51,6 +53,22 @@ def test_single_query_matches_unpaged_attention(attention, block_size):
     assert out.shape == query.shape and out.dtype == torch.float32
     for i, length in enumerate(seq_lens):
         want = reference_attention(query[i], keys[i], values[i], scale, length).float()
+        torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+
+
+def test_per_seq_reads_consecutive_runs_as_views():
+    seq_lens = [1, 16, 17, 33, 5]
+    cache, tables, keys, values = build_paged(seq_lens, 4, num_blocks=64, seed=3, consecutive=True)
+    tables[2, 1:5] = torch.tensor([60, 61, 62, 63])  # break one run: that sequence is gathered
+    for pos in range(4, 17):
+        block, offset = divmod(pos, 4)
+        cache[:, tables[2, block], offset] = torch.stack([keys[2][pos], values[2][pos]])
+    runs = block_runs(tables, seq_lens, 4)
+    assert [r is None for r in runs] == [False, False, True, False, False]
+    query = torch.randn(len(seq_lens), NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(4))
+    out = paged_attention_per_seq(query, cache, tables, seq_lens, 0.25, runs=runs)
+    for i, length in enumerate(seq_lens):
+        want = reference_attention(query[i], keys[i], values[i], 0.25, length).float()
         torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
 
 

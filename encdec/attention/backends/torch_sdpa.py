@@ -18,7 +18,11 @@ import torch.nn.functional as F
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.attention.metadata import AttentionMetadata, AttentionType
 from encdec.kernels.cache_ops import reshape_and_cache
-from encdec.kernels.paged_attention import paged_attention
+from encdec.kernels.paged_attention import block_runs, paged_attention, paged_attention_per_seq
+
+# Decode reads longer than this run one sequence at a time on views of the cache; shorter
+# ones are gathered into one padded batch (cheaper per sequence when there are many).
+_PER_SEQ_MIN_LEN = 64
 
 
 class TorchSDPABackend(AttentionBackend):
@@ -42,9 +46,9 @@ class TorchSDPABackend(AttentionBackend):
                     query[:num_prefill_tokens], key[:num_prefill_tokens],
                     value[:num_prefill_tokens], lens, lens, True, scale)
             if meta.num_decode_tokens:
-                out[num_prefill_tokens:] = paged_attention(
-                    query[num_prefill_tokens:], kv_cache, meta.block_tables[meta.num_prefills:],
-                    meta.seq_lens_tensor[meta.num_prefills:], scale)
+                out[num_prefill_tokens:] = _decode(
+                    query[num_prefill_tokens:], kv_cache, meta, "self", meta.block_tables,
+                    meta.seq_lens, scale)
             return out
 
         # ENCODER_DECODER
@@ -56,10 +60,27 @@ class TorchSDPABackend(AttentionBackend):
             out[:num_prefill_tokens] = varlen_attention(
                 query[:num_prefill_tokens], key, value, q_lens, kv_lens, False, scale)
         if meta.num_decode_tokens:
-            out[num_prefill_tokens:] = paged_attention(
-                query[num_prefill_tokens:], kv_cache, meta.cross_block_tables[meta.num_prefills:],
-                meta.encoder_seq_lens_tensor[meta.num_prefills:], scale)
+            out[num_prefill_tokens:] = _decode(
+                query[num_prefill_tokens:], kv_cache, meta, "cross", meta.cross_block_tables,
+                meta.encoder_seq_lens, scale)
         return out
+
+
+def _decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, kind: str,
+            block_tables: torch.Tensor, lens: list[int], scale: float) -> torch.Tensor:
+    """One query token per decode sequence, over its cached keys (self or cross table)."""
+    key = ("torch_decode", kind)
+    if key not in meta.backend_cache:
+        tables = block_tables[meta.num_prefills:]
+        decode_lens = lens[meta.num_prefills:]
+        runs = None
+        if max(decode_lens) > _PER_SEQ_MIN_LEN:
+            runs = block_runs(tables, decode_lens, kv_cache.shape[2])
+        meta.backend_cache[key] = (tables, decode_lens, torch.tensor(decode_lens), runs)
+    tables, decode_lens, lens_tensor, runs = meta.backend_cache[key]
+    if runs is None:
+        return paged_attention(query, kv_cache, tables, lens_tensor, scale)
+    return paged_attention_per_seq(query, kv_cache, tables, decode_lens, scale, runs=runs)
 
 
 def _lens(meta: AttentionMetadata, kind: str, lens: list[int]) -> tuple[int, ...]:

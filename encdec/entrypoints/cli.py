@@ -1,0 +1,327 @@
+"""The `encdec` command line: `transcribe` audio with Whisper, `summarize` text with BART.
+
+`serve` and `bench` are reserved for the HTTP server and the benchmarks; they exit with 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.llm import LLM
+from encdec.sampling.params import SamplingParams
+from encdec.whisper.transcript import Transcription
+from encdec.whisper.writers import FORMATS, format_timestamp, output_basename, write_result
+
+PROG = "encdec"
+
+TRANSCRIBE_EPILOG = """\
+output: each file's transcript goes to stdout, with one "[MM:SS.mmm --> MM:SS.mmm] text" line per
+segment (plain text with --no-timestamps); with several files each transcript follows a
+"==> FILE <==" line. Files are written only when --output-format or --output-dir is given:
+--output-format alone writes into the current directory, --output-dir alone writes every format.
+Progress (seconds of audio done) goes to stderr. A file that cannot be read or transcribed gets
+one "encdec: error: FILE: reason" line on stderr; the other files still finish, and the exit
+status is 1 if any file failed, 0 otherwise.
+"""
+
+# ----------------------------------------------------------------------------- messages
+
+
+def error(message: str) -> None:
+    """One `encdec: error: ...` line on stderr (above the progress bar, if one is showing)."""
+    tqdm.write(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
+
+
+def file_error(name: str, err: BaseException) -> None:
+    """`encdec: error: FILE: reason`, without the file name repeated inside the reason."""
+    reason = (err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+              or type(err).__name__)
+    for spelling in dict.fromkeys((name, str(Path(name)))):
+        reason = reason.removeprefix(f"{spelling}: ").removesuffix(f": {spelling}")
+    error(f"{name}: {reason}")
+
+
+# ----------------------------------------------------------------------------- transcribe
+
+
+def load_llm(args: argparse.Namespace) -> LLM:
+    """The model named by --model / --dtype / --device (tests swap this for a cached one)."""
+    return LLM(model=args.model, dtype=args.dtype, device=args.device)
+
+
+def load_inputs(files: Sequence[str]) -> tuple[list[tuple[str, np.ndarray]], int]:
+    """Every readable file as `(name, 16 kHz waveform)`, and how many failed (each reported)."""
+    loaded, failed = [], 0
+    for name in files:
+        try:
+            loaded.append((name, load_audio(name)))
+        except (ValueError, OSError) as err:
+            file_error(name, err)
+            failed += 1
+    return loaded, failed
+
+
+def drop_name_clashes(inputs: list[tuple[str, np.ndarray]]) -> tuple[list, int]:
+    """Inputs whose output files would overwrite an earlier input's are reported and dropped."""
+    kept, owners = [], {}
+    for name, audio in inputs:
+        base = output_basename(Transcription("", None, [], 0.0, source=name))
+        if base in owners:
+            error(f"{name}: its output files would overwrite those of {owners[base]} "
+                  f"(same name {base!r}); skipped")
+            continue
+        owners[base] = name
+        kept.append((name, audio))
+    return kept, len(inputs) - len(kept)
+
+
+def transcribe_batch(llm: LLM, batch: list[tuple[str, np.ndarray]], args: argparse.Namespace,
+                     on_progress: Callable[[float], None]) -> list[Optional[Transcription]]:
+    """One `LLM.transcribe` call over the batch; if it refuses, each file alone (None: failed)."""
+    try:
+        results = llm.transcribe([(audio, SAMPLE_RATE) for _, audio in batch],
+                                 language=None if args.language == "auto" else args.language,
+                                 task=args.task, timestamps=args.timestamps,
+                                 initial_prompt=args.initial_prompt, on_progress=on_progress)
+    except ValueError as err:
+        if len(batch) > 1:
+            return [r for item in batch for r in transcribe_batch(llm, [item], args, on_progress)]
+        file_error(batch[0][0], err)
+        return [None]
+    for (name, _), result in zip(batch, results, strict=True):
+        result.source = name
+    return results
+
+
+def transcript_lines(result: Transcription, timestamps: bool) -> list[str]:
+    """What stdout shows for one file: a line per segment, or the plain text."""
+    if not timestamps:
+        text = result.text.strip()
+        return [text] if text else []
+    return [f"[{format_timestamp(s.start, False)} --> {format_timestamp(s.end, False)}] "
+            f"{s.text.strip()}" for s in result.segments if s.text.strip()]
+
+
+def report(result: Transcription, args: argparse.Namespace, with_header: bool) -> bool:
+    """Print one transcript and write its files; False if writing failed."""
+    header = [f"==> {result.source} <=="] if with_header else []
+    for line in header + transcript_lines(result, args.timestamps):
+        tqdm.write(line, file=sys.stdout)
+    if args.output_format is None:
+        return True
+    try:
+        write_result(result, args.output_dir, args.output_format)
+    except OSError as err:
+        file_error(result.source, err)
+        return False
+    return True
+
+
+def resolve_outputs(args: argparse.Namespace) -> None:
+    """Fill in the output defaults described in the epilog (format None: write no files)."""
+    if args.output_format is None and args.output_dir is None:
+        return
+    args.output_format = args.output_format or "all"
+    args.output_dir = args.output_dir or "."
+
+
+def run_transcribe(args: argparse.Namespace) -> int:
+    resolve_outputs(args)
+    inputs, failed = load_inputs(args.files)
+    if args.output_format is not None:
+        inputs, clashes = drop_name_clashes(inputs)
+        failed += clashes
+        try:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            error(f"cannot create output directory {args.output_dir}: {err}")
+            return 1
+    if not inputs:
+        return 1
+    try:
+        llm = load_llm(args)
+    except (ValueError, OSError) as err:
+        error(f"cannot load model {args.model!r}: {err}")
+        return 1
+    return 1 if failed + transcribe_all(llm, inputs, args) else 0
+
+
+def transcribe_all(llm: LLM, inputs: list[tuple[str, np.ndarray]], args: argparse.Namespace) -> int:
+    """Transcribe `--batch-size` files per call, reporting as batches finish; returns failures."""
+    failed, seconds_before = 0, 0.0
+    total = sum(len(audio) for _, audio in inputs) / SAMPLE_RATE
+    bar = tqdm(total=total, desc="Transcribing", unit="s", file=sys.stderr, dynamic_ncols=True,
+               bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s "
+                          "[{elapsed}<{remaining}]")
+
+    def advance_to(seconds: float) -> None:
+        bar.update(max(0.0, min(seconds, total) - bar.n))
+
+    try:
+        for first in range(0, len(inputs), args.batch_size):
+            batch = inputs[first:first + args.batch_size]
+            # on_progress gives the seconds done within this call
+            results = transcribe_batch(llm, batch, args, lambda s: advance_to(seconds_before + s))
+            for result in results:
+                failed += result is None or not report(result, args, len(args.files) > 1)
+            seconds_before += sum(len(audio) for _, audio in batch) / SAMPLE_RATE
+            advance_to(seconds_before)
+    finally:
+        bar.close()
+    return failed
+
+
+# ----------------------------------------------------------------------------- summarize
+
+
+def read_texts(args: argparse.Namespace) -> tuple[list[str], int]:
+    """The TEXT arguments, then the contents of each --file ("-" is stdin)."""
+    texts, failed = list(args.texts), 0
+    for name in args.files:
+        try:
+            texts.append(sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as err:
+            file_error(name, err)
+            failed += 1
+    return texts, failed
+
+
+def run_summarize(args: argparse.Namespace) -> int:
+    texts, failed = read_texts(args)
+    if not texts:
+        if not failed:
+            error("summarize: give at least one TEXT or --file")
+        return 1 if failed else 2
+    try:
+        llm = LLM(model=args.model, dtype=args.dtype, device=args.device)
+        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+        outputs = llm.generate(texts, params, use_tqdm=False)
+    except (ValueError, OSError) as err:
+        error(str(err))
+        return 1
+    for output in outputs:
+        print(output.outputs[0].text.strip())
+    return 1 if failed else 0
+
+
+# ----------------------------------------------------------------------------- later
+
+
+PLACEHOLDERS = {
+    "serve": "an OpenAI-style HTTP API server",
+    "bench": "benchmarks against Hugging Face transformers and CTranslate2",
+}
+
+
+def not_implemented(args: argparse.Namespace) -> int:
+    print(f"{PROG} {args.command}: not implemented yet (planned: {PLACEHOLDERS[args.command]}); "
+          "nothing was run", file=sys.stderr)
+    return 2
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dtype", default="auto",
+                        choices=["auto", "float32", "float16", "bfloat16"],
+                        help="weight and activation dtype (default: auto, float32)")
+    parser.add_argument("--device", default=None,
+                        help="cpu or cuda[:N] (default: cuda if available, else cpu)")
+
+
+def add_transcribe(subparsers) -> None:
+    p = subparsers.add_parser("transcribe", help="transcribe audio files with Whisper",
+                              description="Transcribe audio files with Whisper.",
+                              epilog=TRANSCRIBE_EPILOG,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("files", nargs="+", metavar="FILE", help="audio files (any format librosa reads)")
+    p.add_argument("--model", default="tiny.en",
+                   help="tiny.en or base (bundled), or a local Whisper checkpoint directory "
+                        "(default: tiny.en)")
+    p.add_argument("--language", default="auto",
+                   help="language code such as en, or auto to detect it (default: auto; "
+                        "English-only models always use en)")
+    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
+                   help="translate turns speech into English text (multilingual models only)")
+    p.add_argument("--output-format", choices=[*FORMATS, "all"], default=None,
+                   help="also write FILE's transcript as BASENAME.EXT into the output directory "
+                        "(default: no files; all when only --output-dir is given)")
+    p.add_argument("--output-dir", default=None,
+                   help="directory for the output files (default: current directory)")
+    p.add_argument("--batch-size", type=positive_int, default=8,
+                   help="files per batch; all windows of a batch decode together (default: 8)")
+    p.add_argument("--initial-prompt", default=None,
+                   help="text that conditions the first window (spelling, names, style)")
+    p.add_argument("--timestamps", action=argparse.BooleanOptionalAction, default=True,
+                   help="predict segment timestamps (default: on)")
+    add_model_options(p)
+    p.set_defaults(handler=run_transcribe)
+
+
+def add_summarize(subparsers) -> None:
+    p = subparsers.add_parser("summarize", help="summarize text with a BART checkpoint",
+                              description="Summarize texts with a BART checkpoint (greedy); one "
+                                          "summary per line on stdout, TEXTs first, then --files.")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="text to summarize")
+    p.add_argument("--file", dest="files", action="append", default=[], metavar="F",
+                   help="read a text from F (- for stdin); may be repeated")
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="local Hugging Face BART checkpoint directory")
+    p.add_argument("--max-tokens", type=positive_int, default=128,
+                   help="longest summary in tokens (default: 128)")
+    add_model_options(p)
+    p.set_defaults(handler=run_summarize)
+
+
+def add_placeholder(subparsers, name: str) -> None:
+    """A reserved command: any arguments are accepted, and it exits with 2."""
+    summary = PLACEHOLDERS[name]
+    p = subparsers.add_parser(name, help=f"{summary} (not implemented yet)",
+                              description=f"{summary[0].upper()}{summary[1:]}: not implemented yet.")
+    p.set_defaults(handler=not_implemented)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Inference runtime for encoder/decoder transformers "
+                               "(BART, Whisper) with continuous batching.",
+        formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=16))
+    subparsers = parser.add_subparsers(dest="command", title="commands", required=True)
+    add_transcribe(subparsers)
+    add_summarize(subparsers)
+    for name in PLACEHOLDERS:
+        add_placeholder(subparsers, name)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command line; returns the exit status (argparse usage errors: 2)."""
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra and args.command not in PLACEHOLDERS:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

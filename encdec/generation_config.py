@@ -1,0 +1,116 @@
+"""A checkpoint's decoding defaults (Hugging Face generation config) and per-request resolution.
+
+`generation_config.json` wins when it exists; otherwise the generation fields of `config.json`
+(older checkpoints such as facebook/bart-large-cnn keep them there). Keys the file does not set
+take Hugging Face's defaults (greedy, max_length 20, ...), as `generate()` would.
+
+`resolve_sampling_params` turns a request's `SamplingParams` into concrete values. The config
+fills the fields the request left unset, unless the request set `temperature`: that asks for
+plain vLLM-style greedy or random sampling, and its unset fields take the built-in defaults.
+Hugging Face counts `min_length` / `max_length` with the decoder prompt; here they become
+`min_tokens` / `max_tokens` of the request's own prompt.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from encdec.sampling.params import BUILTIN_DEFAULTS, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+GENERATION_FIELDS = (
+    "do_sample", "num_beams", "temperature", "top_k", "top_p", "length_penalty", "early_stopping",
+    "no_repeat_ngram_size", "repetition_penalty", "min_length", "max_length", "min_new_tokens",
+    "max_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
+)
+# Hugging Face GenerationConfig defaults for the fields above.
+HF_DEFAULTS = dict(do_sample=False, num_beams=1, temperature=1.0, top_k=50, top_p=1.0,
+                   length_penalty=1.0, early_stopping=False, no_repeat_ngram_size=0,
+                   repetition_penalty=1.0, min_length=0, max_length=20, min_new_tokens=None,
+                   max_new_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None)
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """The generation fields a checkpoint sets; `found` is False when it has none at all."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    found: bool = False
+
+    @classmethod
+    def from_dict(cls, config: dict[str, Any], found: bool = True) -> "GenerationDefaults":
+        return cls({k: config[k] for k in GENERATION_FIELDS if config.get(k) is not None}, found)
+
+    def get(self, name: str) -> Any:
+        return self.values.get(name, HF_DEFAULTS[name])
+
+    def applies_to(self, params: SamplingParams) -> bool:
+        return self.found and params.temperature is None
+
+    def as_params(self, prompt_len: int) -> dict[str, Any]:
+        """SamplingParams values this config means for a decoder prompt of `prompt_len`."""
+        max_tokens = self.get("max_new_tokens") or self.get("max_length") - prompt_len
+        min_tokens = max(self.get("min_length") - prompt_len, self.get("min_new_tokens") or 0, 0)
+        values = dict(
+            max_tokens=max(max_tokens, 1), min_tokens=min_tokens,
+            length_penalty=float(self.get("length_penalty")), early_stopping=self.get("early_stopping"),
+            no_repeat_ngram_size=self.get("no_repeat_ngram_size"),
+            repetition_penalty=float(self.get("repetition_penalty")),
+            forced_bos_token_id=self.get("forced_bos_token_id"),
+            forced_eos_token_id=self.get("forced_eos_token_id"))
+        num_beams, sample = self.get("num_beams"), bool(self.get("do_sample"))
+        if num_beams > 1:
+            values.update(beam_width=num_beams, use_beam_search=not sample)
+        if sample:  # Hugging Face's beam sampling has no equivalent here: it samples
+            values.update(temperature=float(self.get("temperature")), top_k=self.get("top_k") or -1,
+                          top_p=float(self.get("top_p")))
+        else:
+            values.update(temperature=0.0)
+        return values
+
+
+def load_generation_defaults(model: str) -> GenerationDefaults:
+    """Read the defaults of a local checkpoint directory; anything else has none."""
+    path = Path(model).expanduser()
+    generation_config = path / "generation_config.json"
+    config = path / "config.json"
+    try:
+        if generation_config.is_file():
+            return GenerationDefaults.from_dict(json.loads(generation_config.read_text()))
+        if config.is_file():
+            values = json.loads(config.read_text())
+            return GenerationDefaults.from_dict(values, found=any(k in values for k in GENERATION_FIELDS))
+    except (OSError, ValueError) as err:
+        logger.warning("ignoring the generation config of %s: %s", model, err)
+    return GenerationDefaults()
+
+
+def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults, prompt_len: int,
+                            max_decoder_len: int) -> SamplingParams:
+    """Concrete decoding settings for one request whose decoder prompt has `prompt_len` tokens.
+
+    A request asking for beam search gets no sampling settings from the config, one refusing it
+    (`use_beam_search=False`) no beams. `max_tokens` is capped by the room the model has after
+    the prompt. Raises ValueError for combinations that are invalid once the defaults are in.
+    """
+    config = defaults.as_params(prompt_len) if defaults.applies_to(params) else {}
+    values = {name: _own_or(getattr(params, name), config.get(name, builtin))
+              for name, builtin in BUILTIN_DEFAULTS.items()}
+    if params.is_beam_search or (params.use_beam_search is None and values["use_beam_search"]):
+        values.update(use_beam_search=True, temperature=_own_or(params.temperature, 0.0),
+                      top_k=_own_or(params.top_k, -1), top_p=_own_or(params.top_p, 1.0))
+    else:
+        values.update(use_beam_search=False, beam_width=1)
+    values["max_tokens"] = min(values["max_tokens"], max_decoder_len - prompt_len)
+    if params.min_tokens is None:  # a config's min_length never outlasts the length limit
+        values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
+    return dataclasses.replace(params, **values)
+
+
+def _own_or(own: Any, default: Any) -> Any:
+    return default if own is None else own

@@ -1,0 +1,99 @@
+"""Beam search with Hugging Face's exact rules (transformers `_beam_search`), one request at a time.
+
+Each step the sampler ranks the request's best `(1 + number of stop tokens, at least 2) *
+beam_width` continuations over all (beam, token) pairs by running score (the sum of processed
+log-probabilities) with `top_candidates`. `BeamSearch.step` then:
+
+- turns candidates among the first `beam_width` ranks that end in a stop token, or reach
+  `max_tokens`, into finished hypotheses scored `score / generated_len ** length_penalty`,
+  where generated_len counts every token after the decoder prompt, this one included; the
+  best `beam_width` hypotheses are kept;
+- keeps the best `beam_width` unfinished candidates as the next running beams (candidates
+  scored -inf, which can never win, are dropped instead of running as dead beams);
+- decides whether the request is done: `early_stopping=True` once `beam_width` hypotheses are
+  finished; otherwise once the best running beam, normalised by the current generated length
+  (by `max_tokens` for "never" with a positive length penalty), cannot beat the worst of a
+  full set of hypotheses; and always when every candidate finished.
+
+Scores are float32 values, as in Hugging Face, so ties and rounding match.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from encdec.sampling.params import SamplingParams
+
+
+class Candidate(Protocol):
+    parent_seq_id: int
+    token_id: int
+    beam_score: float
+
+
+@dataclass
+class BeamHypothesis:
+    token_ids: list[int]  # every generated token, the last one included
+    score: float  # cumulative_logprob / generated_len ** length_penalty
+    cumulative_logprob: float
+    finish_reason: str  # "stop" (a stop token) or "length"
+
+
+def top_candidates(logprobs: torch.Tensor, running_scores: list[float],
+                   num_candidates: int) -> tuple[list[float], list[int], list[int]]:
+    """Scores, parent rows and tokens of the best continuations of rows `logprobs` [beams, vocab]."""
+    vocab = logprobs.shape[-1]
+    running = torch.tensor(running_scores, dtype=logprobs.dtype, device=logprobs.device)
+    totals = (logprobs + running[:, None]).view(-1)
+    values, index = totals.topk(min(num_candidates, totals.numel()))
+    return values.tolist(), (index // vocab).tolist(), (index % vocab).tolist()
+
+
+def num_candidates(params: SamplingParams, num_stop_ids: int) -> int:
+    return max(2, 1 + num_stop_ids) * params.beam_width
+
+
+class BeamSearch:
+    """The finished hypotheses of one request and whether its search is over."""
+
+    def __init__(self, params: SamplingParams):
+        assert params.use_beam_search and params.beam_width >= 2 and params.max_tokens is not None
+        self.params = params
+        self.finished: list[BeamHypothesis] = []
+        self.improvable = True  # Hugging Face's is_early_stop_heuristic_unsatisfied
+        self.done = False
+
+    def step(self, candidates: list[Candidate], outputs: dict[int, list[int]],
+             is_stop: Callable[[int], bool]) -> list[Candidate]:
+        """Take ranked candidates (parents' output ids in `outputs`); return the next beams."""
+        assert not self.done
+        params, width = self.params, self.params.beam_width
+        generated = len(next(iter(outputs.values()))) + 1  # all beams grow in lockstep
+        hits = [is_stop(c.token_id) or generated >= params.max_tokens for c in candidates]
+        ended = [c for c, hit in zip(candidates[:width], hits) if hit]
+        scores = _normalize([c.beam_score for c in ended], generated, params.length_penalty)
+        self.finished = sorted(self.finished + [
+            BeamHypothesis(outputs[c.parent_seq_id] + [c.token_id], score, c.beam_score,
+                           "stop" if is_stop(c.token_id) else "length")
+            for c, score in zip(ended, scores)], key=lambda h: -h.score)[:width]
+        running = [c for c, hit in zip(candidates, hits)
+                   if not hit and c.beam_score > -float("inf")][:width]
+        full = len(self.finished) == width
+        if running and full:
+            length = generated
+            if params.early_stopping == "never" and params.length_penalty > 0:
+                length = params.max_tokens
+            (best,) = _normalize([running[0].beam_score], length, params.length_penalty)
+            self.improvable = self.improvable and best > self.finished[-1].score
+        self.done = (not running or all(hits) or not self.improvable
+                     or (full and params.early_stopping is True))
+        return [] if self.done else running
+
+    def best(self, n: int) -> list[BeamHypothesis]:
+        return self.finished[:n]
+
+
+def _normalize(scores: list[float], length: int, length_penalty: float) -> list[float]:
+    return (torch.tensor(scores, dtype=torch.float32) / (length ** length_penalty)).tolist()

@@ -1,0 +1,100 @@
+"""Built-in logits processors, each a small function over many rows of a batch at once.
+
+`apply_logits_processors` runs them in Hugging Face's order (repetition penalty, no-repeat
+n-gram, min tokens, forced BOS, forced EOS), then each request's own processors row by row.
+A row's history is its decoder prompt plus its output, as Hugging Face's `input_ids` in
+`generate()`. The scores are logits for greedy and sampled rows and log-probabilities for beam
+rows, exactly where Hugging Face applies them. Every function modifies `scores` in place.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+from encdec.sampling.params import SamplingParams
+from encdec.sequence import SequenceData
+
+Row = tuple[SequenceData, SamplingParams]
+
+
+def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
+                            eos_token_id: Optional[int]) -> None:
+    """Process `scores` [len(rows), vocab] in place; `rows` hold resolved SamplingParams."""
+    histories = [data.get_token_ids() for data, _ in rows]
+    penalized = [i for i, (_, p) in enumerate(rows) if p.repetition_penalty != 1.0]
+    if penalized:
+        repetition_penalty(scores, penalized, [histories[i] for i in penalized],
+                           [rows[i][1].repetition_penalty for i in penalized])
+    for size in sorted({p.no_repeat_ngram_size for _, p in rows if p.no_repeat_ngram_size}):
+        picked = [i for i, (_, p) in enumerate(rows) if p.no_repeat_ngram_size == size]
+        ban_repeated_ngrams(scores, picked, [histories[i] for i in picked], size)
+    bans = [(i, t) for i, (data, p) in enumerate(rows)
+            if len(data.output_token_ids) < p.min_tokens for t in _stop_ids(p, eos_token_id)]
+    if bans:
+        ban_tokens(scores, [i for i, _ in bans], [t for _, t in bans])
+    for forced in ([(i, p.forced_bos_token_id) for i, (data, p) in enumerate(rows)
+                    if p.forced_bos_token_id is not None and len(data) == 1],
+                   [(i, p.forced_eos_token_id) for i, (data, p) in enumerate(rows)
+                    if p.forced_eos_token_id is not None
+                    and len(data.output_token_ids) == p.max_tokens - 1]):
+        if forced:
+            force_tokens(scores, [i for i, _ in forced], [t for _, t in forced])
+    for i, (data, p) in enumerate(rows):
+        for processor in p.logits_processors:
+            scores[i] = processor(data.output_token_ids, scores[i])
+
+
+def repetition_penalty(scores: torch.Tensor, rows: list[int], histories: list[list[int]],
+                       penalties: list[float]) -> None:
+    """Scores of tokens already in a row's history: divided by its penalty when positive,
+    multiplied when negative (CTRL, as Hugging Face)."""
+    vocab = scores.shape[-1]
+    seen = torch.zeros(len(rows), vocab + 1, dtype=torch.bool)
+    seen.scatter_(1, _pad(histories, vocab), True)
+    picked = scores[rows]
+    penalty = torch.tensor(penalties, dtype=scores.dtype, device=scores.device)[:, None]
+    penalized = torch.where(picked < 0, picked * penalty, picked / penalty)
+    scores[rows] = torch.where(seen[:, :vocab].to(scores.device), penalized, picked)
+
+
+def ban_repeated_ngrams(scores: torch.Tensor, rows: list[int], histories: list[list[int]],
+                        size: int) -> None:
+    """Ban every token that would repeat an n-gram of `size` already in a row's history."""
+    lengths = torch.tensor([len(h) for h in histories])
+    tokens = _pad(histories, -1, left=True)  # each row's last n-1 tokens line up at the end
+    if tokens.shape[1] < size:
+        return
+    windows = tokens.unfold(1, size, 1)  # [rows, num_windows, size]
+    prefix = tokens[:, tokens.shape[1] - size + 1:]
+    matches = (windows[..., :-1] == prefix[:, None, :]).all(-1) & (lengths >= size)[:, None]
+    vocab = scores.shape[-1]
+    banned = torch.zeros(len(rows), vocab + 1, dtype=torch.bool)
+    banned.scatter_(1, torch.where(matches, windows[..., -1], vocab), True)
+    picked = scores[rows]
+    scores[rows] = picked.masked_fill(banned[:, :vocab].to(scores.device), -float("inf"))
+
+
+def ban_tokens(scores: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
+    """Set scores[rows[i], tokens[i]] to -inf."""
+    scores[torch.tensor(rows), torch.tensor(tokens)] = -float("inf")
+
+
+def force_tokens(scores: torch.Tensor, rows: list[int], tokens: list[int]) -> None:
+    """Row rows[i] can only choose tokens[i]: its score 0, every other -inf."""
+    index = torch.tensor(rows)
+    scores[index] = -float("inf")
+    scores[index, torch.tensor(tokens)] = 0.0
+
+
+def _stop_ids(params: SamplingParams, eos_token_id: Optional[int]) -> list[int]:
+    ids = list(params.stop_token_ids)
+    if eos_token_id is not None and not params.ignore_eos:
+        ids.append(eos_token_id)
+    return ids
+
+
+def _pad(rows: list[list[int]], fill: int, left: bool = False) -> torch.Tensor:
+    width = max(len(r) for r in rows)
+    return torch.tensor([[fill] * (width - len(r)) + r if left else r + [fill] * (width - len(r))
+                         for r in rows], dtype=torch.long)

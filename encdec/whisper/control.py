@@ -1,0 +1,71 @@
+"""The control tokens of one Whisper window, decided inside the batch with one encoder run.
+
+A window's decoder prompt ends at <|startoftranscript|>; the tokens that follow it in
+openai-whisper's prefix (<|lang|>, <|task|>, and <|notimestamps|> without timestamps) are
+forced one step at a time by `ControlProcessor`, a per-request logits processor. The first
+step's logits are the raw logits at the sot position, which is where openai-whisper and
+faster-whisper read two things:
+
+* `no_speech_prob`: softmax(raw logits)[<|nospeech|>];
+* the language, when it is to be detected: the argmax over the language tokens.
+
+Forced tokens get log-probability 0 (every other logit is -inf), so the request's
+cumulative log-probability is that of the sampled tokens alone. After the prefix, the
+decoding rules (`encdec.whisper.decoding`) apply.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+from encdec.whisper.decoding import DecodingRules
+from encdec.whisper.tokens import WhisperTokens
+
+DETECT = "detect"  # placeholder in a control prefix: the language token to detect
+
+
+@dataclass
+class WindowState:
+    """What the control steps learned about one window."""
+
+    no_speech_prob: float = 0.0
+    language: Optional[str] = None
+
+
+def control_prefix(tokens: WhisperTokens, language: Optional[str], task: str,
+                   timestamps: bool) -> list[Union[int, str]]:
+    """The tokens to force after sot; `language=None` on a multilingual model puts `DETECT`
+    where the language token goes (English-only models have no language token)."""
+    detect = tokens.multilingual and language is None
+    prefix: list[Union[int, str]] = list(tokens.decoder_prefix(language, task, timestamps)[1:])
+    return [DETECT, *prefix] if detect else prefix
+
+
+class ControlProcessor:
+    """Logits processor `(output_token_ids, logits_row) -> logits_row` for one window."""
+
+    def __init__(self, tokens: WhisperTokens, prefix: list[Union[int, str]],
+                 rules: DecodingRules, state: WindowState):
+        self.tokens = tokens
+        self.prefix = prefix
+        self.rules = rules
+        self.state = state
+        self.language_ids = torch.tensor(sorted(tokens.lang_to_id.values()), dtype=torch.long)
+
+    def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        step = len(output_token_ids)
+        if step == 0 and self.tokens.no_speech is not None:
+            probs = torch.softmax(logits.float(), dim=-1)
+            self.state.no_speech_prob = probs[self.tokens.no_speech].item()
+        if step < len(self.prefix):
+            token = self.prefix[step]
+            if token == DETECT:
+                token = int(self.language_ids[logits[self.language_ids].argmax()])
+                self.state.language = self.tokens.language_of(token)
+            logits.fill_(float("-inf"))
+            logits[token] = 0.0
+            return logits
+        self.rules.apply(output_token_ids[len(self.prefix):], logits)
+        return logits

@@ -1,0 +1,43 @@
+"""When a window holds no speech, so that silence gives an empty transcript.
+
+Whisper invents text for silence and faint noise (" you", ". . . ."), and openai-whisper's
+no-speech rule alone (no-speech probability > 0.6 and average log-probability < -1) keeps
+those: the model is sure of them. Two more checks, no extra model:
+
+* `is_silent`: no 20 ms frame of the window is louder than -60 dBFS (RMS): digital silence
+  or dither. Such windows are not decoded at all.
+* `is_no_speech`: openai-whisper's rule, with its other sign of a failed decode, a compression
+  ratio above 2.4 (repetitive text, which openai-whisper would re-decode at a higher
+  temperature), counting as low confidence too.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from encdec.whisper.windows import HOP
+
+SILENCE_DBFS = -60.0
+NO_SPEECH_THRESHOLD = 0.6
+LOGPROB_THRESHOLD = -1.0
+COMPRESSION_RATIO_THRESHOLD = 2.4
+
+
+def is_silent(audio: np.ndarray, threshold_dbfs: float = SILENCE_DBFS) -> bool:
+    frames = max(1, len(audio) // HOP)
+    padded = np.zeros(frames * HOP, dtype=np.float64)
+    padded[:min(len(audio), len(padded))] = audio[:len(padded)]
+    loudest = np.sqrt(np.square(padded).reshape(frames, HOP).mean(axis=1).max())
+    return loudest < 10.0 ** (threshold_dbfs / 20.0)
+
+
+def compression_ratio(text: str) -> float:
+    """openai-whisper's repetitiveness measure: text bytes over zlib-compressed bytes."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0
+
+
+def is_no_speech(no_speech_prob: float, avg_logprob: float, text: str) -> bool:
+    unsure = avg_logprob < LOGPROB_THRESHOLD or compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD
+    return no_speech_prob > NO_SPEECH_THRESHOLD and unsure

@@ -1,0 +1,165 @@
+"""`encdec` end to end through `main([...])` with the bundled Whisper tiny.en (no network).
+
+tiny.en loads once per session: `cli.load_llm` is wrapped so later calls for the same model
+get the same `LLM` (the first call goes through the real loader).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile
+
+from encdec.entrypoints import cli
+
+SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
+SAMPLE_TEXT = "Thank you for calling. Please leave a message after the tone."
+SEGMENT_LINE = re.compile(r"^\[(\d\d):(\d\d)\.(\d\d\d) --> (\d\d):(\d\d)\.(\d\d\d)\] (.*)$")
+LOAD_LLM = cli.load_llm  # the real loader, before the fixture below wraps it
+CUE = re.compile(r"(?:^|\n)(?:(\d+)\n)?(\d\d):(\d\d):(\d\d)([.,])(\d\d\d) --> "
+                 r"(\d\d):(\d\d):(\d\d)\5(\d\d\d)\n(.+)")
+
+
+@pytest.fixture(scope="session")
+def tiny_en():
+    return LOAD_LLM(argparse.Namespace(model="tiny.en", dtype="auto", device=None))
+
+
+@pytest.fixture(autouse=True)
+def cached_model(monkeypatch, request):
+    def load(args):
+        if (args.model, args.dtype, args.device) == ("tiny.en", "auto", None):
+            return request.getfixturevalue("tiny_en")
+        return LOAD_LLM(args)
+
+    monkeypatch.setattr(cli, "load_llm", load)
+
+
+def stderr_lines(err: str) -> list[str]:
+    """stderr without the progress bar's redraws (it moves with carriage returns)."""
+    return [line for line in re.split(r"[\r\n]", err) if line.strip()]
+
+
+def error_lines(err: str) -> list[str]:
+    return [line for line in stderr_lines(err) if line.startswith("encdec: error:")]
+
+
+def parse_cues(text: str) -> list[tuple[int | None, int, int, str]]:
+    """(index or None, start ms, end ms, text) of each srt / vtt cue."""
+    cues = []
+    for m in CUE.finditer(text):
+        g = [int(x) if x and x.isdigit() else x for x in m.groups()]
+        start = ((g[1] * 60 + g[2]) * 60 + g[3]) * 1000 + g[5]
+        end = ((g[6] * 60 + g[7]) * 60 + g[8]) * 1000 + g[9]
+        cues.append((g[0], start, end, g[10]))
+    return cues
+
+
+def test_transcribe_prints_segments_and_writes_every_format(tmp_path, capsys):
+    out_dir = tmp_path / "out"
+    assert cli.main(["transcribe", str(SAMPLE), "--output-dir", str(out_dir)]) == 0
+    captured = capsys.readouterr()
+    assert error_lines(captured.err) == []
+    lines = captured.out.splitlines()
+    matches = [SEGMENT_LINE.match(line) for line in lines]
+    assert lines and all(matches), lines
+    assert " ".join(m.group(7) for m in matches) == SAMPLE_TEXT
+    times = [((int(m[1]) * 60 + int(m[2])) * 1000 + int(m[3]), (int(m[4]) * 60 + int(m[5])) * 1000
+              + int(m[6])) for m in matches]
+    assert all(0 <= a < b <= 4300 for a, b in times)
+
+    assert sorted(p.name for p in out_dir.iterdir()) == [
+        f"hello.{ext}" for ext in ("json", "srt", "tsv", "txt", "vtt")]
+    srt = parse_cues((out_dir / "hello.srt").read_text())
+    assert srt == [(i + 1, a, b, m.group(7)) for i, ((a, b), m) in enumerate(zip(times, matches))]
+    vtt_text = (out_dir / "hello.vtt").read_text()
+    assert vtt_text.startswith("WEBVTT\n\n")
+    assert parse_cues(vtt_text) == [(None, *cue[1:]) for cue in srt]
+    tsv = [row.split("\t") for row in (out_dir / "hello.tsv").read_text().splitlines()[1:]]
+    assert [(int(a), int(b), t) for a, b, t in tsv] == [cue[1:] for cue in srt]
+    data = json.loads((out_dir / "hello.json").read_text())
+    assert (data["text"], data["language"]) == (SAMPLE_TEXT, "en")
+    assert data["duration"] == pytest.approx(soundfile.info(str(SAMPLE)).duration)
+    assert [s["text"].strip() for s in data["segments"]] == [cue[3] for cue in srt]
+    assert (out_dir / "hello.txt").read_text().split() == SAMPLE_TEXT.split()
+
+
+def test_bad_files_are_reported_and_the_rest_finish(tmp_path, capsys):
+    missing = tmp_path / "missing.wav"
+    text = tmp_path / "text.wav"
+    text.write_text("this is not audio\n")
+    empty = tmp_path / "empty.wav"
+    empty.touch()
+    silence = tmp_path / "silence.wav"
+    soundfile.write(str(silence), np.zeros(3 * 16000, dtype=np.int16), 16000)
+    files = [missing, text, SAMPLE, empty, silence]
+    status = cli.main(["transcribe", *map(str, files), "--no-timestamps", "--output-format",
+                       "txt", "--output-dir", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+
+    assert status == 1
+    errors = error_lines(captured.err)
+    assert len(errors) == 3, stderr_lines(captured.err)
+    for path, error in zip((missing, text, empty), errors):
+        assert error.startswith(f"encdec: error: {path}: ")
+    assert "not found" in errors[0] and "not a readable audio file" in errors[1]
+    assert "empty" in errors[2]
+    assert captured.out == f"==> {SAMPLE} <==\n{SAMPLE_TEXT}\n==> {silence} <==\n"
+    assert (tmp_path / "out" / "hello.txt").read_text().strip() == SAMPLE_TEXT
+    assert (tmp_path / "out" / "silence.txt").read_text() == ""
+
+
+def test_only_bad_files_never_loads_the_model(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cli, "load_llm", lambda args: pytest.fail("model loaded"))
+    assert cli.main(["transcribe", str(tmp_path / "nope.flac")]) == 1
+    assert error_lines(capsys.readouterr().err) == [
+        f"encdec: error: {tmp_path / 'nope.flac'}: audio file not found"]
+
+
+def test_model_and_option_errors(tmp_path, capsys):
+    assert cli.main(["transcribe", str(SAMPLE), "--model", str(tmp_path)]) == 1
+    [error] = error_lines(capsys.readouterr().err)
+    assert error.startswith(f"encdec: error: cannot load model {str(tmp_path)!r}")
+    assert cli.main(["transcribe", str(SAMPLE), "--task", "translate"]) == 1
+    [error] = error_lines(capsys.readouterr().err)
+    assert error.startswith(f"encdec: error: {SAMPLE}: ") and "English-only" in error
+
+
+def test_usage_errors_and_placeholders(capsys):
+    assert cli.main(["transcribe"]) == 2
+    assert cli.main(["transcribe", "x.wav", "--batch-size", "0"]) == 2
+    assert cli.main(["transcribe", "x.wav", "--bogus"]) == 2
+    assert cli.main([]) == 2
+    capsys.readouterr()
+    for command in ("serve", "bench"):
+        assert cli.main([command, "--port", "8000"]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err.startswith(f"encdec {command}: not implemented yet")
+
+
+def test_summarize(tiny_bart_dir, tmp_path, capsys):
+    article = tmp_path / "article.txt"
+    article.write_text("The encoder reads the whole document once; the decoder writes the summary.")
+    gone = tmp_path / "gone.txt"
+    status = cli.main(["summarize", "--model", str(tiny_bart_dir), "The rain in spain falls.",
+                       "--file", str(article), "--file", str(gone), "--max-tokens", "8"])
+    captured = capsys.readouterr()
+    assert status == 1  # the missing file; the two texts are still summarized
+    assert error_lines(captured.err) == [f"encdec: error: {gone}: No such file or directory"]
+    assert len(captured.out.splitlines()) == 2
+
+
+def test_console_script_help():
+    script = Path(sys.executable).with_name("encdec")
+    done = subprocess.run([str(script), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: encdec")
+    for command in ("transcribe", "summarize", "serve", "bench"):
+        assert command in done.stdout

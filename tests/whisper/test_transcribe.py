@@ -1,0 +1,146 @@
+"""`LLM.transcribe` with the bundled tiny.en against faster-whisper on espeak-ng speech.
+
+The corpus is transcribed once, all clips in one call (one continuous batch); faster-whisper
+(`beam_size=1`, float32, otherwise its defaults) gets the same 16 kHz waveforms.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from encdec import SamplingParams
+from encdec.audio import SAMPLE_RATE
+from tests.conftest import assert_all_blocks_free
+from tests.whisper.conftest import wer
+
+faster_whisper = pytest.importorskip("faster_whisper")
+
+
+@pytest.fixture(scope="module")
+def together(tiny_en, corpus):
+    """Every corpus clip in one call, with the progress reports it made."""
+    progress: list[float] = []
+    results = tiny_en.transcribe([clip.pair for clip in corpus], on_progress=progress.append)
+    return results, progress
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_en_assets):
+    return faster_whisper.WhisperModel(str(tiny_en_assets.bin_parts[0].parent), device="cpu",
+                                       compute_type="float32")
+
+
+@pytest.fixture(scope="module")
+def reference(reference_model, corpus):
+    return [list(reference_model.transcribe(clip.audio, beam_size=1)[0]) for clip in corpus]
+
+
+def fw_text(segments) -> str:
+    return "".join(s.text for s in segments).strip()
+
+
+def test_wer_within_one_point_of_faster_whisper(together, reference, corpus):
+    results, _ = together
+    texts = [clip.text for clip in corpus]
+    ours, theirs = wer(texts, [r.text for r in results]), wer(texts, [fw_text(s) for s in reference])
+    same = sum(r.text == fw_text(s) for r, s in zip(results, reference))
+    print(f"tiny.en WER on {len(corpus)} clips: encdec {ours:.2%}, faster-whisper {theirs:.2%}; "
+          f"identical text on {same}/{len(corpus)}")
+    assert abs(ours - theirs) <= 0.01
+
+
+def test_segments_match_faster_whisper(together, reference, corpus, tiny_en):
+    results, _ = together
+    eot = tiny_en.llm_engine.model_config.eos_token_id
+    same = 0
+    for clip, result, segments in zip(corpus, results, reference):
+        expected = [(s.start, s.end, [t for t in s.tokens if t < eot]) for s in segments]
+        same += [(s.start, s.end, s.tokens) for s in result.segments] == \
+            [(pytest.approx(a, abs=1e-6), pytest.approx(b, abs=1e-6), c) for a, b, c in expected]
+        assert result.language == "en" and result.source is None
+        assert result.duration == pytest.approx(len(clip.audio) / SAMPLE_RATE)
+    print(f"segments (times, tokens) identical to faster-whisper on {same}/{len(corpus)} clips")
+    assert same >= 0.9 * len(corpus)
+
+
+def test_progress_reports_every_window(together, corpus):
+    _, progress = together
+    total = sum(len(clip.audio) for clip in corpus) / SAMPLE_RATE
+    assert len(progress) == len(corpus)
+    assert all(b > a for a, b in zip(progress, progress[1:]))
+    assert progress[-1] == pytest.approx(total)
+
+
+def test_batched_text_equals_alone(tiny_en, together, corpus):
+    results, _ = together
+    for clip, batched in list(zip(corpus, results))[:16]:
+        alone = tiny_en.transcribe(clip.pair)[0]
+        assert alone.text == batched.text
+        assert [(s.start, s.end, s.tokens) for s in alone.segments] == \
+            [(s.start, s.end, s.tokens) for s in batched.segments]
+    assert_all_blocks_free(tiny_en)
+
+
+def test_long_clip_is_windowed_and_merged(tiny_en, reference_model, long_clip):
+    duration = len(long_clip.audio) / SAMPLE_RATE
+    assert duration >= 90
+    runs = tiny_en.llm_engine.stats.num_encoder_runs
+    (result,) = tiny_en.transcribe([long_clip.pair])
+    assert tiny_en.llm_engine.stats.num_encoder_runs - runs == 4  # 30 s windows, cut at pauses
+    segments = result.segments
+    assert len(segments) >= 20 and result.duration == pytest.approx(duration)
+    for before, after in zip(segments, segments[1:]):
+        assert before.end <= after.start
+    assert all(0 <= s.start <= s.end <= duration for s in segments)
+    assert result.text == "".join(s.text for s in segments).strip()
+
+    theirs = fw_text(reference_model.transcribe(long_clip.audio, beam_size=1)[0])
+    ours_wer, theirs_wer = wer([long_clip.text], [result.text]), wer([long_clip.text], [theirs])
+    print(f"{duration:.0f} s clip, {len(segments)} segments: WER encdec {ours_wer:.2%}, "
+          f"faster-whisper {theirs_wer:.2%}")
+    assert ours_wer <= theirs_wer + 0.02
+    assert_all_blocks_free(tiny_en)
+
+
+def test_silence_gives_an_empty_transcript(tiny_en):
+    rng = np.random.default_rng(0)
+    inputs = [np.zeros(5 * SAMPLE_RATE), np.zeros(35 * SAMPLE_RATE),
+              rng.normal(0, 1e-3, 5 * SAMPLE_RATE), rng.normal(0, 3e-3, 8 * SAMPLE_RATE)]
+    results = tiny_en.transcribe([(audio.astype(np.float32), SAMPLE_RATE) for audio in inputs])
+    for audio, result in zip(inputs, results):
+        assert (result.text, result.segments) == ("", [])
+        assert result.duration == pytest.approx(len(audio) / SAMPLE_RATE)
+    assert_all_blocks_free(tiny_en)
+
+
+def test_file_input_initial_prompt_and_no_timestamps(tiny_en, corpus, speech_dir):
+    path = speech_dir / "clip0.wav"
+    (result,) = tiny_en.transcribe(str(path), timestamps=False, initial_prompt="A pangram.")
+    assert result.source == str(path)
+    assert len(result.segments) == 1 and result.segments[0].start == 0.0
+    assert result.segments[0].end == pytest.approx(result.duration)
+    assert wer([corpus[0].text], [result.text]) <= 0.3
+
+
+def test_startofprev_prompt_is_not_given_a_leading_sot(tiny_en, corpus):
+    tokenizer = tiny_en.get_tokenizer()
+    ids = tokenizer("<|startofprev|> A pangram.<|startoftranscript|><|notimestamps|>",
+                    add_special_tokens=False)["input_ids"]
+    (out,) = tiny_en.generate([{"encoder_prompt": {"prompt": "", "multi_modal_data": {
+        "audio": corpus[0].pair}}, "decoder_prompt": {"prompt_token_ids": ids}}],
+        SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
+    assert out.prompt_token_ids == ids and ids[0] == tokenizer.convert_tokens_to_ids("<|startofprev|>")
+
+
+def test_option_errors(tiny_en, corpus):
+    clip = corpus[0].pair
+    with pytest.raises(ValueError, match="English-only.*language"):
+        tiny_en.transcribe(clip, language="fr")
+    with pytest.raises(ValueError, match="English-only.*translate"):
+        tiny_en.transcribe(clip, task="translate")
+    with pytest.raises(ValueError, match="task must be"):
+        tiny_en.transcribe(clip, task="summarize")
+    with pytest.raises(ValueError, match="input 1"):
+        tiny_en.transcribe([clip, 3])
+    assert tiny_en.transcribe([]) == []
+    assert_all_blocks_free(tiny_en)
