@@ -1,7 +1,8 @@
 """Per-layer paged KV caches on the device and in the swap pool, and the block moves between them.
 
 Each decoder layer has one tensor [2, num_blocks, block_size, num_heads, head_size] holding both
-self- and cross-attention blocks. Caches start zeroed so that padded reads never see NaN.
+self- and cross-attention blocks. Caches are allocated empty (pages are committed as blocks get used); readers never look
+past a sequence's length, and padded gathers zero their padding.
 """
 from __future__ import annotations
 
@@ -34,10 +35,10 @@ class CacheEngine:
         shape = (cache_config.block_size, model_config.num_decoder_heads, model_config.head_size)
         layers = range(model_config.num_decoder_layers)
         dtype = model_config.dtype
-        self.gpu_cache = [torch.zeros((2, num_gpu_blocks) + shape, dtype=dtype, device=device)
+        self.gpu_cache = [torch.empty((2, num_gpu_blocks) + shape, dtype=dtype, device=device)
                           for _ in layers]
         pin = device.type == "cuda"
-        self.cpu_cache = [torch.zeros((2, num_cpu_blocks) + shape, dtype=dtype, pin_memory=pin)
+        self.cpu_cache = [torch.empty((2, num_cpu_blocks) + shape, dtype=dtype, pin_memory=pin)
                           for _ in layers]
 
     def swap_in(self, mapping: list[tuple[int, int]]) -> None:

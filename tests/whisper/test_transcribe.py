@@ -119,7 +119,7 @@ def test_file_input_initial_prompt_and_no_timestamps(tiny_en, corpus, speech_dir
     assert result.source == str(path)
     assert len(result.segments) == 1 and result.segments[0].start == 0.0
     assert result.segments[0].end == pytest.approx(result.duration)
-    assert wer([corpus[0].text], [result.text]) <= 0.3
+    assert wer([corpus[0].text], [result.text]) <= 0.4
 
 
 def test_startofprev_prompt_is_not_given_a_leading_sot(tiny_en, corpus):

@@ -1,0 +1,88 @@
+"""Shared benchmark plumbing: one engine run per fresh process, interleaved rounds, medians.
+
+Each engine runs in its own spawned process so its peak RSS is its own and no engine warms
+the caches of the next; rounds interleave the engines so background load hits them alike.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import platform
+import resource
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+
+def _child(fn: Callable[..., dict], args: tuple, queue) -> None:
+    torch.set_num_threads(args[-1])
+    try:
+        result = fn(*args)
+        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        queue.put(result)
+    except BaseException as err:  # reported to the parent, which re-raises
+        queue.put({"error": f"{type(err).__name__}: {err}"})
+
+
+def run_isolated(fn: Callable[..., dict], *args) -> dict:
+    """Run `fn(*args)` in a fresh process; the last arg is the torch thread count."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    load_before = os.getloadavg()[0]
+    proc = ctx.Process(target=_child, args=(fn, args, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    if "error" in result:
+        raise RuntimeError(f"{fn.__name__} failed: {result['error']}")
+    result["load_before"] = load_before
+    result["load_after"] = os.getloadavg()[0]
+    return result
+
+
+def interleaved(engines: dict[str, Callable[[], dict]], rounds: int, log=print) -> dict[str, list[dict]]:
+    """Run every engine once per round, in the same order, and collect each run's result."""
+    runs: dict[str, list[dict]] = {name: [] for name in engines}
+    for r in range(rounds):
+        for name, run in engines.items():
+            t0 = time.perf_counter()
+            result = run()
+            runs[name].append(result)
+            log(f"round {r + 1}/{rounds} {name}: {result['seconds']:.2f}s "
+                f"(total {time.perf_counter() - t0:.1f}s, load {result['load_before']:.2f}"
+                f"->{result['load_after']:.2f})")
+    return runs
+
+
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "platform": platform.platform()}
+
+
+def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
+    def fmt(v):
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2))

@@ -1,0 +1,25 @@
+"""Whisper base: language detection and translation inside the batch, one encoder run per window."""
+from __future__ import annotations
+
+from tests.conftest import assert_all_blocks_free
+from tests.whisper.conftest import wer
+
+
+def test_detects_english_french_german_spanish(base, language_clips):
+    runs = base.llm_engine.stats.num_encoder_runs
+    results = base.transcribe([clip.pair for _, clip in language_clips])
+    assert base.llm_engine.stats.num_encoder_runs - runs == len(language_clips)
+    for (language, clip), result in zip(language_clips, results):
+        print(f"{language}: detected {result.language}: {result.text!r}")
+        assert result.language == language and result.text
+    assert wer([language_clips[0][1].text], [results[0].text]) < 0.3
+    assert_all_blocks_free(base)
+
+
+def test_given_language_and_translation(base, language_clips):
+    (_, french), = [(lang, clip) for lang, clip in language_clips if lang == "fr"]
+    transcribed, translated = base.transcribe([french.pair], language="fr")[0], \
+        base.transcribe([french.pair], task="translate")[0]
+    assert transcribed.language == translated.language == "fr"
+    assert "Paris" in translated.text and translated.text != transcribed.text
+    assert_all_blocks_free(base)
