@@ -86,15 +86,17 @@ def gather_kv(
     kv_cache: torch.Tensor,
     block_tables: torch.Tensor,
     seq_lens: Lengths,
+    max_len: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gather each sequence's keys and values into padded ``[num_seqs, num_heads, max_len, head_size]``.
 
-    ``max_len = max(seq_lens)``. Positions at or beyond a sequence's length are zero.
+    ``max_len`` defaults to ``max(seq_lens)``; passing it (known on the host) avoids reading
+    the lengths back from the device. Positions at or beyond a sequence's length are zero.
     The results are strided views of one freshly gathered tensor (not aliases of the cache).
     """
     block_size = kv_cache.shape[2]
     lens = as_lengths(seq_lens, kv_cache.device)
-    kv = _gather_tokens(kv_cache, block_tables, lens, block_size)
+    kv = _gather_tokens(kv_cache, block_tables, lens, block_size, max_len)
     padding = torch.arange(kv.shape[2], device=kv.device) >= lens[:, None]
     kv.masked_fill_(padding[None, :, :, None, None], 0)
     kv = kv.permute(0, 1, 3, 2, 4)
@@ -126,12 +128,14 @@ def _gather_tokens(
     block_tables: torch.Tensor,
     lens: torch.Tensor,
     block_size: int,
+    max_len: int | None = None,
 ) -> torch.Tensor:
     """Index-select table blocks into ``[2, num_seqs, max_len, num_heads, head_size]``."""
     num_seqs = block_tables.shape[0]
     if lens.shape != (num_seqs,):
         raise ValueError(f"seq_lens has shape {tuple(lens.shape)}, expected ({num_seqs},)")
-    max_len = int(lens.max()) if num_seqs else 0
+    if max_len is None:
+        max_len = int(lens.max()) if num_seqs else 0
     num_blocks = -(-max_len // block_size)
     if num_blocks > block_tables.shape[1]:
         raise ValueError(f"max seq_len {max_len} needs {num_blocks} blocks; table has {block_tables.shape[1]}")

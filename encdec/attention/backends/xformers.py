@@ -61,7 +61,8 @@ class XFormersBackend(AttentionBackend):
         if meta.num_decode_tokens:
             tables = (meta.block_tables if is_self else meta.cross_block_tables)[p:]
             lens = (meta.seq_lens_tensor if is_self else meta.encoder_seq_lens_tensor)[p:]
-            k, v = (_flatten(t).to(query.dtype) for t in gather_kv(kv_cache, tables, lens))
+            max_len = max((meta.seq_lens if is_self else meta.encoder_seq_lens)[p:])
+            k, v = (_flatten(t).to(query.dtype) for t in gather_kv(kv_cache, tables, lens, max_len))
             bias = step_bias(meta, attn_type, DECODE, query.device)
             out[num_prefill_tokens:] = _attention(query[num_prefill_tokens:], k, v, bias, scale)
         return out

@@ -1,0 +1,146 @@
+"""Whisper decoding rules, control steps, segments, windows and the silence checks, without a model.
+
+A toy vocabulary: text 0-9, <|endoftext|> 10, control tokens 11-17 (<|notimestamps|> last),
+timestamps 18-118 (<|0.00|> .. <|2.00|>).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from encdec.audio import SAMPLE_RATE
+from encdec.whisper.control import DETECT, ControlProcessor, WindowState, control_prefix
+from encdec.whisper.decoding import DecodingRules, suppressed_token_ids
+from encdec.whisper.segments import split_spans, window_segments
+from encdec.whisper.silence import compression_ratio, is_no_speech, is_silent
+from encdec.whisper.tokens import WhisperTokens
+from encdec.whisper.windows import split_windows
+
+EOT, SOT, EN, FR, TRANSCRIBE, SOT_PREV, NO_SPEECH, NO_TS = 10, 11, 12, 13, 14, 15, 16, 17
+TOKENS = WhisperTokens(eot=EOT, sot=SOT, no_timestamps=NO_TS, multilingual=True,
+                       lang_to_id={"en": EN, "fr": FR}, task_to_id={"transcribe": TRANSCRIBE},
+                       suppress_tokens=(3,), begin_suppress_tokens=(0, EOT), no_speech=NO_SPEECH,
+                       sot_prev=SOT_PREV)
+TS = NO_TS + 1  # <|0.00|>
+VOCAB = TS + 101
+INF = math.inf
+
+
+def ts(seconds: float) -> int:
+    return TS + round(seconds / 0.02)
+
+
+def allowed(rules: DecodingRules, sampled: list[int], logits: torch.Tensor = None) -> set[int]:
+    row = torch.zeros(VOCAB) if logits is None else logits.clone()
+    rules.apply(sampled, row)
+    return set(torch.isfinite(row).nonzero().flatten().tolist())
+
+
+def test_suppress_list_adds_control_tokens():
+    assert suppressed_token_ids(TOKENS) == [3, SOT, TRANSCRIBE, SOT_PREV, NO_SPEECH]
+
+
+def test_first_step_is_an_early_timestamp():
+    rules = DecodingRules(TOKENS, timestamps=True)
+    assert allowed(rules, []) == set(range(ts(0.0), ts(1.0) + 1))
+
+
+def test_without_timestamps_only_suppression():
+    rules = DecodingRules(TOKENS, timestamps=False)
+    first = allowed(rules, [])
+    assert 0 not in first and EOT not in first and 3 not in first and NO_TS in first
+    assert {0, EOT} <= allowed(rules, [5])
+
+
+def test_timestamps_come_in_pairs_and_never_decrease():
+    rules = DecodingRules(TOKENS, timestamps=True)
+    text = {0, 1, 2, 4, 5, 6, 7, 8, 9}
+    # After the opening timestamp: text or the end, no timestamp.
+    assert allowed(rules, [ts(0.4)]) == text | {EOT}
+    # After text: anything from the last timestamp on (ties allowed), or text.
+    assert allowed(rules, [ts(0.4), 5]) == text | {EOT} | set(range(ts(0.4), VOCAB))
+    # After a closing timestamp: the next opening one (not earlier) or the end.
+    assert allowed(rules, [ts(0.4), 5, ts(1.0)]) == {EOT} | set(range(ts(1.0), VOCAB))
+    # After a closing + opening pair: text.
+    assert allowed(rules, [ts(0.4), 5, ts(1.0), ts(1.0)]) == text | {EOT}
+
+
+def test_timestamp_mass_beats_best_text_token():
+    rules = DecodingRules(TOKENS, timestamps=True)
+    logits = torch.full((VOCAB,), -10.0)
+    logits[5] = 0.0
+    logits[TS:] = 0.0  # 101 timestamps at e^0 each outweigh the best text token
+    assert allowed(rules, [ts(0.0), 5], logits) == set(range(ts(0.0), VOCAB))
+    logits[TS:] = -10.0
+    assert 5 in allowed(rules, [ts(0.0), 5], logits)
+
+
+def test_control_prefix_layouts():
+    assert control_prefix(TOKENS, None, "transcribe", True) == [DETECT, TRANSCRIBE]
+    assert control_prefix(TOKENS, "fr", "transcribe", False) == [FR, TRANSCRIBE, NO_TS]
+    english = WhisperTokens(eot=EOT, sot=SOT, no_timestamps=NO_TS, multilingual=False)
+    assert control_prefix(english, None, "transcribe", True) == []
+    assert control_prefix(english, "en", "transcribe", False) == [NO_TS]
+
+
+def test_control_steps_force_detect_and_measure_no_speech():
+    state = WindowState()
+    processor = ControlProcessor(TOKENS, [DETECT, TRANSCRIBE], DecodingRules(TOKENS, True), state)
+    raw = torch.randn(VOCAB)
+    raw[FR], raw[EN], raw[7] = 5.0, 4.0, 9.0  # French beats English; text is ignored
+    first = processor([], raw.clone())
+    assert state.language == "fr"
+    assert state.no_speech_prob == pytest.approx(torch.softmax(raw, -1)[NO_SPEECH].item())
+    assert torch.log_softmax(first, -1)[FR].item() == 0.0 and first.argmax().item() == FR
+    second = processor([FR], torch.randn(VOCAB))
+    assert second.argmax().item() == TRANSCRIBE and torch.isinf(second).sum() == VOCAB - 1
+    third = processor([FR, TRANSCRIBE], torch.zeros(VOCAB))  # rules start: a timestamp first
+    assert set(torch.isfinite(third).nonzero().flatten().tolist()) == set(range(ts(0.0), ts(1.0) + 1))
+    assert state.no_speech_prob == pytest.approx(torch.softmax(raw, -1)[NO_SPEECH].item())
+
+
+def test_spans_pairs_unterminated_and_plain_text():
+    tokens = [ts(0.0), 1, 2, ts(1.0), ts(1.2), 3, ts(1.8), ts(1.8), 4, 5, EOT]
+    assert split_spans(tokens, TOKENS) == [
+        (0.0, 1.0, [1, 2]), (pytest.approx(1.2), pytest.approx(1.8), [3]), (pytest.approx(1.8), None, [4, 5])]
+    assert split_spans([1, 2, EOT], TOKENS) == [(None, None, [1, 2])]
+    assert split_spans([ts(0.0), EOT], TOKENS) == []
+
+
+def test_window_segments_are_offset_and_clipped():
+    class Tokenizer:
+        def decode(self, ids):
+            return "".join(f" w{i}" for i in ids)
+
+    segments = window_segments([ts(0.2), 1, ts(1.5), ts(1.5), 2], TOKENS, Tokenizer(), 30.0, 1.0, -0.5, 0.1)
+    assert [(s.start, s.end, s.text, s.tokens) for s in segments] == [
+        (pytest.approx(30.2), 31.0, " w1", [1]), (31.0, 31.0, " w2", [2])]
+    assert segments[0].avg_logprob == -0.5 and segments[0].no_speech_prob == 0.1
+
+
+def test_windows_cut_at_the_quietest_point_near_30_seconds():
+    rng = np.random.default_rng(0)
+    audio = rng.normal(0, 0.1, 75 * SAMPLE_RATE).astype(np.float32)
+    audio[int(27.0 * SAMPLE_RATE):int(27.6 * SAMPLE_RATE)] = 0.0  # a pause in the search zone
+    audio[int(10.0 * SAMPLE_RATE):int(12.0 * SAMPLE_RATE)] = 0.0  # outside it: ignored
+    windows = split_windows(audio)
+    assert windows[0][0] == 0 and windows[-1][1] == len(audio)
+    assert all(end == start for (_, end), (start, _) in zip(windows, windows[1:]))
+    assert all(end - start <= 30 * SAMPLE_RATE for start, end in windows)
+    assert 27.0 * SAMPLE_RATE < windows[0][1] < 27.6 * SAMPLE_RATE
+    assert len(windows) == 3
+    assert split_windows(audio[:30 * SAMPLE_RATE]) == [(0, 30 * SAMPLE_RATE)]
+
+
+def test_silence_checks():
+    rng = np.random.default_rng(0)
+    assert is_silent(np.zeros(SAMPLE_RATE, np.float32))
+    assert is_silent(rng.normal(0, 1e-4, SAMPLE_RATE).astype(np.float32))
+    assert not is_silent(rng.normal(0, 1e-2, SAMPLE_RATE).astype(np.float32))
+    assert is_no_speech(0.9, -1.5, " Hello.") and not is_no_speech(0.5, -1.5, " Hello.")
+    assert not is_no_speech(0.9, -0.3, " Hello there.")
+    dots = " ." * 30
+    assert compression_ratio(dots) > 2.4 and is_no_speech(0.9, -0.3, dots)
