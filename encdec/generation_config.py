@@ -17,7 +17,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from encdec.sampling.params import BUILTIN_DEFAULTS, SamplingParams
 
@@ -84,7 +84,8 @@ def load_generation_defaults(model: str) -> GenerationDefaults:
             return GenerationDefaults.from_dict(json.loads(generation_config.read_text()))
         if config.is_file():
             values = json.loads(config.read_text())
-            return GenerationDefaults.from_dict(values, found=any(k in values for k in GENERATION_FIELDS))
+            found = any(k in values for k in GENERATION_FIELDS)
+            return GenerationDefaults.from_dict(values, found)
     except (OSError, ValueError) as err:
         logger.warning("ignoring the generation config of %s: %s", model, err)
     return GenerationDefaults()

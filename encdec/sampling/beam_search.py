@@ -42,16 +42,18 @@ class BeamHypothesis:
 
 
 def top_candidates(logprobs: torch.Tensor, running_scores: list[float],
-                   num_candidates: int) -> tuple[list[float], list[int], list[int]]:
-    """Scores, parent rows and tokens of the best continuations of rows `logprobs` [beams, vocab]."""
+                   count: int) -> tuple[list[float], list[int], list[int]]:
+    """Scores, parent rows and tokens of the `count` best continuations of `logprobs`
+    [beams, vocab], ranked as Hugging Face ranks them over the flattened (beam, token) pairs."""
     vocab = logprobs.shape[-1]
     running = torch.tensor(running_scores, dtype=logprobs.dtype, device=logprobs.device)
     totals = (logprobs + running[:, None]).view(-1)
-    values, index = totals.topk(min(num_candidates, totals.numel()))
+    values, index = totals.topk(min(count, totals.numel()))
     return values.tolist(), (index // vocab).tolist(), (index % vocab).tolist()
 
 
 def num_candidates(params: SamplingParams, num_stop_ids: int) -> int:
+    """How many continuations a step ranks: enough that `beam_width` of them do not stop."""
     return max(2, 1 + num_stop_ids) * params.beam_width
 
 

@@ -21,14 +21,13 @@ Row = tuple[SequenceData, SamplingParams]
 def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
                             eos_token_id: Optional[int]) -> None:
     """Process `scores` [len(rows), vocab] in place; `rows` hold resolved SamplingParams."""
-    histories = [data.get_token_ids() for data, _ in rows]
     penalized = [i for i, (_, p) in enumerate(rows) if p.repetition_penalty != 1.0]
     if penalized:
-        repetition_penalty(scores, penalized, [histories[i] for i in penalized],
+        repetition_penalty(scores, penalized, _histories(rows, penalized),
                            [rows[i][1].repetition_penalty for i in penalized])
     for size in sorted({p.no_repeat_ngram_size for _, p in rows if p.no_repeat_ngram_size}):
         picked = [i for i, (_, p) in enumerate(rows) if p.no_repeat_ngram_size == size]
-        ban_repeated_ngrams(scores, picked, [histories[i] for i in picked], size)
+        ban_repeated_ngrams(scores, picked, _histories(rows, picked), size)
     bans = [(i, t) for i, (data, p) in enumerate(rows)
             if len(data.output_token_ids) < p.min_tokens for t in _stop_ids(p, eos_token_id)]
     if bans:
@@ -85,6 +84,10 @@ def force_tokens(scores: torch.Tensor, rows: list[int], tokens: list[int]) -> No
     index = torch.tensor(rows)
     scores[index] = -float("inf")
     scores[index, torch.tensor(tokens)] = 0.0
+
+
+def _histories(rows: Sequence[Row], picked: list[int]) -> list[list[int]]:
+    return [rows[i][0].get_token_ids() for i in picked]
 
 
 def _stop_ids(params: SamplingParams, eos_token_id: Optional[int]) -> list[int]:

@@ -77,10 +77,13 @@ class SamplingParams:
                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
         _check(self.temperature is None or self.temperature >= 0.0,
                f"temperature must be >= 0, got {self.temperature}")
-        _check(self.top_p is None or 0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
-        _check(self.top_k is None or (isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1)),
-               f"top_k must be -1 (disabled) or an integer >= 1, got {self.top_k!r}")
-        _check(self.seed is None or isinstance(self.seed, int), f"seed must be an int, got {self.seed!r}")
+        _check(self.top_p is None or 0.0 < self.top_p <= 1.0,
+               f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k is None or (
+            isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1)),
+            f"top_k must be -1 (disabled) or an integer >= 1, got {self.top_k!r}")
+        _check(self.seed is None or isinstance(self.seed, int),
+               f"seed must be an int, got {self.seed!r}")
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
                f"logprobs must be an integer >= 0, got {self.logprobs!r}")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
@@ -93,7 +96,8 @@ class SamplingParams:
             isinstance(self.no_repeat_ngram_size, int) and self.no_repeat_ngram_size >= 0),
             f"no_repeat_ngram_size must be an integer >= 0, got {self.no_repeat_ngram_size!r}")
         _check(self.repetition_penalty is None or (
-            isinstance(self.repetition_penalty, (int, float)) and 0.0 < self.repetition_penalty < math.inf),
+            isinstance(self.repetition_penalty, (int, float))
+            and 0.0 < self.repetition_penalty < math.inf),
             f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
         for name in ("forced_bos_token_id", "forced_eos_token_id"):
             value = getattr(self, name)
@@ -118,7 +122,8 @@ class SamplingParams:
         _check(width is None or width >= 2,
                f"beam search needs beam_width >= 2, got beam_width={width}")
         _check(self.temperature is None or self.temperature < _GREEDY_EPS,
-               f"beam search is deterministic: temperature must be 0 (or unset), got {self.temperature}")
+               "beam search is deterministic: temperature must be 0 (or unset), "
+               f"got {self.temperature}")
         _check(self.top_k in (None, -1) and self.top_p in (None, 1.0),
                f"beam search does not sample: top_k must be -1 and top_p 1, "
                f"got top_k={self.top_k}, top_p={self.top_p}")

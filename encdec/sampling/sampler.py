@@ -65,7 +65,7 @@ class Sampler:
         scores = logits[:, :self.vocab_size]
         beam_rows = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
         for g, rows in zip(meta.groups, meta.row_slices):
-            beam_rows[rows] = g.sampling_params.use_beam_search
+            beam_rows[rows] = bool(g.sampling_params.use_beam_search)
         if beam_rows.any():
             scores[beam_rows] = torch.log_softmax(scores[beam_rows], dim=-1)
         apply_logits_processors(scores, [(data, g.sampling_params) for g in meta.groups
@@ -88,13 +88,14 @@ class Sampler:
     def _beam_output(self, g: SequenceGroupMetadata, logprobs: torch.Tensor,
                      params: SamplingParams) -> GroupOutput:
         seq_ids = list(g.seq_data)
-        num_stop_ids = len(params.stop_token_ids) + (self.eos_token_id is not None and not params.ignore_eos)
-        values, parents, tokens = top_candidates(
+        with_eos = self.eos_token_id is not None and not params.ignore_eos
+        values, rows, tokens = top_candidates(
             logprobs, [d.cumulative_logprob for d in g.seq_data.values()],
-            num_candidates(params, num_stop_ids))
+            num_candidates(params, len(params.stop_token_ids) + with_eos))
+        token_logprobs = logprobs[rows, tokens].tolist()
         return GroupOutput(g.request_id, [
-            SequenceOutput(seq_ids[row], token, logprobs[row, token].item(), beam_score=value)
-            for value, row, token in zip(values, parents, tokens)])
+            SequenceOutput(seq_ids[row], token, logprob, beam_score=value)
+            for value, row, token, logprob in zip(values, rows, tokens, token_logprobs)])
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, num_samples: int,

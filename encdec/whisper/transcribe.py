@@ -73,23 +73,13 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
     language = _check_options(tokens, language, task)
     sources = _as_input_list(inputs)
     audios = [load_audio(source) for source in sources]
-    prompt = _decoder_prompt(tokens, engine.tokenizer, initial_prompt)
-    prefix = control_prefix(tokens, language, task, timestamps)
-    rules = DecodingRules(tokens, timestamps)
-    max_tokens = min(len(prefix) + SAMPLE_LEN, engine.model_config.max_decoder_len - len(prompt))
-    if max_tokens <= len(prefix):
-        raise ValueError(f"initial_prompt leaves no room to decode ({len(prompt)} prompt tokens)")
-
     known_language = language if tokens.multilingual else "en"
     windows = [_Window(index, start / SAMPLE_RATE, audio[start:end], WindowState(language=known_language))
                for index, audio in enumerate(audios) for start, end in split_windows(audio)]
     voiced = [w for w in windows if not is_silent(w.audio)]
-    prompts = [{"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (w.audio, SAMPLE_RATE)}},
-                "decoder_prompt": prompt} for w in voiced]
-    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens,
-                             logits_processors=[ControlProcessor(tokens, prefix, rules, w.state)])
-              for w in voiced]
-    request_ids = llm._add_requests(prompts, params) if voiced else []
+    prefix = control_prefix(tokens, language, task, timestamps)
+    request_ids = _add_requests(llm, voiced, tokens, prefix, DecodingRules(tokens, timestamps),
+                                _decoder_prompt(tokens, engine.tokenizer, initial_prompt))
     silent_seconds = sum(w.duration for w in windows) - sum(w.duration for w in voiced)
     outputs = llm._run_engine(request_ids, use_tqdm=False,
                               on_output=_progress(request_ids, voiced, silent_seconds, on_progress))
@@ -97,6 +87,22 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
         window.segments = _segments(out, window, len(prefix), tokens, engine.tokenizer)
     return [_transcription(source, audio, [w for w in windows if w.input_index == index])
             for index, (source, audio) in enumerate(zip(sources, audios))]
+
+
+def _add_requests(llm: Any, windows: list[_Window], tokens: WhisperTokens, prefix: list,
+                  rules: DecodingRules, prompt: list[int]) -> list[str]:
+    """One greedy request per window, its control steps and rules in a logits processor."""
+    max_tokens = min(len(prefix) + SAMPLE_LEN, llm.llm_engine.model_config.max_decoder_len - len(prompt))
+    if max_tokens <= len(prefix):
+        raise ValueError(f"initial_prompt leaves no room to decode ({len(prompt)} prompt tokens)")
+    if not windows:
+        return []
+    prompts = [{"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (w.audio, SAMPLE_RATE)}},
+                "decoder_prompt": prompt} for w in windows]
+    params = [SamplingParams(temperature=0.0, max_tokens=max_tokens,
+                             logits_processors=[ControlProcessor(tokens, prefix, rules, w.state)])
+              for w in windows]
+    return llm._add_requests(prompts, params)
 
 
 def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) -> Optional[str]:

@@ -1,8 +1,10 @@
 """Cut long audio into windows of at most 30 s at quiet points, with no extra model.
 
-Each cut lies in the last `search` seconds before the 30 s limit of its window, at the
-centre of the quietest stretch there: frame RMS (20 ms hops) smoothed over `smooth` seconds,
-the latest minimum (which keeps windows long). Short audio is one window.
+Each cut lies in the last `search` seconds before the 30 s limit of its window, in the middle
+of the longest quiet stretch there: frame power (20 ms hops) smoothed over `smooth` seconds,
+"quiet" meaning within twice the minimum (plus a -100 dBFS floor, so digital silence ties).
+The middle of the longest pause keeps speech away from both windows' edges, where Whisper
+tends to drop words. Short audio is one window.
 """
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import numpy as np
 
 from encdec.audio import N_SAMPLES, SAMPLE_RATE
 
-HOP = SAMPLE_RATE // 50  # 20 ms RMS frames
+HOP = SAMPLE_RATE // 50  # 20 ms frames
+_POWER_FLOOR = 1e-10  # -100 dBFS
 
 
 def split_windows(audio: np.ndarray, max_samples: int = N_SAMPLES, search: float = 5.0,
@@ -28,12 +31,16 @@ def split_windows(audio: np.ndarray, max_samples: int = N_SAMPLES, search: float
 
 
 def quietest_point(stretch: np.ndarray, smooth: float) -> int:
-    """Offset (in samples) of the centre of the quietest `smooth`-second part of `stretch`."""
+    """Offset (in samples) of the middle of the longest quiet part of `stretch` (latest on ties)."""
     frames = len(stretch) // HOP
     if frames == 0:
         return len(stretch) // 2
     power = np.square(stretch[:frames * HOP].astype(np.float64)).reshape(frames, HOP).mean(axis=1)
     width = max(1, min(frames, round(smooth * SAMPLE_RATE / HOP)))
     smoothed = np.convolve(power, np.ones(width) / width, mode="valid")
-    best = len(smoothed) - 1 - int(np.argmin(smoothed[::-1]))  # the latest minimum
-    return best * HOP + width * HOP // 2
+    quiet = np.concatenate([[0], smoothed <= 2 * smoothed.min() + _POWER_FLOOR, [0]]).astype(np.int8)
+    edges = np.flatnonzero(np.diff(quiet))
+    starts, ends = edges[0::2], edges[1::2]  # runs [start, end) of quiet positions
+    longest = len(starts) - 1 - int(np.argmax((ends - starts)[::-1]))
+    middle = (starts[longest] + ends[longest] - 1) // 2
+    return int(middle) * HOP + width * HOP // 2

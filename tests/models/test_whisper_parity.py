@@ -2,7 +2,8 @@
 
 A seeded random-weight checkpoint with openai/whisper-tiny.en widths (two layers per side),
 the real tiny.en tokenizer from the bundled package, and eight espeak-ng clips decoded in one
-batch. Both sides get features from the same front end (`encdec.audio`, Hugging Face style).
+batch. Both sides get features from the same front end (`encdec.audio`, openai-whisper style,
+the engine's default).
 """
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def hf_greedy_loop(model, audios: list, prefix: list[int], max_new_tokens: int):
 
     Each clip's tokens end at its first <|endoftext|> (kept), as the engine stops there.
     """
-    features = torch.stack([whisper_features(load_audio(a), 80, "hf") for a in audios])
+    features = torch.stack([whisper_features(load_audio(a), 80, "whisper") for a in audios])
     encoder_outputs = model.model.encoder(features)
     ids = torch.tensor([prefix] * len(audios))
     step_ids, past, logits = ids, None, []

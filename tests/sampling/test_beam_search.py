@@ -14,7 +14,7 @@ from encdec import LLM, SamplingParams
 from tests.bart_checkpoints import BART_BASE, CORPUS, make_bart_checkpoint
 from tests.conftest import assert_all_blocks_free
 
-EOS, PAD = 2, 1
+EOS = 2
 # facebook/bart-large-cnn: config.json shape, generation_config.json decoding settings.
 BART_LARGE_CNN = dict(BART_BASE, vocab_size=50264, d_model=1024, encoder_layers=12,
                       decoder_layers=12, encoder_attention_heads=16, decoder_attention_heads=16,
@@ -69,7 +69,7 @@ def _cut(ids: list[int]) -> list[int]:
 
 def hf_overrides(params: SamplingParams) -> dict:
     """The same settings as Hugging Face `generate()` arguments (a decoder prompt of one token)."""
-    return dict(num_beams=params.beam_width or CNN_GENERATION["num_beams"],
+    return dict(num_beams=params.beam_width,
                 early_stopping=params.early_stopping, no_repeat_ngram_size=params.no_repeat_ngram_size,
                 max_length=1 + params.max_tokens, min_length=1 + params.min_tokens,
                 num_return_sequences=params.n)
@@ -111,7 +111,8 @@ MATRIX = [
 ]
 
 
-@pytest.mark.parametrize("overrides", MATRIX, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "cnn")
+@pytest.mark.parametrize("overrides", MATRIX,
+                         ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "cnn")
 def test_beam_search_matches_hugging_face(llm, hf_model, overrides):
     params = SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MIN_TOKENS, **overrides)
     prompts = texts()
@@ -125,14 +126,11 @@ def test_beam_search_matches_hugging_face(llm, hf_model, overrides):
         assert all(len(o.outputs) == 2 for o in outputs)
 
 
-def test_min_length_forces_longer_outputs(llm, hf_model):
-    prompts = texts()
-    free = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS, min_tokens=0), use_tqdm=False)
-    held = llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS), use_tqdm=False)
-    free_lens = [len(o.outputs[0].token_ids) for o in free]
-    assert min(free_lens) < MIN_TOKENS, free_lens  # without min_length some summaries stop early
-    expected = hf_beam(hf_model, llm.get_tokenizer(), prompts, max_length=1 + MAX_TOKENS)
-    assert [[o.outputs[0].token_ids] for o in held] == expected  # the config's 56 hold them
+def test_min_length_forces_longer_outputs(llm):
+    """Without min_tokens some summaries stop before MIN_TOKENS: the matrix's bound is binding."""
+    free = llm.generate(texts(), SamplingParams(max_tokens=MAX_TOKENS, min_tokens=0), use_tqdm=False)
+    lengths = [len(o.outputs[0].token_ids) for o in free]
+    assert min(lengths) < MIN_TOKENS, lengths
 
 
 def test_checkpoint_defaults_are_the_summarization_pipeline(llm, hf_model):

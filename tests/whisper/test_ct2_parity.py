@@ -13,13 +13,10 @@ import pytest
 import torch
 
 from encdec import SamplingParams
-from encdec.audio import SAMPLE_RATE, windows_features
+from encdec.audio import windows_features
 from encdec.attention.selector import get_attn_backend
 from encdec.models.whisper import WhisperForConditionalGeneration
 from encdec.weights.ct2 import ct2_tensors, ct2_whisper_to_hf, open_ct2_model
-from encdec.whisper import whisper_tokens
-from encdec.whisper.decoding import MAX_INITIAL_TIMESTAMP, TIME_PRECISION, suppressed_token_ids
-from encdec.whisper.segments import window_segments
 from tests.conftest import assert_all_blocks_free
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -110,31 +107,9 @@ def test_tiny_en_greedy_tokens_equal_ctranslate2(tiny_en, tiny_en_assets, ct2_di
 
 
 def test_base_english_greedy_tokens_equal_ctranslate2_few(base, base_assets, ct2_dir, corpus):
-    run_parity("base", base, ct2_dir(base_assets), corpus[:6])
+    run_parity("base", base, ct2_dir(base_assets), corpus[:2])
 
 
 @pytest.mark.slow
 def test_base_english_greedy_tokens_equal_ctranslate2(base, base_assets, ct2_dir, corpus):
     run_parity("base", base, ct2_dir(base_assets), corpus)
-
-
-# --------------------------------------------------------------------------- decoding rules
-
-
-def test_timestamp_segments_equal_ctranslate2(tiny_en, tiny_en_assets, ct2_dir, corpus):
-    """`transcribe`'s rules (suppression, blank, timestamps) give CTranslate2's segments."""
-    llm = tiny_en
-    tokens = whisper_tokens(llm.llm_engine.model_config.hf_config, llm.get_tokenizer())
-    clips = corpus[:12]
-    ours = llm.transcribe([clip.pair for clip in clips])
-    results = ct2_generate(ct2_dir(tiny_en_assets), clips, [tokens.sot], max_length=448,
-                           suppress_blank=True, suppress_tokens=suppressed_token_ids(tokens),
-                           max_initial_timestamp_index=round(MAX_INITIAL_TIMESTAMP / TIME_PRECISION))
-    agree = 0
-    for clip, got, result in zip(clips, ours, results):
-        expected = window_segments(result.sequences_ids[0], tokens, llm.get_tokenizer(), 0.0,
-                                   len(clip.audio) / SAMPLE_RATE, 0.0, 0.0)
-        agree += [(s.start, s.end, s.tokens) for s in got.segments] == \
-            [(s.start, s.end, s.tokens) for s in expected]
-    print(f"timestamp mode: {agree}/{len(clips)} clips with CTranslate2's segments")
-    assert agree >= len(clips) - 1

@@ -16,11 +16,9 @@ def test_detects_english_french_german_spanish(base, language_clips):
     assert_all_blocks_free(base)
 
 
-def test_given_language_and_translation(base, language_clips):
-    (_, french), = [(lang, clip) for lang, clip in language_clips if lang == "fr"]
-    transcribed, translated = base.transcribe([french.pair], language="fr")[0], \
-        base.transcribe([french.pair], task="translate")[0]
-    assert transcribed.language == translated.language == "fr"
+def test_translation(base, language_clips):
+    (french,) = [clip for lang, clip in language_clips if lang == "fr"]
+    (translated,) = base.transcribe([french.pair], task="translate")
     # base translates espeak-ng French poorly (faster-whisper, greedy: " I'm going to the the")
-    assert translated.text and transcribed.text and translated.text != transcribed.text
+    assert translated.language == "fr" and translated.text.isascii() and translated.text
     assert_all_blocks_free(base)

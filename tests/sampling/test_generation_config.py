@@ -1,0 +1,96 @@
+"""A checkpoint's generation config fills the sampling params a request leaves unset."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from encdec import LLM, SamplingParams
+from encdec.generation_config import (GenerationDefaults, load_generation_defaults,
+                                      resolve_sampling_params)
+
+CNN = dict(num_beams=4, length_penalty=2.0, max_length=142, min_length=56, no_repeat_ngram_size=3,
+           early_stopping=True, forced_bos_token_id=0, forced_eos_token_id=2)
+MAX_DECODER_LEN = 1024
+
+
+def resolve(params: SamplingParams, config: dict = CNN, prompt_len: int = 1) -> SamplingParams:
+    return resolve_sampling_params(params, GenerationDefaults.from_dict(config), prompt_len,
+                                   MAX_DECODER_LEN)
+
+
+def test_cnn_config_means_hugging_face_beam_search():
+    p = resolve(SamplingParams())
+    assert (p.use_beam_search, p.beam_width, p.temperature, p.n) == (True, 4, 0.0, 1)
+    assert (p.length_penalty, p.early_stopping, p.no_repeat_ngram_size) == (2.0, True, 3)
+    assert (p.forced_bos_token_id, p.forced_eos_token_id, p.repetition_penalty) == (0, 2, 1.0)
+    # max_length / min_length count the decoder prompt: 142 - 1 and 56 - 1 new tokens.
+    assert (p.max_tokens, p.min_tokens) == (141, 55)
+    longer_prompt = resolve(SamplingParams(), prompt_len=3)
+    assert (longer_prompt.max_tokens, longer_prompt.min_tokens) == (139, 53)
+    assert p.max_num_seqs == 4
+
+
+def test_request_settings_override_the_config():
+    p = resolve(SamplingParams(beam_width=2, early_stopping=False, no_repeat_ngram_size=0,
+                               max_tokens=30, min_tokens=5))
+    assert (p.beam_width, p.early_stopping, p.no_repeat_ngram_size) == (2, False, 0)
+    assert (p.max_tokens, p.min_tokens, p.length_penalty, p.forced_eos_token_id) == (30, 5, 2.0, 2)
+    capped = resolve(SamplingParams(max_tokens=20))  # the config's min_length ends at max_tokens
+    assert (capped.max_tokens, capped.min_tokens) == (20, 20)
+    greedy = resolve(SamplingParams(use_beam_search=False))
+    assert (greedy.use_beam_search, greedy.temperature, greedy.no_repeat_ngram_size) == (False, 0.0, 3)
+
+
+def test_setting_temperature_asks_for_plain_vllm_decoding():
+    p = resolve(SamplingParams(temperature=0.0))
+    assert (p.use_beam_search, p.max_tokens, p.min_tokens, p.no_repeat_ngram_size) == (False, 16, 0, 0)
+    assert p.forced_bos_token_id is None and p.forced_eos_token_id is None
+    beams = resolve(SamplingParams(temperature=0.0, beam_width=3))
+    assert (beams.use_beam_search, beams.length_penalty, beams.early_stopping) == (True, 1.0, False)
+
+
+def test_other_configs():
+    sample = resolve(SamplingParams(), dict(do_sample=True, temperature=0.7, top_p=0.9))
+    assert (sample.temperature, sample.top_k, sample.top_p) == (0.7, 50, 0.9)
+    assert not sample.use_beam_search
+    beams_over_sampling = resolve(SamplingParams(use_beam_search=True),
+                                  dict(do_sample=True, num_beams=3))
+    assert (beams_over_sampling.beam_width, beams_over_sampling.temperature) == (3, 0.0)
+    new_tokens = resolve(SamplingParams(), dict(max_new_tokens=40, max_length=500, min_new_tokens=4))
+    assert (new_tokens.max_tokens, new_tokens.min_tokens, new_tokens.temperature) == (40, 4, 0.0)
+    hf_default = resolve(SamplingParams(), {})  # a generation config with none of these keys
+    assert (hf_default.max_tokens, hf_default.temperature) == (19, 0.0)  # HF: max_length 20, greedy
+    room = resolve_sampling_params(SamplingParams(max_tokens=500), GenerationDefaults(), 10, 64)
+    assert (room.max_tokens, room.temperature, room.min_tokens) == (54, 1.0, 0)  # built-in defaults
+
+
+def test_loading(tmp_path):
+    (tmp_path / "gen").mkdir()
+    (tmp_path / "gen" / "config.json").write_text(json.dumps(dict(num_beams=2)))
+    (tmp_path / "gen" / "generation_config.json").write_text(json.dumps(dict(CNN, pad_token_id=1)))
+    assert load_generation_defaults(str(tmp_path / "gen")) == GenerationDefaults(CNN, True)
+    (tmp_path / "old").mkdir()  # older checkpoints keep the fields in config.json
+    (tmp_path / "old" / "config.json").write_text(json.dumps(dict(CNN, d_model=16, num_beams=None)))
+    old = load_generation_defaults(str(tmp_path / "old"))
+    assert old.found and old.get("num_beams") == 1 and old.get("min_length") == 56
+    (tmp_path / "none").mkdir()
+    (tmp_path / "none" / "config.json").write_text(json.dumps(dict(d_model=16)))
+    assert not load_generation_defaults(str(tmp_path / "none")).found
+    assert not load_generation_defaults("tiny.en").found  # a name, not a directory
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "generation_config.json").write_text("{not json")
+    assert not load_generation_defaults(str(tmp_path / "bad")).found
+
+
+def test_engine_reads_the_checkpoint_config(tiny_bart_dir):
+    """The tiny checkpoint's generation config only sets forced_eos_token_id: HF-style greedy
+    with EOS forced as the last token; an explicit temperature decodes without it."""
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64)
+    text = "The rain in spain falls mainly on the plain."
+    (default,) = llm.generate(text, SamplingParams(max_tokens=10), use_tqdm=False)
+    (plain,) = llm.generate(text, SamplingParams(temperature=0.0, max_tokens=10), use_tqdm=False)
+    assert default.outputs[0].token_ids[:-1] == plain.outputs[0].token_ids[:-1]
+    assert default.outputs[0].token_ids[-1] == 2 != plain.outputs[0].token_ids[-1]
+    with pytest.raises(ValueError, match="beam_width >= 2"):
+        llm.generate(text, SamplingParams(use_beam_search=True), use_tqdm=False)
