@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from encdec.config import CacheConfig, DeviceConfig, SchedulerConfig, resolve_dtype
 from encdec.engine.llm_engine import LLMEngine
@@ -10,6 +10,9 @@ from encdec.generation_config import load_generation_defaults
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import SamplingParams
 from encdec.weights.loader import load_model
+
+if TYPE_CHECKING:
+    from encdec.whisper.transcript import Transcription
 
 
 class LLM:
@@ -80,10 +83,10 @@ class LLM:
 
     def transcribe(self, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
                    timestamps: bool = True, initial_prompt: Optional[str] = None,
-                   on_progress: Optional[Callable[[float], None]] = None) -> list:
-        """Whisper: transcribe audio files or `(waveform, sample_rate)` pairs of any length.
-
-        Returns one `encdec.whisper.Transcription` per input; see `encdec.whisper.transcribe`.
+                   on_progress: Optional[Callable[[float], None]] = None) -> list[Transcription]:
+        """Whisper: transcribe (or translate) audio files or `(waveform, sample_rate)` pairs of
+        any length; one `Transcription` per input. `on_progress(seconds)` gets the seconds of
+        audio finished so far as windows finish. See `encdec.whisper.transcribe`.
         """
         from encdec.whisper.transcribe import transcribe
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -62,6 +63,43 @@ def block_runs(block_tables: torch.Tensor, seq_lens: Lengths, block_size: int) -
     return [int(t[0]) if ok else None for t, ok in zip(tables, consecutive)]
 
 
+def uniform_runs_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    runs: list[int | None],
+    seq_len: int,
+    scale: float,
+) -> torch.Tensor | None:
+    """Decode attention as ONE batched call when every sequence has `seq_len` keys in a run of
+    consecutive blocks and the runs start at `first + slot * run_blocks` (requests prefilled
+    together, as Whisper windows are). The runs are read through one strided view of the cache
+    over the slots `first..max(slot)`; slots of finished requests in between are computed and
+    dropped. Returns None when the runs are not laid out that way (or too sparsely).
+    """
+    if any(r is None for r in runs):
+        return None
+    _, num_blocks, block_size, num_heads, head_size = kv_cache.shape
+    run_blocks = -(-seq_len // block_size)
+    first = min(runs)
+    offsets = [r - first for r in runs]
+    if any(o % run_blocks for o in offsets):
+        return None
+    slots = [o // run_blocks for o in offsets]
+    num_slots = max(slots) + 1
+    if num_slots > 2 * len(runs):
+        return None
+    stride = kv_cache.stride()
+    size = (num_slots, num_heads, seq_len, head_size)
+    strides = (run_blocks * stride[1], stride[3], stride[2], stride[4])
+    keys = kv_cache[0].as_strided(size, strides, kv_cache[0].storage_offset() + first * stride[1])
+    values = kv_cache[1].as_strided(size, strides, kv_cache[1].storage_offset() + first * stride[1])
+    q = query.new_zeros((num_slots, num_heads, 1, head_size))
+    index = torch.tensor(slots)
+    q[index] = query[:, :, None]
+    out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), scale=scale)
+    return out[index, :, 0]
+
+
 def paged_attention_per_seq(
     query: torch.Tensor,
     kv_cache: torch.Tensor,
@@ -85,10 +123,26 @@ def paged_attention_per_seq(
         raise ValueError("paged_attention_per_seq needs seq_lens >= 1")
     if scale is None:
         scale = 1.0 / math.sqrt(query.shape[-1])
-    _, _, block_size, num_heads, head_size = kv_cache.shape
     if runs is None:
-        runs = block_runs(block_tables, lens, block_size)
+        runs = block_runs(block_tables, lens, kv_cache.shape[2])
     out = torch.empty_like(query)
+    with _single_threaded():  # many small ops: thread hand-offs cost more than they save
+        _per_seq(query, kv_cache, block_tables, lens, runs, scale, out)
+    return out
+
+
+@contextmanager
+def _single_threaded():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _per_seq(query, kv_cache, block_tables, lens, runs, scale, out) -> None:
+    _, _, block_size, num_heads, head_size = kv_cache.shape
     for i, seq_len in enumerate(lens):
         first = runs[i]
         if first is None:
@@ -99,7 +153,6 @@ def paged_attention_per_seq(
             keys, values = kv[0], kv[1]
         q = query[i, :, None]
         out[i] = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), scale=scale)[:, 0]
-    return out
 
 
 def _check_shapes(q: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Whisper's input side: special tokens, the decoder prefix, and the audio processor hook."""
+"""Whisper: special tokens, the audio hook, decoding rules and `transcribe` (see `transcribe.py`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

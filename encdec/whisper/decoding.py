@@ -75,6 +75,6 @@ class DecodingRules:
         last_time = next((t for t in reversed(sampled) if t >= begin), None)
         if last_time is not None:
             logits[begin:last_time] = _NEG_INF
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        if logprobs[begin:].logsumexp(dim=-1) > logprobs[:begin].max():
+        # Compared on log-probabilities in openai-whisper; the softmax's shift cancels out.
+        if logits[begin:].logsumexp(dim=-1) > logits[:begin].max():
             logits[:begin] = _NEG_INF

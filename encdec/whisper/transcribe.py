@@ -69,7 +69,7 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
     audio finished so far (over all inputs; the last call gives the total duration).
     """
     engine = llm.llm_engine
-    tokens = whisper_tokens(engine.model_config.hf_config, engine.tokenizer)
+    tokens = _model_tokens(engine)
     language = _check_options(tokens, language, task)
     sources = _as_input_list(inputs)
     audios = [load_audio(source) for source in sources]
@@ -103,6 +103,15 @@ def _add_requests(llm: Any, windows: list[_Window], tokens: WhisperTokens, prefi
                              logits_processors=[ControlProcessor(tokens, prefix, rules, w.state)])
               for w in windows]
     return llm._add_requests(prompts, params)
+
+
+def _model_tokens(engine: Any) -> WhisperTokens:
+    hf_config = engine.model_config.hf_config
+    if getattr(hf_config, "model_type", None) != "whisper":
+        raise ValueError(f"transcribe needs a Whisper model, not {engine.model_config.model!r}")
+    if engine.tokenizer is None:
+        raise ValueError("transcribe needs the model's tokenizer (tokenizer.json) to write text")
+    return whisper_tokens(hf_config, engine.tokenizer)
 
 
 def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) -> Optional[str]:

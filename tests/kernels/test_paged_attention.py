@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from encdec.kernels import block_runs, paged_attention, paged_attention_per_seq
+from encdec.kernels import (block_runs, paged_attention, paged_attention_per_seq,
+                            uniform_runs_attention)
 
 NUM_HEADS = 4
 HEAD_SIZE = 16
@@ -70,6 +71,29 @@ def test_per_seq_reads_consecutive_runs_as_views():
     for i, length in enumerate(seq_lens):
         want = reference_attention(query[i], keys[i], values[i], 0.25, length).float()
         torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+
+
+def test_uniform_runs_read_as_one_strided_batch():
+    """Equal-length runs at first + slot * run_blocks: one batched call, slot gaps skipped."""
+    block_size, length, run_blocks = 4, 10, 3
+    gen = torch.Generator().manual_seed(5)
+    cache = torch.full((2, 40, block_size, NUM_HEADS, HEAD_SIZE), float("nan"))
+    starts = [9, 3, 15]  # slots 2, 0, 4 (slots 1 and 3 hold other data)
+    cache[:, 6:9] = torch.randn(2, 3, block_size, NUM_HEADS, HEAD_SIZE, generator=gen)
+    keys, values = [], []
+    for first in starts:
+        kv = torch.randn(2, length, NUM_HEADS, HEAD_SIZE, generator=gen)
+        cache[:, first:first + run_blocks].view(2, -1, NUM_HEADS, HEAD_SIZE)[:, :length] = kv
+        keys.append(kv[0])
+        values.append(kv[1])
+    query = torch.randn(3, NUM_HEADS, HEAD_SIZE, generator=gen)
+    out = uniform_runs_attention(query, cache, starts, length, 0.25)
+    for i in range(3):
+        want = reference_attention(query[i], keys[i], values[i], 0.25, length).float()
+        torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+    assert uniform_runs_attention(query, cache, [9, 3, 16], length, 0.25) is None  # misaligned
+    assert uniform_runs_attention(query, cache, [0, 30, 3], length, 0.25) is None  # too sparse
+    assert uniform_runs_attention(query, cache, [9, None, 3], length, 0.25) is None
 
 
 @pytest.mark.parametrize("attention", [paged_attention, paged_attention_per_seq])

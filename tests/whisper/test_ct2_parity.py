@@ -52,6 +52,18 @@ def test_bundled_model_loads_completely(name, request):
         assert torch.equal(param, loaded[param_name]), param_name
 
 
+def test_model_directory_loads_like_the_alias(tiny_en, tiny_en_assets):
+    from encdec import LLM
+
+    llm = LLM(model=str(tiny_en_assets.bin_parts[0].parent), num_gpu_blocks=120, swap_space=0.05)
+    ours, alias = llm.llm_engine, tiny_en.llm_engine
+    assert (ours.model_config.decoder_start_token_id, ours.model_config.eos_token_id) == (50257, 50256)
+    assert ours.input_preprocessor.default_decoder_prompt == [50257, 50362]
+    alias_params = dict(alias.model_runner.model.named_parameters())
+    for name, param in ours.model_runner.model.named_parameters():
+        assert torch.equal(param, alias_params[name]), name
+
+
 # --------------------------------------------------------------------------- greedy parity
 
 

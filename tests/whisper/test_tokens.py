@@ -18,6 +18,8 @@ def test_multilingual_layout_without_tokenizer():
     tokens = whisper_tokens(config(51865, 50257, 50258))
     assert (tokens.eot, tokens.sot, tokens.no_timestamps) == (50257, 50258, 50363)
     assert tokens.task_to_id == {"translate": 50358, "transcribe": 50359}
+    assert (tokens.no_speech, tokens.sot_prev, tokens.sot_lm, tokens.timestamp_begin) == \
+        (50362, 50361, 50360, 50364)
     assert tokens.decoder_prefix() == [50258, 50259, 50359, 50363]
     assert tokens.decoder_prefix(language=None, task="translate", timestamps=True) == [50258, 50358]
 
@@ -48,6 +50,8 @@ def test_tokenizer_ids_win_and_english_only_prefix():
     hooks = whisper_input_hooks(config(51864, 1, 2), tokenizer)
     assert (hooks.tokens.eot, hooks.tokens.sot, hooks.tokens.no_timestamps) == (50256, 50257, 50362)
     assert hooks.tokens.lang_to_id["en"] == 50258
+    assert (hooks.tokens.no_speech, hooks.tokens.sot_prev, hooks.tokens.timestamp_begin) == \
+        (50361, 50360, 50363)  # <|nocaptions|>: this vocabulary has no <|nospeech|>
     assert hooks.default_decoder_prompt == [50257, 50362]
     with pytest.raises(ValueError, match="English-only"):
         hooks.tokens.decoder_prefix(language="de")

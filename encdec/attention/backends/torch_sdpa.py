@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.attention.metadata import AttentionMetadata, AttentionType
 from encdec.kernels.cache_ops import reshape_and_cache
-from encdec.kernels.paged_attention import block_runs, paged_attention, paged_attention_per_seq
+from encdec.kernels.paged_attention import (block_runs, paged_attention, paged_attention_per_seq,
+                                            uniform_runs_attention)
 
 # Decode reads longer than this run one sequence at a time on views of the cache; shorter
 # ones are gathered into one padded batch (cheaper per sequence when there are many).
@@ -80,6 +81,10 @@ def _decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata
     tables, decode_lens, lens_tensor, runs = meta.backend_cache[key]
     if runs is None:
         return paged_attention(query, kv_cache, tables, lens_tensor, scale)
+    if len(set(decode_lens)) == 1:
+        out = uniform_runs_attention(query, kv_cache, runs, decode_lens[0], scale)
+        if out is not None:
+            return out
     return paged_attention_per_seq(query, kv_cache, tables, decode_lens, scale, runs=runs)
 
 

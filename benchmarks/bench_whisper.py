@@ -1,0 +1,158 @@
+"""Whisper tiny.en transcription speed and WER: encdec vs faster-whisper vs Hugging Face.
+
+A deterministic espeak-ng corpus (24 clips of 3-15 s with reference texts, plus one clip over
+60 s), the bundled Whisper tiny.en weights for every engine. In one run, interleaved:
+encdec (all clips in one continuous batch); faster-whisper `WhisperModel` float32 and int8,
+sequential, beam_size=1; faster-whisper `BatchedInferencePipeline` (batch 8, float32); Hugging
+Face transformers Whisper built from the same weights (greedy, batches of 8).
+
+    python -m benchmarks.bench_whisper [--rounds 3] [--threads 2]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common import interleaved, machine, markdown_table, median, run_isolated, write_json
+from tests.whisper.conftest import CORPUS, normalize, speak, wer  # noqa: F401  (normalize re-used by callers)
+
+SAMPLE_RATE = 16000
+
+
+def build_corpus(folder: Path) -> tuple[list[tuple[Path, str]], tuple[Path, str]]:
+    """24 clips joining 1-4 corpus sentences (3-15 s), and one long clip of all of them."""
+    import soundfile as sf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    sentences = [(voice, speed, text, speak(folder, f"s{i}", voice, speed, text))
+                 for i, (voice, speed, text) in enumerate(CORPUS)]
+    pause = np.zeros(SAMPLE_RATE // 3, dtype=np.float32)
+    clips = []
+    for i in range(24):
+        count = 1 + (i * 7) % 4
+        picked = [sentences[(i + j * 5) % len(sentences)] for j in range(count)]
+        audio = np.concatenate([np.concatenate([s[3], pause]) for s in picked])
+        path = folder / f"clip{i:02d}.wav"
+        sf.write(path, audio, SAMPLE_RATE)
+        clips.append((path, " ".join(s[2] for s in picked)))
+    long_audio = np.concatenate([np.concatenate([s[3], pause, pause]) for s in sentences * 2])
+    long_path = folder / "long.wav"
+    sf.write(long_path, long_audio, SAMPLE_RATE)
+    return clips, (long_path, " ".join(s[2] for s in sentences * 2))
+
+
+def _tiny_en_dir() -> str:
+    from encdec.weights.whisper_assets import resolve_whisper_model
+
+    return str(resolve_whisper_model("tiny.en").bin_parts[0].parent)
+
+
+def run_encdec(paths: list[str], threads: int) -> dict:
+    from encdec import LLM
+
+    llm = LLM(model="tiny.en")
+    start = time.perf_counter()
+    results = llm.transcribe(paths, language="en")
+    return {"seconds": time.perf_counter() - start, "texts": [r.text for r in results]}
+
+
+def run_faster_whisper(paths: list[str], compute_type: str, batched: bool, threads: int) -> dict:
+    from faster_whisper import BatchedInferencePipeline, WhisperModel
+
+    model = WhisperModel(_tiny_en_dir(), device="cpu", compute_type=compute_type, cpu_threads=threads)
+    pipeline = BatchedInferencePipeline(model) if batched else None
+    texts = []
+    start = time.perf_counter()
+    for path in paths:
+        if pipeline is not None:
+            segments, _ = pipeline.transcribe(path, language="en", beam_size=1, batch_size=8)
+        else:
+            segments, _ = model.transcribe(path, language="en", beam_size=1)
+        texts.append(" ".join(s.text.strip() for s in segments))
+    return {"seconds": time.perf_counter() - start, "texts": texts}
+
+
+def run_hf(paths: list[str], threads: int) -> dict:
+    import torch
+    from transformers import (PreTrainedTokenizerFast, WhisperConfig, WhisperFeatureExtractor,
+                              WhisperForConditionalGeneration)
+
+    from encdec.audio import load_audio
+    from encdec.weights.ct2 import load_ct2_whisper
+    from encdec.weights.whisper_assets import resolve_whisper_model
+
+    assets = resolve_whisper_model("tiny.en")
+    config, state = load_ct2_whisper(assets)
+    model = WhisperForConditionalGeneration(WhisperConfig(**config)).eval()
+    model.load_state_dict(state, strict=True)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(assets.tokenizer_json))
+    extractor = WhisperFeatureExtractor(feature_size=config["num_mel_bins"])
+    texts = []
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(paths), 8):
+            audio = [load_audio(p) for p in paths[i:i + 8]]
+            feats = extractor(audio, sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+            out = model.generate(feats, max_new_tokens=440, language=None, task=None)
+            texts += [t.strip() for t in tokenizer.batch_decode(out, skip_special_tokens=True)]
+    return {"seconds": time.perf_counter() - start, "texts": texts}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "speech")
+    parser.add_argument("--engines", default="encdec,fw-fp32,fw-int8,fw-batched,hf")
+    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/whisper.json"))
+    args = parser.parse_args(argv)
+
+    import soundfile as sf
+
+    clips, (long_path, long_ref) = build_corpus(args.work_dir)
+    paths = [str(p) for p, _ in clips]
+    refs = [t for _, t in clips]
+    audio_seconds = sum(sf.info(p).duration for p in paths)
+    t = args.threads
+    engines = {
+        "encdec": lambda p: run_isolated(run_encdec, p, t),
+        "fw-fp32": lambda p: run_isolated(run_faster_whisper, p, "float32", False, t),
+        "fw-int8": lambda p: run_isolated(run_faster_whisper, p, "int8", False, t),
+        "fw-batched": lambda p: run_isolated(run_faster_whisper, p, "float32", True, t),
+        "hf": lambda p: run_isolated(run_hf, p, t),
+    }
+    engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
+    short = interleaved({k: (lambda f=f: f(paths)) for k, f in engines.items()}, args.rounds)
+    long = interleaved({k: (lambda f=f: f([str(long_path)])) for k, f in engines.items() if k != "hf"}, 1)
+
+    summary, rows = {}, []
+    for name, runs in short.items():
+        secs = median(runs, "seconds")
+        summary[name] = {"seconds": secs, "audio_s_per_s": audio_seconds / secs,
+                         "wer": wer(refs, runs[0]["texts"]), "peak_rss_mb": median(runs, "peak_rss_mb"),
+                         "all_seconds": [r["seconds"] for r in runs],
+                         "load": [(r["load_before"], r["load_after"]) for r in runs]}
+        if name in long:
+            lr = long[name][0]
+            summary[name]["long_seconds"] = lr["seconds"]
+            summary[name]["long_wer"] = wer([long_ref], lr["texts"])
+    for name, s in summary.items():
+        s["encdec_speedup"] = summary["encdec"]["audio_s_per_s"] / s["audio_s_per_s"] if "encdec" in summary else None
+        rows.append([name, s["seconds"], s["audio_s_per_s"], f"{100 * s['wer']:.1f}%",
+                     s["peak_rss_mb"], f"{s['encdec_speedup']:.2f}x" if s["encdec_speedup"] else "-",
+                     f"{s.get('long_seconds', float('nan')):.1f}",
+                     f"{100 * s['long_wer']:.1f}%" if "long_wer" in s else "-"])
+    table = markdown_table(["engine", "short: wall s (median)", "audio s / s", "WER", "peak RSS MB",
+                            "encdec speedup", "long clip s", "long WER"], rows)
+    print(f"\n{len(paths)} clips, {audio_seconds:.0f} s of audio; long clip "
+          f"{sf.info(str(long_path)).duration:.0f} s; {args.rounds} rounds, {t} threads\n\n{table}")
+    write_json(args.json, {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
+                           "audio_seconds": audio_seconds, "results": summary})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
