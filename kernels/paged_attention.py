@@ -74,7 +74,8 @@ def uniform_runs_attention(
     consecutive blocks and the runs start at `first + slot * run_blocks` (requests prefilled
     together, as Whisper windows are). The runs are read through one strided view of the cache
     over the slots `first..max(slot)`; slots of finished requests in between are computed and
-    dropped. Returns None when the runs are not laid out that way (or too sparsely).
+    dropped, sequences sharing a run are query rows of one slot. Returns None when the runs
+    are not laid out that way (or too sparsely).
     """
     if any(r is None for r in runs):
         return None
@@ -86,18 +87,23 @@ def uniform_runs_attention(
         return None
     slots = [o // run_blocks for o in offsets]
     num_slots = max(slots) + 1
-    if num_slots > 2 * len(runs):
+    if num_slots > 2 * len(set(slots)):
         return None
+    # Sequences sharing a cross table (beams, n > 1) share a slot: each is one query row.
+    rows, seen = [], {}
+    for slot in slots:
+        rows.append(seen.get(slot, 0))
+        seen[slot] = rows[-1] + 1
     stride = kv_cache.stride()
     size = (num_slots, num_heads, seq_len, head_size)
     strides = (run_blocks * stride[1], stride[3], stride[2], stride[4])
     keys = kv_cache[0].as_strided(size, strides, kv_cache[0].storage_offset() + first * stride[1])
     values = kv_cache[1].as_strided(size, strides, kv_cache[1].storage_offset() + first * stride[1])
-    q = query.new_zeros((num_slots, num_heads, 1, head_size))
-    index = torch.tensor(slots)
-    q[index] = query[:, :, None]
+    q = query.new_zeros((num_slots, num_heads, max(rows) + 1, head_size))
+    slot_index, row_index = torch.tensor(slots), torch.tensor(rows)
+    q[slot_index, :, row_index] = query
     out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype), scale=scale)
-    return out[index, :, 0]
+    return out[slot_index, :, row_index]
 
 
 def paged_attention_per_seq(

@@ -91,6 +91,10 @@ def test_uniform_runs_read_as_one_strided_batch():
     for i in range(3):
         want = reference_attention(query[i], keys[i], values[i], 0.25, length).float()
         torch.testing.assert_close(out[i], want, atol=1e-5, rtol=1e-5)
+    shared = uniform_runs_attention(query, cache, [9, 9, 3], length, 0.25)  # two share a run
+    for i, j in enumerate([0, 0, 1]):
+        want = reference_attention(query[i], keys[j], values[j], 0.25, length).float()
+        torch.testing.assert_close(shared[i], want, atol=1e-5, rtol=1e-5)
     assert uniform_runs_attention(query, cache, [9, 3, 16], length, 0.25) is None  # misaligned
     assert uniform_runs_attention(query, cache, [0, 30, 3], length, 0.25) is None  # too sparse
     assert uniform_runs_attention(query, cache, [9, None, 3], length, 0.25) is None
