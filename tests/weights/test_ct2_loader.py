@@ -14,6 +14,7 @@ from encdec import audio as A
 from encdec.weights import ct2, whisper_assets
 from encdec.weights.ct2 import ChainedFiles, ct2_tensors, ct2_whisper_to_hf, load_ct2_whisper, open_ct2_model
 from encdec.weights.whisper_assets import resolve_whisper_model
+from tests.ct2_dirs import ct2_model_dir
 
 HF_TENSORS = {"tiny.en": 168, "base": 246}
 PROMPTS = {"tiny.en": [50257, 50362], "base": [50258, 50259, 50359, 50363]}
@@ -252,17 +253,7 @@ def features(tmp_path_factory):
 
 
 def _ct2_model_dir(assets, tmp_path_factory):
-    """CTranslate2 wants one model.bin in one folder: join split parts in a temporary copy."""
-    if len(assets.bin_parts) == 1:
-        return assets.bin_parts[0].parent
-    folder = tmp_path_factory.mktemp("ct2_model")
-    with open(folder / "model.bin", "wb") as out:
-        for part in assets.bin_parts:
-            with open(part, "rb") as f:
-                shutil.copyfileobj(f, out)
-    for side in (assets.config_json, assets.tokenizer_json, assets.vocabulary):
-        shutil.copy(side, folder / side.name)
-    return folder
+    return ct2_model_dir(assets, lambda: tmp_path_factory.mktemp("ct2_model"))
 
 
 def test_greedy_tokens_and_logits_match_ctranslate2(converted, hf_model, features, tmp_path_factory):

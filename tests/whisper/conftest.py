@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.ct2_dirs import ct2_model_dir
+
 from encdec.audio import SAMPLE_RATE, load_audio
 
 # (voice, words per minute, text): eight accents, a few voice variants, 120-190 wpm.
@@ -149,17 +151,8 @@ def ct2_dir(tmp_path_factory):
 
     def get(assets) -> str:
         if assets.name not in made:
-            if len(assets.bin_parts) == 1:
-                made[assets.name] = str(assets.bin_parts[0].parent)
-            else:
-                folder = tmp_path_factory.mktemp("ct2_" + assets.name)
-                with open(folder / "model.bin", "wb") as out:
-                    for part in assets.bin_parts:
-                        with open(part, "rb") as f:
-                            shutil.copyfileobj(f, out)
-                for side in (assets.config_json, assets.tokenizer_json, assets.vocabulary):
-                    shutil.copy(side, folder / side.name)
-                made[assets.name] = str(folder)
+            made[assets.name] = str(ct2_model_dir(
+                assets, lambda: tmp_path_factory.mktemp("ct2_" + assets.name)))
         return made[assets.name]
 
     return get
