@@ -1,6 +1,7 @@
 """The `encdec` command line: `transcribe` audio with Whisper, `summarize` text with BART.
 
-`serve` and `bench` are reserved for the HTTP server and the benchmarks; they exit with 2.
+`bench NAME` runs a benchmark script of the source checkout; `serve` is reserved for the HTTP
+server and exits with 2.
 """
 from __future__ import annotations
 
@@ -200,7 +201,9 @@ def run_summarize(args: argparse.Namespace) -> int:
         return 1 if failed else 2
     try:
         llm = LLM(model=args.model, dtype=args.dtype, device=args.device)
-        params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens)
+        params = SamplingParams(max_tokens=args.max_tokens)  # unset: the checkpoint's defaults
+        if not llm.llm_engine.generation_defaults.found:
+            params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens or 128)
         outputs = llm.generate(texts, params, use_tqdm=False)
     except (ValueError, OSError) as err:
         error(str(err))
@@ -215,8 +218,24 @@ def run_summarize(args: argparse.Namespace) -> int:
 
 PLACEHOLDERS = {
     "serve": "an OpenAI-style HTTP API server",
-    "bench": "benchmarks against Hugging Face transformers and CTranslate2",
 }
+BENCHMARKS = ("bart", "whisper", "overhead")
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run benchmarks/bench_NAME.py of the source checkout (they compare against the anchors
+    installed by the `bench` extra); further arguments go to the script."""
+    import subprocess
+
+    import encdec
+
+    root = Path(encdec.__file__).resolve().parents[1]
+    if not (root / "benchmarks" / f"bench_{args.name}.py").exists():
+        error("bench: the benchmarks live in the source checkout; install it with "
+              "pip install -e '.[bench]' and run from there")
+        return 2
+    script = [sys.executable, "-m", f"benchmarks.bench_{args.name}", *args.script_args]
+    return subprocess.call(script, cwd=root)
 
 
 def not_implemented(args: argparse.Namespace) -> int:
@@ -280,8 +299,9 @@ def add_summarize(subparsers) -> None:
                    help="read a text from F (- for stdin); may be repeated")
     p.add_argument("--model", required=True, metavar="DIR",
                    help="local Hugging Face BART checkpoint directory")
-    p.add_argument("--max-tokens", type=positive_int, default=128,
-                   help="longest summary in tokens (default: 128)")
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="longest summary in tokens (default: the checkpoint's generation config, "
+                        "else 128)")
     add_model_options(p)
     p.set_defaults(handler=run_summarize)
 
@@ -294,6 +314,16 @@ def add_placeholder(subparsers, name: str) -> None:
     p.set_defaults(handler=not_implemented)
 
 
+def add_bench(subparsers) -> None:
+    p = subparsers.add_parser("bench", help="same-run benchmarks against Hugging Face transformers "
+                                            "and CTranslate2/faster-whisper",
+                              description="Run a benchmark script; other options go to it "
+                                          "(e.g. encdec bench bart --num-docs 16 --rounds 1).")
+    p.add_argument("name", choices=BENCHMARKS)
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="options for the script")
+    p.set_defaults(handler=run_bench)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Inference runtime for encoder/decoder transformers "
@@ -302,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", title="commands", required=True)
     add_transcribe(subparsers)
     add_summarize(subparsers)
+    add_bench(subparsers)
     for name in PLACEHOLDERS:
         add_placeholder(subparsers, name)
     return parser

@@ -1,4 +1,7 @@
-"""Greedy BART through the engine equals Hugging Face `generate()` token for token."""
+"""Greedy BART through the engine equals Hugging Face `generate()` token for token.
+
+The torch attention backend is selected explicitly (it is also what the selector picks on CPU).
+"""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +12,7 @@ from tests.conftest import assert_all_blocks_free
 
 
 def test_tiny_bart_parity_mixed_prompts(tiny_bart_dir):
-    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=256)
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=256, attention_backend="torch")
     prompts = mixed_prompts(llm.get_tokenizer())
     max_tokens = [8 + (7 * i) % 25 for i in range(len(prompts))]
     outputs = run_parity(tiny_bart_dir, llm, prompts, max_tokens)
@@ -27,7 +30,7 @@ def test_tiny_bart_parity_mixed_prompts(tiny_bart_dir):
 def test_eos_stops_like_hugging_face(tmp_path):
     """A checkpoint biased toward EOS: some requests stop early with finish_reason 'stop'."""
     model_dir = make_bart_checkpoint(tmp_path / "eos", seed=1, eos_logit_bias=9.0)
-    llm = LLM(model=str(model_dir), num_gpu_blocks=256)
+    llm = LLM(model=str(model_dir), num_gpu_blocks=256, attention_backend="torch")
     prompts = mixed_prompts(llm.get_tokenizer())
     outputs = run_parity(model_dir, llm, prompts, [24] * len(prompts))
     reasons = {o.outputs[0].finish_reason for o in outputs}
@@ -43,7 +46,7 @@ def test_eos_stops_like_hugging_face(tmp_path):
 def test_other_checkpoint_layouts_load(tmp_path, weights_format, expected_file):
     model_dir = make_bart_checkpoint(tmp_path / weights_format, seed=2, weights_format=weights_format)
     assert (model_dir / expected_file).exists()
-    llm = LLM(model=str(model_dir), num_gpu_blocks=128)
+    llm = LLM(model=str(model_dir), num_gpu_blocks=128, attention_backend="torch")
     prompts = mixed_prompts(llm.get_tokenizer(), count=4)
     run_parity(model_dir, llm, prompts, [12] * 4)
 
@@ -52,7 +55,7 @@ def test_bart_base_config_reduced_layers(tmp_path):
     """facebook/bart-base widths and vocabulary, two layers per side, 16 prompts."""
     model_dir = make_bart_checkpoint(tmp_path / "base2", seed=3, init_std=0.1,
                                      **dict(BART_BASE, encoder_layers=2, decoder_layers=2))
-    llm = LLM(model=str(model_dir), num_gpu_blocks=256)
+    llm = LLM(model=str(model_dir), num_gpu_blocks=256, attention_backend="torch")
     prompts = mixed_prompts(llm.get_tokenizer())
     max_tokens = [6 + (5 * i) % 20 for i in range(len(prompts))]
     assert_varied(run_parity(model_dir, llm, prompts, max_tokens))
@@ -62,7 +65,7 @@ def test_bart_base_config_reduced_layers(tmp_path):
 @pytest.mark.slow
 def test_bart_base_full_shape(tmp_path):
     model_dir = make_bart_checkpoint(tmp_path / "base", seed=4, init_std=0.1, **BART_BASE)
-    llm = LLM(model=str(model_dir), num_gpu_blocks=512)
+    llm = LLM(model=str(model_dir), num_gpu_blocks=512, attention_backend="torch")
     prompts = mixed_prompts(llm.get_tokenizer())
     max_tokens = [16 + (9 * i) % 48 for i in range(len(prompts))]
     assert_varied(run_parity(model_dir, llm, prompts, max_tokens))
