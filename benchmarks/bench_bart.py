@@ -6,7 +6,7 @@ produces the same number of tokens). Hugging Face runs static batches of 16 sort
 (its best case) and generates up to each batch's largest max_tokens; CTranslate2 runs the
 same checkpoint converted by its own converter, float32, greedy, same batches.
 
-    python -m benchmarks.bench_bart [--num-docs 64] [--rounds 3] [--threads 2]
+    python -m benchmarks.bench_bart [--num-docs 64] [--rounds 2] [--threads 2]
 """
 from __future__ import annotations
 
@@ -144,7 +144,7 @@ def run_ct2(ct2_dir: str, workload: list[dict], threads: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-docs", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench")

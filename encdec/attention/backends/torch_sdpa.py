@@ -10,6 +10,7 @@ Sequences of equal length run as one batched call; otherwise one call per sequen
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -29,6 +30,11 @@ _PER_SEQ_MIN_LEN = 64
 class TorchSDPABackend(AttentionBackend):
     name = "torch"
 
+    def __init__(self):
+        # Workers for per-sequence decode attention, one per intra-op thread.
+        self.num_workers = torch.get_num_threads()
+        self.executor = ThreadPoolExecutor(self.num_workers) if self.num_workers > 1 else None
+
     def forward(self, query: torch.Tensor, key: Optional[torch.Tensor],
                 value: Optional[torch.Tensor], kv_cache: Optional[torch.Tensor],
                 meta: AttentionMetadata, attn_type: AttentionType, scale: float) -> torch.Tensor:
@@ -47,7 +53,7 @@ class TorchSDPABackend(AttentionBackend):
                     query[:num_prefill_tokens], key[:num_prefill_tokens],
                     value[:num_prefill_tokens], lens, lens, True, scale)
             if meta.num_decode_tokens:
-                out[num_prefill_tokens:] = _decode(
+                out[num_prefill_tokens:] = self._decode(
                     query[num_prefill_tokens:], kv_cache, meta, "self", meta.block_tables,
                     meta.seq_lens, scale)
             return out
@@ -61,31 +67,31 @@ class TorchSDPABackend(AttentionBackend):
             out[:num_prefill_tokens] = varlen_attention(
                 query[:num_prefill_tokens], key, value, q_lens, kv_lens, False, scale)
         if meta.num_decode_tokens:
-            out[num_prefill_tokens:] = _decode(
+            out[num_prefill_tokens:] = self._decode(
                 query[num_prefill_tokens:], kv_cache, meta, "cross", meta.cross_block_tables,
                 meta.encoder_seq_lens, scale)
         return out
 
-
-def _decode(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata, kind: str,
-            block_tables: torch.Tensor, lens: list[int], scale: float) -> torch.Tensor:
-    """One query token per decode sequence, over its cached keys (self or cross table)."""
-    key = ("torch_decode", kind)
-    if key not in meta.backend_cache:
-        tables = block_tables[meta.num_prefills:]
-        decode_lens = lens[meta.num_prefills:]
-        runs = None
-        if max(decode_lens) > _PER_SEQ_MIN_LEN:
-            runs = block_runs(tables, decode_lens, kv_cache.shape[2])
-        meta.backend_cache[key] = (tables, decode_lens, torch.tensor(decode_lens), runs)
-    tables, decode_lens, lens_tensor, runs = meta.backend_cache[key]
-    if runs is None:
-        return paged_attention(query, kv_cache, tables, lens_tensor, scale)
-    if len(set(decode_lens)) == 1:
-        out = uniform_runs_attention(query, kv_cache, runs, decode_lens[0], scale)
-        if out is not None:
-            return out
-    return paged_attention_per_seq(query, kv_cache, tables, decode_lens, scale, runs=runs)
+    def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+                kind: str, block_tables: torch.Tensor, lens: list[int], scale: float) -> torch.Tensor:
+        """One query token per decode sequence, over its cached keys (self or cross table)."""
+        key = ("torch_decode", kind)
+        if key not in meta.backend_cache:
+            tables = block_tables[meta.num_prefills:]
+            decode_lens = lens[meta.num_prefills:]
+            runs = None
+            if max(decode_lens) > _PER_SEQ_MIN_LEN:
+                runs = block_runs(tables, decode_lens, kv_cache.shape[2])
+            meta.backend_cache[key] = (tables, decode_lens, torch.tensor(decode_lens), runs)
+        tables, decode_lens, lens_tensor, runs = meta.backend_cache[key]
+        if runs is None:
+            return paged_attention(query, kv_cache, tables, lens_tensor, scale)
+        if len(set(decode_lens)) == 1:
+            out = uniform_runs_attention(query, kv_cache, runs, decode_lens[0], scale)
+            if out is not None:
+                return out
+        return paged_attention_per_seq(query, kv_cache, tables, decode_lens, scale, runs=runs,
+                                       executor=self.executor, num_workers=self.num_workers)
 
 
 def _lens(meta: AttentionMetadata, kind: str, lens: list[int]) -> tuple[int, ...]:
