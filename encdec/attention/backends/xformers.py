@@ -20,16 +20,15 @@ New keys/values go into the cache through `reshape_and_cache` (`slot_mapping` fo
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
-from xformers.ops import memory_efficient_attention_forward
-from xformers.ops.fmha.attn_bias import (AttentionBias, BlockDiagonalCausalMask,
-                                         BlockDiagonalCausalWithOffsetPaddedKeysMask,
-                                         BlockDiagonalMask)
 
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.attention.metadata import AttentionMetadata, AttentionType
+
+if TYPE_CHECKING:
+    from xformers.ops.fmha.attn_bias import AttentionBias
 from encdec.kernels.cache_ops import gather_kv, reshape_and_cache
 
 PREFILL, DECODE = "prefill", "decode"
@@ -80,6 +79,10 @@ def step_bias(meta: AttentionMetadata, attn_type: AttentionType, phase: str,
 def build_bias(meta: AttentionMetadata, attn_type: AttentionType, phase: str,
                device: Optional[torch.device] = None) -> AttentionBias:
     """The xformers bias over this step's concatenated queries and keys (see module docstring)."""
+    from xformers.ops.fmha.attn_bias import (BlockDiagonalCausalMask,
+                                             BlockDiagonalCausalWithOffsetPaddedKeysMask,
+                                             BlockDiagonalMask)
+
     p = meta.num_prefills
     if phase == PREFILL:
         if attn_type == AttentionType.ENCODER:
@@ -103,5 +106,7 @@ def _flatten(padded: torch.Tensor) -> torch.Tensor:
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: AttentionBias,
                scale: float) -> torch.Tensor:
     """xformers attention over one concatenated batch (B=1): [M, H, D] x [N, H, D] -> [M, H, D]."""
+    from xformers.ops import memory_efficient_attention_forward
+
     return memory_efficient_attention_forward(q[None], k[None], v[None], attn_bias=attn_bias,
                                               scale=scale)[0]
