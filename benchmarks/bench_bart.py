@@ -35,11 +35,15 @@ def make_workload(num_docs: int, seed: int, vocab_size: int) -> list[dict]:
 
 
 def make_checkpoint(out: Path, seed: int) -> Path:
-    """Random facebook/bart-base with a synthetic full-size vocabulary (for CTranslate2)."""
+    """Random facebook/bart-base with a synthetic full-size vocabulary (for CTranslate2).
+
+    Weights are drawn with the parity tests' DEEP_INIT_STDS, so greedy outputs vary and the
+    token agreement between engines means something.
+    """
     import torch
     from transformers import BartConfig, BartForConditionalGeneration, BartTokenizerFast
 
-    from tests.bart_checkpoints import BART_BASE
+    from tests.bart_checkpoints import BART_BASE, DEEP_INIT_STDS, apply_init_stds
 
     if (out / "config.json").exists():
         return out
@@ -52,7 +56,10 @@ def make_checkpoint(out: Path, seed: int) -> Path:
     (out / "merges.txt").write_text("#version: 0.2\n")
     tokenizer = BartTokenizerFast(vocab=str(out / "vocab.json"), merges=str(out / "merges.txt"))
     torch.manual_seed(seed)
-    model = BartForConditionalGeneration(BartConfig(**BART_BASE, init_std=0.1)).eval()
+    model = BartForConditionalGeneration(BartConfig(**BART_BASE)).eval()
+    with torch.no_grad():
+        apply_init_stds(model, DEEP_INIT_STDS)
+        model.final_logits_bias.normal_(0.0, 0.05)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     return out
@@ -152,14 +159,14 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/bart.json"))
     args = parser.parse_args(argv)
 
-    model_dir = make_checkpoint(args.work_dir / f"bart-base-std0.1-{args.seed}", args.seed)
+    model_dir = make_checkpoint(args.work_dir / f"bart-base-deep-{args.seed}", args.seed)
     workload = make_workload(args.num_docs, args.seed, 50265)
     runners = {
         "encdec": lambda: run_isolated(run_encdec, str(model_dir), workload, args.threads),
         "hf": lambda: run_isolated(run_hf, str(model_dir), workload, args.threads),
     }
     if "ct2" in args.engines:
-        ct2_dir = convert_ct2(model_dir, args.work_dir / f"bart-base-std0.1-{args.seed}-ct2")
+        ct2_dir = convert_ct2(model_dir, args.work_dir / f"bart-base-deep-{args.seed}-ct2")
         runners["ct2"] = lambda: run_isolated(run_ct2, str(ct2_dir), workload, args.threads)
     runners = {k: v for k, v in runners.items() if k in args.engines.split(",")}
     runs = interleaved(runners, args.rounds)

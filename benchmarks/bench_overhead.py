@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/overhead.json"))
     args = parser.parse_args(argv)
-    model_dir = make_checkpoint(args.work_dir / f"bart-base-std0.1-{args.seed}", args.seed)
+    model_dir = make_checkpoint(args.work_dir / f"bart-base-deep-{args.seed}", args.seed)
     rows, results = [], []
     for b in (int(x) for x in args.batch_sizes.split(",")):
         r = measure(str(model_dir), b, args.steps, args.doc_len, args.seed)

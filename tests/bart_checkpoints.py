@@ -33,6 +33,36 @@ TINY = dict(BART_BASE, vocab_size=1000, d_model=64, encoder_layers=2, decoder_la
             decoder_ffn_dim=128, max_position_embeddings=256)
 
 
+# Per-module init stds for the full 6+6-layer shape. One std everywhere makes the deep random
+# model emit one token forever: large stds wash the decoder's own tokens out under the
+# encoder's common component, small ones let the residual path repeat the current token
+# through the tied LM head. A quiet encoder and cross-attention, weak feed-forwards and a
+# strong decoder self-attention keep outputs varied across prompts and steps.
+DEEP_INIT_STDS = {"encoder_attention": 0.02, "decoder_self_attention": 0.1,
+                  "cross_attention": 0.02, "ffn": 0.01, "token_embeddings": 0.05,
+                  "position_embeddings": 0.1}
+
+
+def module_init_std(name: str, stds: dict) -> float:
+    """The std in `stds` for the BART weight matrix called `name`."""
+    if ".fc1." in name or ".fc2." in name:
+        return stds["ffn"]
+    if ".encoder_attn." in name:
+        return stds["cross_attention"]
+    if ".self_attn." in name:
+        return stds["encoder_attention" if "encoder." in name else "decoder_self_attention"]
+    if "embed_positions" in name:
+        return stds["position_embeddings"]
+    return stds["token_embeddings"]
+
+
+def apply_init_stds(model, stds: dict) -> None:
+    """Redraw every weight matrix of `model` from N(0, its module's std)."""
+    for name, param in model.named_parameters():
+        if name.endswith("weight") and param.dim() == 2:
+            param.normal_(0.0, module_init_std(name, stds))
+
+
 def train_tokenizer(out_dir: Path, vocab_size: int = 1000):
     from tokenizers import ByteLevelBPETokenizer
     from transformers import BartTokenizerFast
@@ -47,12 +77,13 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 1000):
 
 def make_bart_checkpoint(out_dir: Path, seed: int = 0, init_std: float = 0.3,
                          weights_format: str = "safetensors", eos_logit_bias: float = 0.0,
-                         **overrides) -> Path:
+                         init_stds: dict | None = None, **overrides) -> Path:
     """Save a seeded random BART (TINY shape unless overridden) plus tokenizer to `out_dir`.
 
     `weights_format`: "safetensors", "sharded" (several safetensors files and an index) or
     "bin" (a single pytorch_model.bin, as older checkpoints ship). `eos_logit_bias` raises
-    EOS's final_logits_bias so that some outputs stop early.
+    EOS's final_logits_bias so that some outputs stop early. `init_stds` (e.g.
+    DEEP_INIT_STDS) replaces the single `init_std` with one std per kind of module.
     """
     from transformers import BartConfig, BartForConditionalGeneration
 
@@ -62,6 +93,8 @@ def make_bart_checkpoint(out_dir: Path, seed: int = 0, init_std: float = 0.3,
     torch.manual_seed(seed)
     model = BartForConditionalGeneration(config).eval()
     with torch.no_grad():  # a non-zero final_logits_bias checks that it is loaded and applied
+        if init_stds:
+            apply_init_stds(model, init_stds)
         model.final_logits_bias.normal_(0.0, 0.05)
         model.final_logits_bias[0, config.eos_token_id] += eos_logit_bias
     if weights_format == "bin":

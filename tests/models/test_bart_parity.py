@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 from encdec import LLM
-from tests.bart_checkpoints import BART_BASE, make_bart_checkpoint
+from tests.bart_checkpoints import BART_BASE, DEEP_INIT_STDS, make_bart_checkpoint
 from tests.bart_parity import EOS, assert_varied, mixed_prompts, run_parity
 from tests.conftest import assert_all_blocks_free
 
@@ -64,7 +64,8 @@ def test_bart_base_config_reduced_layers(tmp_path):
 
 @pytest.mark.slow
 def test_bart_base_full_shape(tmp_path):
-    model_dir = make_bart_checkpoint(tmp_path / "base", seed=4, init_std=0.1, **BART_BASE)
+    """facebook/bart-base, all 6+6 layers, with DEEP_INIT_STDS so outputs vary."""
+    model_dir = make_bart_checkpoint(tmp_path / "base", seed=4, init_stds=DEEP_INIT_STDS, **BART_BASE)
     llm = LLM(model=str(model_dir), num_gpu_blocks=512, attention_backend="torch")
     prompts = mixed_prompts(llm.get_tokenizer())
     max_tokens = [16 + (9 * i) % 48 for i in range(len(prompts))]
