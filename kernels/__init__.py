@@ -1,16 +1,15 @@
-"""Paged KV-cache kernels (pure torch, CPU-first)."""
+"""Paged KV-cache kernels: torch references, and a compiled CPU decode attention."""
 
-from .cache_ops import copy_blocks, gather_kv, gather_sequence_kv, reshape_and_cache, swap_blocks
-from .paged_attention import block_runs, paged_attention, paged_attention_per_seq, uniform_runs_attention
+from .cache_ops import copy_blocks, gather_kv, reshape_and_cache, swap_blocks
+from .cpu_decode import balanced_parts, paged_decode_attention
+from .paged_attention import paged_attention
 
 __all__ = [
-    "block_runs",
+    "balanced_parts",
     "copy_blocks",
     "gather_kv",
-    "gather_sequence_kv",
     "paged_attention",
-    "paged_attention_per_seq",
+    "paged_decode_attention",
     "reshape_and_cache",
     "swap_blocks",
-    "uniform_runs_attention",
 ]

@@ -103,26 +103,6 @@ def gather_kv(
     return kv[0], kv[1]
 
 
-def gather_sequence_kv(
-    kv_cache: torch.Tensor,
-    block_table: torch.Tensor,
-    seq_len: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gather one sequence's keys and values as ``[num_heads, seq_len, head_size]`` (no padding).
-
-    ``block_table`` is that sequence's 1-D row of block ids. The results are strided views
-    of one freshly gathered tensor.
-    """
-    _, _, block_size, num_heads, head_size = kv_cache.shape
-    num_blocks = -(-seq_len // block_size)
-    if num_blocks > block_table.shape[0]:
-        raise ValueError(f"seq_len {seq_len} needs {num_blocks} blocks; table has {block_table.shape[0]}")
-    table = block_table[:num_blocks].to(device=kv_cache.device, dtype=torch.int64)
-    blocks = kv_cache.index_select(1, table)
-    kv = blocks.view(2, num_blocks * block_size, num_heads, head_size)[:, :seq_len].transpose(1, 2)
-    return kv[0], kv[1]
-
-
 def _gather_tokens(
     kv_cache: torch.Tensor,
     block_tables: torch.Tensor,

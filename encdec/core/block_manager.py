@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import enum
 
-import numpy as np
-
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
@@ -55,25 +53,6 @@ class BlockPool:
         block = self._free.pop()
         self.ref_counts[block] = 1
         return block
-
-    def allocate_run(self, n: int, from_top: bool = False) -> list[int]:
-        """`n` blocks, consecutive ids when such a free run exists (attention can then read
-        the whole table as one view of the cache instead of gathering it). `from_top` takes
-        the highest such run: cross tables grow down from the top while self blocks come
-        from the bottom, so equal-size cross tables (Whisper's) sit at regular offsets."""
-        if n <= 1 or n > len(self._free):
-            return [self.allocate() for _ in range(n)]
-        free = np.sort(np.fromiter(self._free, np.int64, len(self._free)))
-        starts = np.flatnonzero(free[n - 1:] - free[:len(free) - n + 1] == n - 1)
-        if not len(starts):
-            return [self.allocate() for _ in range(n)]
-        first = int(free[starts[-1] if from_top else starts[0]])
-        run = list(range(first, first + n))
-        taken = set(run)
-        self._free = [b for b in self._free if b not in taken]
-        for block in run:
-            self.ref_counts[block] = 1
-        return run
 
     def incref(self, block: int) -> None:
         assert self.ref_counts[block] > 0, f"{self.device} block {block} is free"
@@ -122,6 +101,9 @@ class BlockSpaceManager:
 
     # Allocation -------------------------------------------------------------------------
 
+    def _allocate(self, num_blocks: int) -> list[int]:
+        return [self.gpu_pool.allocate() for _ in range(num_blocks)]
+
     def _num_blocks(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
@@ -153,9 +135,8 @@ class BlockSpaceManager:
             raise RuntimeError(f"{request_id} needs {num_required} gpu blocks, "
                                f"{self.gpu_pool.num_free} free")
         for seq in waiting:
-            self.block_tables[seq.seq_id] = self.gpu_pool.allocate_run(self._num_blocks(len(seq)))
-        self.cross_block_tables[request_id] = self.gpu_pool.allocate_run(
-            self._num_blocks(len(seq_group.encoder_seq)), from_top=True)
+            self.block_tables[seq.seq_id] = self._allocate(self._num_blocks(len(seq)))
+        self.cross_block_tables[request_id] = self._allocate(self._num_blocks(len(seq_group.encoder_seq)))
 
     # Decoding ---------------------------------------------------------------------------
 

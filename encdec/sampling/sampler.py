@@ -63,26 +63,28 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         scores = logits[:, :self.vocab_size]
+        beam = [bool(g.sampling_params.use_beam_search) for g in meta.groups]
         beam_rows = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
-        for g, rows in zip(meta.groups, meta.row_slices):
-            beam_rows[rows] = bool(g.sampling_params.use_beam_search)
-        if beam_rows.any():
+        for is_beam, rows in zip(beam, meta.row_slices):
+            beam_rows[rows] = is_beam
+        if any(beam):
             scores[beam_rows] = torch.log_softmax(scores[beam_rows], dim=-1)
         apply_logits_processors(scores, [(data, g.sampling_params) for g in meta.groups
                                          for data in g.seq_data.values()], self.eos_token_id)
-        logprobs = torch.where(beam_rows[:, None], scores, torch.log_softmax(scores, dim=-1))
+        # log-probability = score - log_normalizer; beam rows already hold log-probabilities.
+        log_normalizer = torch.logsumexp(scores, dim=-1).masked_fill_(beam_rows, 0.0)
+        greedy = scores.argmax(dim=-1, keepdim=True)
         outputs = []
-        for g, rows in zip(meta.groups, meta.row_slices):
+        for g, rows, is_beam in zip(meta.groups, meta.row_slices, beam):
             params = g.sampling_params
-            if params.use_beam_search:
-                outputs.append(self._beam_output(g, logprobs[rows], params))
+            if is_beam:
+                outputs.append(self._beam_output(g, scores[rows], params))
                 continue
-            num_samples = params.n if g.is_prompt else 1
             if params.is_greedy:
-                tokens = scores[rows].argmax(dim=-1, keepdim=True)
+                tokens = greedy[rows]
             else:
-                tokens = _sample(scores[rows], params, num_samples, g.generator)
-            outputs.append(_group_output(g, tokens, logprobs[rows], params))
+                tokens = _sample(scores[rows], params, params.n if g.is_prompt else 1, g.generator)
+            outputs.append(_group_output(g, tokens, scores[rows], log_normalizer[rows], params))
         return outputs
 
     def _beam_output(self, g: SequenceGroupMetadata, logprobs: torch.Tensor,
@@ -117,17 +119,19 @@ def _sample(logits: torch.Tensor, params: SamplingParams, num_samples: int,
     return (probs / noise).argmax(dim=-1).view(-1, num_samples)
 
 
-def _group_output(g: SequenceGroupMetadata, tokens: torch.Tensor, logprobs: torch.Tensor,
-                  params: SamplingParams) -> GroupOutput:
+def _group_output(g: SequenceGroupMetadata, tokens: torch.Tensor, scores: torch.Tensor,
+                  log_normalizer: torch.Tensor, params: SamplingParams) -> GroupOutput:
+    """Samples with their log-probabilities (scores minus each row's log-normalizer)."""
+    token_logprobs = (scores.gather(1, tokens) - log_normalizer[:, None]).tolist()
+    if params.logprobs:
+        top_vals, top_ids = scores.topk(params.logprobs, dim=-1)
+        top_vals = (top_vals - log_normalizer[:, None]).tolist()
     samples = []
     top: Any = None
-    if params.logprobs:
-        top_vals, top_ids = logprobs.topk(params.logprobs, dim=-1)
-    token_list = tokens.tolist()
-    for row, seq_id in enumerate(g.seq_data):
-        for token in token_list[row]:
+    for row, (seq_id, row_tokens) in enumerate(zip(g.seq_data, tokens.tolist())):
+        for token, logprob in zip(row_tokens, token_logprobs[row]):
             if params.logprobs:
-                top = dict(zip(top_ids[row].tolist(), top_vals[row].tolist()))
-                top[token] = logprobs[row, token].item()
-            samples.append(SequenceOutput(seq_id, token, logprobs[row, token].item(), top))
+                top = dict(zip(top_ids[row].tolist(), top_vals[row]))
+                top[token] = logprob
+            samples.append(SequenceOutput(seq_id, token, logprob, top))
     return GroupOutput(g.request_id, samples)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from encdec.kernels import copy_blocks, gather_kv, gather_sequence_kv, reshape_and_cache, swap_blocks
+from encdec.kernels import copy_blocks, gather_kv, reshape_and_cache, swap_blocks
 
 NUM_HEADS = 3
 HEAD_SIZE = 8
@@ -124,14 +124,9 @@ def test_gather_kv_matches_concatenation():
             want = torch.cat([cache[kv, b] for b in tables[i, :n].tolist()])[:length]
             assert torch.equal(got[i, :, :length], want.transpose(0, 1))
             assert torch.all(got[i, :, length:] == 0)
-        seq_keys, seq_values = gather_sequence_kv(cache, tables[i], length)
-        assert torch.equal(seq_keys, keys[i, :, :length])
-        assert torch.equal(seq_values, values[i, :, :length])
 
 
 def test_gather_rejects_short_block_table():
     cache = make_cache(4, 4)
     with pytest.raises(ValueError):
         gather_kv(cache, torch.zeros((1, 2), dtype=torch.int64), [9])
-    with pytest.raises(ValueError):
-        gather_sequence_kv(cache, torch.zeros(2, dtype=torch.int64), 9)

@@ -1,12 +1,13 @@
-"""CPU attention backend: PyTorch scaled_dot_product_attention, never a dense (tokens)^2 mask.
+"""CPU attention backend: per-sequence (or equal-length batched) attention, never a dense
+(tokens)^2 mask; decode steps read the paged caches with the compiled kernel of
+`kernels/cpu_decode.py` (float32) or the torch reference (other dtypes).
 
-- ENCODER: non-causal attention inside each encoder sequence.
+- ENCODER: non-causal attention inside each encoder sequence (`dense_attention`).
 - DECODER: new keys/values go into the paged self cache by `slot_mapping`; prefill sequences
   attend causally to their own tokens, decode tokens read the cache through `block_tables`.
 - ENCODER_DECODER: in a prefill step the encoder's keys/values go into the cross cache by
   `cross_slot_mapping` and prefill queries attend to them directly; decode queries read the
   cross cache through `cross_block_tables` for `encoder_seq_lens` tokens.
-Sequences of equal length run as one batched call; otherwise one call per sequence.
 """
 from __future__ import annotations
 
@@ -19,19 +20,15 @@ import torch.nn.functional as F
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.attention.metadata import AttentionMetadata, AttentionType
 from encdec.kernels.cache_ops import reshape_and_cache
-from encdec.kernels.paged_attention import (block_runs, paged_attention, paged_attention_per_seq,
-                                            uniform_runs_attention)
-
-# Decode reads longer than this run one sequence at a time on views of the cache; shorter
-# ones are gathered into one padded batch (cheaper per sequence when there are many).
-_PER_SEQ_MIN_LEN = 64
+from encdec.kernels.cpu_decode import balanced_parts, paged_decode_attention
+from encdec.kernels.paged_attention import paged_attention
 
 
 class TorchSDPABackend(AttentionBackend):
     name = "torch"
 
     def __init__(self):
-        # Workers for per-sequence decode attention, one per intra-op thread.
+        # Workers for the decode attention kernel, one per intra-op thread.
         self.num_workers = torch.get_num_threads()
         self.executor = ThreadPoolExecutor(self.num_workers) if self.num_workers > 1 else None
 
@@ -77,21 +74,14 @@ class TorchSDPABackend(AttentionBackend):
         """One query token per decode sequence, over its cached keys (self or cross table)."""
         key = ("torch_decode", kind)
         if key not in meta.backend_cache:
-            tables = block_tables[meta.num_prefills:]
             decode_lens = lens[meta.num_prefills:]
-            runs = None
-            if max(decode_lens) > _PER_SEQ_MIN_LEN:
-                runs = block_runs(tables, decode_lens, kv_cache.shape[2])
-            meta.backend_cache[key] = (tables, decode_lens, torch.tensor(decode_lens), runs)
-        tables, decode_lens, lens_tensor, runs = meta.backend_cache[key]
-        if runs is None:
-            return paged_attention(query, kv_cache, tables, lens_tensor, scale)
-        if len(set(decode_lens)) == 1:
-            out = uniform_runs_attention(query, kv_cache, runs, decode_lens[0], scale)
-            if out is not None:
-                return out
-        return paged_attention_per_seq(query, kv_cache, tables, decode_lens, scale, runs=runs,
-                                       executor=self.executor, num_workers=self.num_workers)
+            meta.backend_cache[key] = (block_tables[meta.num_prefills:], decode_lens,
+                                       balanced_parts(decode_lens, self.num_workers))
+        tables, decode_lens, parts = meta.backend_cache[key]
+        if query.dtype == kv_cache.dtype == torch.float32 and query.device.type == "cpu":
+            return paged_decode_attention(query, kv_cache, tables, decode_lens, scale, parts,
+                                          self.executor)
+        return paged_attention(query, kv_cache, tables, decode_lens, scale)
 
 
 def _lens(meta: AttentionMetadata, kind: str, lens: list[int]) -> tuple[int, ...]:
@@ -107,23 +97,47 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: 
     """Attention of each query sequence over its own key sequence, on unpadded vectors.
 
     q: [sum(q_lens), H, D]; k, v: [sum(kv_lens), H, D]. With `causal`, q_lens == kv_lens.
+    Sequences of one length run as one batched call, others one call per sequence.
     """
     num_heads, head_size = q.shape[1], q.shape[2]
+    attend = _causal_attention if causal else dense_attention
     if len(set(q_lens)) == 1 and len(set(kv_lens)) == 1:
         b, lq, lk = len(q_lens), q_lens[0], kv_lens[0]
         qb = q.view(b, lq, num_heads, head_size).transpose(1, 2)
         kb = k.view(b, lk, num_heads, head_size).transpose(1, 2)
         vb = v.view(b, lk, num_heads, head_size).transpose(1, 2)
-        out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=causal and lq > 1, scale=scale)
-        return out.transpose(1, 2).reshape(-1, num_heads, head_size)
+        return attend(qb, kb, vb, scale).transpose(1, 2).reshape(-1, num_heads, head_size)
     outs = []
     q_start = k_start = 0
     for lq, lk in zip(q_lens, kv_lens):
         qs = q[q_start:q_start + lq].transpose(0, 1)
         ks = k[k_start:k_start + lk].transpose(0, 1)
         vs = v[k_start:k_start + lk].transpose(0, 1)
-        outs.append(F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal and lq > 1,
-                                                   scale=scale).transpose(0, 1))
+        outs.append(attend(qs, ks, vs, scale).transpose(0, 1))
         q_start += lq
         k_start += lk
     return torch.cat(outs)
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[-2] > 1, scale=scale)
+
+
+# Query rows per matmul in dense_attention: a [heads, 128, keys] score block stays in cache.
+_ROW_CHUNK = 128
+
+
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Non-causal softmax(q k^T * scale) v over [..., H, L, D] tensors, as matmuls over chunks
+    of query rows. On CPU this is about twice as fast as SDPA's flash kernel for encoder
+    lengths of a few hundred tokens and more (scores of a chunk stay in cache)."""
+    keys_t = k.transpose(-1, -2).contiguous()
+    values = v.contiguous()
+    q = q * scale
+    if q.shape[-2] <= _ROW_CHUNK:
+        return torch.matmul(torch.matmul(q, keys_t).softmax(-1), values)
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    for start in range(0, q.shape[-2], _ROW_CHUNK):
+        rows = slice(start, start + _ROW_CHUNK)
+        torch.matmul(torch.matmul(q[..., rows, :], keys_t).softmax(-1), values, out=out[..., rows, :])
+    return out
