@@ -140,10 +140,10 @@ def run_ct2(ct2_dir: str, workload: list[dict], threads: int) -> dict:
         new = max(workload[i]["max_tokens"] for i in batch)
         results = translator.translate_batch(
             [[to_tok[t] for t in workload[i]["ids"]] for i in batch],
-            target_prefix=[["</s>", "<s>"]] * len(batch), beam_size=1,
-            max_decoding_length=new + len(DECODER_PROMPT), end_token=[], max_input_length=0)
+            target_prefix=[["<s>"]] * len(batch), beam_size=1,
+            max_decoding_length=new + 1, end_token=[], max_input_length=0)
         for i, res in zip(batch, results):
-            hyp = [to_id[t] for t in res.hypotheses[0]][len(DECODER_PROMPT):]  # drops the prefix
+            hyp = [to_id[t] for t in res.hypotheses[0]][1:]  # drops the <s> prefix (CT2 adds </s> itself)
             tokens[i] = hyp[:workload[i]["max_tokens"]]
     return {"seconds": time.perf_counter() - start, "tokens": tokens}
 
@@ -192,10 +192,14 @@ def main(argv=None) -> int:
                             "ids = encdec"], rows)
     ratios = ", ".join(f"encdec / {n}: {s['encdec_speedup']:.2f}x" for n, s in summary.items()
                        if "encdec_speedup" in s)
+    variety = (float(np.median([len(set(t)) for t in reference])) if reference is not None
+               else float("nan"))
     print(f"\n{args.num_docs} documents, {generated} generated tokens, {args.rounds} rounds, "
-          f"{args.threads} threads\n\n{table}\n\n{ratios}")
+          f"{args.threads} threads; distinct tokens per output (median): {variety:g}"
+          f"\n\n{table}\n\n{ratios}")
     write_json(args.json, {"machine": machine(), "args": vars(args) | {"work_dir": str(args.work_dir),
-                           "json": str(args.json)}, "generated_tokens": generated, "results": summary})
+                           "json": str(args.json)}, "generated_tokens": generated, "distinct_tokens_per_output": variety,
+                           "results": summary})
     return 0
 
 

@@ -82,6 +82,7 @@ class BartForConditionalGeneration(nn.Module):
         super().__init__()
         self.config = config
         self.model = BartModel(config, backend)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)  # tied on load
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
 
     def encode(self, encoder_input_ids: torch.Tensor, encoder_positions: torch.Tensor,
@@ -104,9 +105,10 @@ class BartForConditionalGeneration(nn.Module):
         return h
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states, self.model.shared.weight) + self.final_logits_bias
+        return F.linear(hidden_states, self.lm_head.weight, self.final_logits_bias[0])
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.lm_head.weight = self.model.shared.weight  # tied, as in Hugging Face
         aliases = {"model.encoder.embed_tokens.weight": "model.shared.weight",
                    "model.decoder.embed_tokens.weight": "model.shared.weight",
                    "lm_head.weight": "model.shared.weight"}

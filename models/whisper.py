@@ -106,8 +106,7 @@ class WhisperForConditionalGeneration(nn.Module):
         self.config = config
         self.model = WhisperModel(config, backend)
         self.tied = getattr(config, "tie_word_embeddings", True)
-        if not self.tied:
-            self.proj_out = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.proj_out = nn.Linear(config.d_model, config.vocab_size, bias=False)  # tied on load
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata,
@@ -119,10 +118,11 @@ class WhisperForConditionalGeneration(nn.Module):
         return self.model.decoder(input_ids, positions, encoder_h, kv_caches, attn_metadata)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        weight = self.model.decoder.embed_tokens.weight if self.tied else self.proj_out.weight
-        return F.linear(hidden_states, weight)
+        return self.proj_out(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self.tied:
+            self.proj_out.weight = self.model.decoder.embed_tokens.weight
         aliases = {"proj_out.weight": "model.decoder.embed_tokens.weight"} if self.tied else {}
         # Whisper's k_proj has no bias: that third of the fused bias stays zero.
         load_hf_weights(self, weights, aliases, zero_if_missing=("qkv_proj.bias", "kv_proj.bias"))

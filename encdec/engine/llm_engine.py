@@ -19,6 +19,7 @@ from encdec.sampling.params import SamplingParams
 from encdec.sampling.sampler import SamplerOutput, SequenceOutput
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
 from encdec.weights.loader import LoadedModel
+from encdec.worker.cpu_memory import keep_freed_memory
 from encdec.worker.cache_engine import CacheEngine, num_blocks
 from encdec.worker.model_runner import EncoderDecoderModelRunner
 
@@ -48,6 +49,8 @@ class LLMEngine:
         self.cache_config = cache_config
         self.scheduler_config = scheduler_config
         self.device = device_config.device
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.input_preprocessor = InputPreprocessor(
             self.model_config, self.tokenizer, loaded.default_decoder_prompt, loaded.audio_processor)
         num_gpu_blocks, num_cpu_blocks = num_blocks(cache_config, self.model_config)

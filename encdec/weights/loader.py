@@ -36,7 +36,9 @@ def model_config_from_hf(name: str, hf_config: Any, dtype: torch.dtype) -> Model
 def build_model(hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype,
                 device: torch.device, attention_backend: Optional[str]) -> torch.nn.Module:
     model_cls = get_model_class(getattr(hf_config, "architectures", None))
-    model = model_cls(hf_config, get_attn_backend(device, attention_backend))
+    with torch.device("meta"):  # no random init: every tensor comes from the checkpoint
+        model = model_cls(hf_config, get_attn_backend(device, attention_backend))
+    model.to_empty(device="cpu")
     model.load_weights(weights)
     return model.to(device=device, dtype=dtype).eval()
 

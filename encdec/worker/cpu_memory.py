@@ -1,0 +1,31 @@
+"""Keep freed memory in the C heap on CPU, so large activations reuse warm pages.
+
+glibc serves allocations above its mmap threshold (128 KiB to 32 MiB, adaptive) with fresh
+mmap pages and unmaps them on free. Every engine step allocates activations of tens of
+megabytes, so each step would page-fault and zero them again: measured here, a GELU over a
+[4096, 3072] tensor took 27 ms with fresh pages and 7 ms with reused ones, and a whole BART
+benchmark run was about 10% faster. Raising the mmap and trim thresholds keeps those blocks
+in the heap for reuse, at the cost of a higher resident size (the step's peak stays mapped).
+Set ENCDEC_KEEP_FREED_MEMORY=0 to leave the allocator alone. Other C libraries: no-op.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_done = False
+
+
+def keep_freed_memory() -> bool:
+    """Tune glibc's malloc once per process; True if the tuning is in effect."""
+    global _done
+    if _done:
+        return True
+    if os.environ.get("ENCDEC_KEEP_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL("libc.so.6")
+    _done = all(libc.mallopt(option, value) == 1 for option, value in (
+        (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 40), (_M_TOP_PAD, 256 << 20)))
+    return _done
