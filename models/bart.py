@@ -10,7 +10,6 @@ import math
 from typing import Iterable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from encdec.attention import AttentionMetadata, AttentionType
@@ -82,8 +81,8 @@ class BartForConditionalGeneration(nn.Module):
         super().__init__()
         self.config = config
         self.model = BartModel(config, backend)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)  # tied on load
-        self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))
+        # weight tied to model.shared on load; bias is Hugging Face's final_logits_bias
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size)
 
     def encode(self, encoder_input_ids: torch.Tensor, encoder_positions: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:
@@ -105,11 +104,13 @@ class BartForConditionalGeneration(nn.Module):
         return h
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states, self.lm_head.weight, self.final_logits_bias[0])
+        return self.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         self.lm_head.weight = self.model.shared.weight  # tied, as in Hugging Face
         aliases = {"model.encoder.embed_tokens.weight": "model.shared.weight",
                    "model.decoder.embed_tokens.weight": "model.shared.weight",
                    "lm_head.weight": "model.shared.weight"}
-        load_hf_weights(self, weights, aliases, zero_if_missing=("final_logits_bias",))
+        weights = ((("lm_head.bias", t.reshape(-1)) if name == "final_logits_bias" else (name, t))
+                   for name, t in weights)
+        load_hf_weights(self, weights, aliases, zero_if_missing=("lm_head.bias",))

@@ -11,6 +11,7 @@ from torch import nn
 
 from encdec.attention import Attention, AttentionMetadata, AttentionType
 from encdec.attention.backends.abstract import AttentionBackend
+from encdec.kernels.cpu_linear import PackedLinear, can_fuse
 
 _ACTIVATIONS = {
     "gelu": F.gelu,
@@ -74,10 +75,24 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.activation = activation
         self.act = get_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
+
+
+def pack_linears(model: nn.Module) -> None:
+    """Swap every nn.Linear for a oneDNN `PackedLinear` (float32 CPU), fusing each
+    feed-forward block's activation into its fc1. Call after the weights are loaded."""
+    for module in list(model.modules()):
+        if isinstance(module, FeedForward) and can_fuse(module.activation):
+            module.fc1 = PackedLinear.from_linear(module.fc1, module.activation)
+            module.act = nn.Identity()
+    for module in list(model.modules()):
+        for name, child in module.named_children():
+            if isinstance(child, nn.Linear):
+                setattr(module, name, PackedLinear.from_linear(child))
 
 
 # HF keeps fc1/fc2 directly on the layer; here they live in the shared FeedForward `ffn`.

@@ -11,6 +11,8 @@ import torch
 
 from encdec.attention.selector import get_attn_backend
 from encdec.config import ModelConfig
+from encdec.kernels.cpu_linear import packed_linear_supported
+from encdec.models.layers import pack_linears
 from encdec.models.registry import get_model_class
 
 
@@ -40,7 +42,10 @@ def build_model(hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]], dty
         model = model_cls(hf_config, get_attn_backend(device, attention_backend))
     model.to_empty(device="cpu")
     model.load_weights(weights)
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    if packed_linear_supported(device, dtype):
+        pack_linears(model)
+    return model
 
 
 def load_hf_directory(path: Path, dtype: torch.dtype, device: torch.device,

@@ -1,0 +1,67 @@
+"""PackedLinear (oneDNN, weights packed once) against nn.Linear, and its use by the models."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from encdec.kernels.cpu_linear import PackedLinear, packed_linear_supported
+from encdec.models.layers import FeedForward, get_activation, pack_linears
+
+pytestmark = pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.float32),
+                                reason="this torch build has no oneDNN linear")
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 333])
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu", "gelu_new", "silu"])
+def test_packed_linear_matches_linear(rows, activation):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 160)
+    x = torch.randn(rows, 96)
+    act = (lambda t: t) if activation == "none" else get_activation(activation)
+    expected = act(linear(x))
+    got = PackedLinear.from_linear(linear, activation)(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_packed_linear_without_bias_keeps_its_weight():
+    torch.manual_seed(0)
+    linear = nn.Linear(32, 48, bias=False)
+    packed = PackedLinear.from_linear(linear)
+    assert torch.equal(packed.weight, linear.weight)
+    assert packed.bias is None
+    x = torch.randn(3, 5, 32)  # leading dimensions are kept
+    torch.testing.assert_close(packed(x), F.linear(x, linear.weight), rtol=1e-5, atol=1e-5)
+
+
+def test_unknown_activation_is_refused():
+    with pytest.raises(ValueError, match="activation 'tanhshrink'"):
+        PackedLinear(torch.zeros(4, 4), None, "tanhshrink")
+
+
+def test_pack_linears_fuses_the_feed_forward_activation():
+    torch.manual_seed(0)
+    model = nn.Sequential(FeedForward(32, 64, "gelu"), nn.Linear(32, 8))
+    x = torch.randn(10, 32)
+    expected = model(x)
+    pack_linears(model)
+    ffn, head = model
+    assert isinstance(ffn.fc1, PackedLinear) and ffn.fc1.activation == "gelu"
+    assert isinstance(ffn.fc2, PackedLinear) and isinstance(head, PackedLinear)
+    assert isinstance(ffn.act, nn.Identity)
+    torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_only_float32_on_cpu_is_packed():
+    assert not packed_linear_supported(torch.device("cpu"), torch.bfloat16)
+    assert not packed_linear_supported(torch.device("cuda"), torch.float32)
+
+
+def test_the_engine_runs_bart_on_packed_linears(tiny_bart_dir):
+    from encdec import LLM
+
+    model = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64).llm_engine.model_runner.model
+    linears = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+    assert linears and all(isinstance(m, PackedLinear) for m in linears)
+    assert model.model.decoder.layers[0].ffn.fc1.activation == "gelu"
