@@ -14,7 +14,8 @@ from torch import nn
 
 from encdec.attention import AttentionMetadata, AttentionType
 from encdec.attention.backends.abstract import AttentionBackend
-from encdec.models.layers import CrossAttention, FeedForward, SelfAttention, load_hf_weights
+from encdec.models.layers import (CrossAttention, FeedForward, SelfAttention, embedding,
+                                  load_hf_weights)
 
 _POSITION_OFFSET = 2
 
@@ -58,7 +59,7 @@ class BartStack(nn.Module):
         super().__init__()
         d = config.d_model
         self.embed_scale = math.sqrt(d) if config.scale_embedding else 1.0
-        self.embed_positions = nn.Embedding(config.max_position_embeddings + _POSITION_OFFSET, d)
+        self.embed_positions = embedding(config.max_position_embeddings + _POSITION_OFFSET, d)
         self.layernorm_embedding = nn.LayerNorm(d)
         self.layers = nn.ModuleList([layer_cls(config, backend) for _ in range(num_layers)])
 
@@ -71,7 +72,7 @@ class BartStack(nn.Module):
 class BartModel(nn.Module):
     def __init__(self, config, backend: AttentionBackend):
         super().__init__()
-        self.shared = nn.Embedding(config.vocab_size, config.d_model)
+        self.shared = embedding(config.vocab_size, config.d_model)
         self.encoder = BartStack(config, config.encoder_layers, BartEncoderLayer, backend)
         self.decoder = BartStack(config, config.decoder_layers, BartDecoderLayer, backend)
 

@@ -29,6 +29,12 @@ def get_activation(name: str):
     return _ACTIVATIONS[name]
 
 
+def embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
+    """nn.Embedding with its weight left uninitialized: the checkpoint fills it. (Its random
+    init on the meta device would import torch._dynamo, about 2 s at load.)"""
+    return nn.Embedding(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))
+
+
 class SelfAttention(nn.Module):
     """Self-attention with one fused QKV projection (`qkv_proj` holds q, k, v rows)."""
 

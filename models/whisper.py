@@ -15,7 +15,8 @@ from torch import nn
 
 from encdec.attention import AttentionMetadata, AttentionType
 from encdec.attention.backends.abstract import AttentionBackend
-from encdec.models.layers import CrossAttention, FeedForward, SelfAttention, load_hf_weights
+from encdec.models.layers import (CrossAttention, FeedForward, SelfAttention, embedding,
+                                  load_hf_weights)
 
 
 class WhisperEncoderLayer(nn.Module):
@@ -57,7 +58,7 @@ class WhisperEncoder(nn.Module):
         self.num_frames = 2 * config.max_source_positions
         self.conv1 = nn.Conv1d(config.num_mel_bins, d, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
-        self.embed_positions = nn.Embedding(config.max_source_positions, d)
+        self.embed_positions = embedding(config.max_source_positions, d)
         self.layers = nn.ModuleList([WhisperEncoderLayer(config, backend)
                                      for _ in range(config.encoder_layers)])
         self.layer_norm = nn.LayerNorm(d)
@@ -78,8 +79,8 @@ class WhisperDecoder(nn.Module):
     def __init__(self, config, backend: AttentionBackend):
         super().__init__()
         d = config.d_model
-        self.embed_tokens = nn.Embedding(config.vocab_size, d)
-        self.embed_positions = nn.Embedding(config.max_target_positions, d)
+        self.embed_tokens = embedding(config.vocab_size, d)
+        self.embed_positions = embedding(config.max_target_positions, d)
         self.layers = nn.ModuleList([WhisperDecoderLayer(config, backend)
                                      for _ in range(config.decoder_layers)])
         self.layer_norm = nn.LayerNorm(d)
