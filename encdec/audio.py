@@ -130,11 +130,40 @@ def _resample(audio: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
 # --------------------------------------------------------------------------- log-mel
 
 
+# Slaney's mel scale (librosa's default, htk=False): linear below 1 kHz, logarithmic above.
+_MEL_LINEAR_STEP = 200.0 / 3  # Hz per mel below 1 kHz
+_MEL_LOG_START_HZ = 1000.0
+_MEL_LOG_START = _MEL_LOG_START_HZ / _MEL_LINEAR_STEP
+_MEL_LOG_STEP = np.log(6.4) / 27.0
+
+
+def _hz_to_mel(hz: float) -> float:
+    if hz < _MEL_LOG_START_HZ:
+        return hz / _MEL_LINEAR_STEP
+    return _MEL_LOG_START + np.log(hz / _MEL_LOG_START_HZ) / _MEL_LOG_STEP
+
+
+def _mel_to_hz(mels: np.ndarray) -> np.ndarray:
+    log_part = _MEL_LOG_START_HZ * np.exp(_MEL_LOG_STEP * (mels - _MEL_LOG_START))
+    return np.where(mels >= _MEL_LOG_START, log_part, mels * _MEL_LINEAR_STEP)
+
+
 @functools.lru_cache(maxsize=None)
 def mel_filters(n_mels: int) -> torch.Tensor:
-    """Slaney mel filter bank ``[n_mels, N_FFT // 2 + 1]`` (float32, cached; do not modify)."""
-    bank = librosa.filters.mel(sr=SAMPLE_RATE, n_fft=N_FFT, n_mels=n_mels, htk=False, norm="slaney")
-    return torch.from_numpy(bank.astype(np.float32))
+    """Slaney-normalised mel filter bank ``[n_mels, N_FFT // 2 + 1]`` (float32, cached; do not
+    modify), the same numbers as ``librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels)``:
+    triangles between adjacent mel band edges, each scaled to unit area."""
+    fft_hz = np.fft.rfftfreq(N_FFT, 1.0 / SAMPLE_RATE)
+    edges = _mel_to_hz(np.linspace(0.0, _hz_to_mel(SAMPLE_RATE / 2), n_mels + 2))
+    widths = np.diff(edges)
+    ramps = edges[:, None] - fft_hz[None, :]
+    bank = np.zeros((n_mels, len(fft_hz)), dtype=np.float32)
+    for i in range(n_mels):
+        rising = -ramps[i] / widths[i]
+        falling = ramps[i + 2] / widths[i + 1]
+        bank[i] = np.maximum(0, np.minimum(rising, falling))
+    bank *= (2.0 / (edges[2:] - edges[:-2]))[:, None]
+    return torch.from_numpy(bank)
 
 
 @functools.lru_cache(maxsize=None)

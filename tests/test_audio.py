@@ -160,13 +160,14 @@ def test_log_mel_spectrogram_shapes():
     assert torch.equal(out[0], A.log_mel_spectrogram(audio, n_mels=128, padding=480))
 
 
-def test_mel_filters_are_slaney_and_cached():
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_mel_filters_equal_librosa_and_are_cached(n_mels):
     import librosa
 
-    bank = A.mel_filters(80)
-    assert bank.shape == (80, 201) and A.mel_filters(80) is bank
-    ref = librosa.filters.mel(sr=16000, n_fft=400, n_mels=80, htk=False, norm="slaney")
-    assert np.allclose(bank.numpy(), ref)
+    bank = A.mel_filters(n_mels)
+    assert bank.shape == (n_mels, 201) and A.mel_filters(n_mels) is bank
+    ref = librosa.filters.mel(sr=16000, n_fft=400, n_mels=n_mels, htk=False, norm="slaney")
+    assert np.array_equal(bank.numpy(), ref)
 
 
 # --------------------------------------------------------------------------- resampling
