@@ -1,11 +1,10 @@
 """Paged KV-cache kernels: torch references, and a compiled CPU decode attention."""
 
 from .cache_ops import copy_blocks, gather_kv, reshape_and_cache, swap_blocks
-from .cpu_decode import balanced_parts, paged_decode_attention
+from .cpu_decode import paged_decode_attention
 from .paged_attention import paged_attention
 
 __all__ = [
-    "balanced_parts",
     "copy_blocks",
     "gather_kv",
     "paged_attention",

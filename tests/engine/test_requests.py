@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from encdec import LLM, SamplingParams, TokensPrompt
 from tests.conftest import assert_all_blocks_free
@@ -133,3 +134,15 @@ def test_outputs_carry_both_prompts_in_input_order(llm):
     assert outs[1].encoder_prompt_token_ids == tok("Numbers like 3.")["input_ids"]
     assert outs[1].prompt_token_ids == [2] + tok("Sum", add_special_tokens=False)["input_ids"]
     assert outs[0].outputs[0].text == tok.decode(outs[0].outputs[0].token_ids, skip_special_tokens=True)
+
+
+def test_bfloat16_runs_on_the_reference_kernels(tiny_bart_dir, llm):
+    """bfloat16 skips the float32-only fast paths (packed linears, compiled decode attention)
+    and decodes through the torch reference; its greedy tokens start like float32's."""
+    low = LLM(model=str(tiny_bart_dir), dtype="bfloat16", num_gpu_blocks=64)
+    assert {p.dtype for p in low.llm_engine.model_runner.model.parameters()} == {torch.bfloat16}
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    got = low.generate(TEXT, params, use_tqdm=False)[0].outputs[0].token_ids
+    full = llm.generate(TEXT, params, use_tqdm=False)[0].outputs[0].token_ids
+    assert len(got) == 12 and got[:3] == full[:3]
+    assert_all_blocks_free(low)

@@ -3,22 +3,13 @@ import math
 import pytest
 import torch
 
-from concurrent.futures import ThreadPoolExecutor
-
-from encdec.kernels import balanced_parts, paged_attention, paged_decode_attention
+from encdec.kernels import paged_attention, paged_decode_attention
 
 NUM_HEADS = 4
 HEAD_SIZE = 16
 
 
-def decode_on_two_threads(query, cache, tables, seq_lens, scale=None):
-    """The compiled decode kernel with its sequences split over two worker threads."""
-    with ThreadPoolExecutor(2) as executor:
-        return paged_decode_attention(query, cache, tables, seq_lens, scale,
-                                      balanced_parts(list(seq_lens), 2), executor)
-
-
-DECODE_KERNELS = [paged_attention, paged_decode_attention, decode_on_two_threads]
+DECODE_KERNELS = [paged_attention, paged_decode_attention]
 
 
 def build_paged(seq_lens, block_size, num_blocks, dtype=torch.float32, seed=0):
@@ -117,18 +108,10 @@ def test_compiled_kernel_matches_reference_on_long_sequences():
     cache, tables, _, _ = build_paged(seq_lens, 16, num_blocks=128, seed=8)
     query = torch.randn(len(seq_lens), NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(9))
 
-    fast = decode_on_two_threads(query, cache, tables, seq_lens, 0.2)
+    fast = paged_decode_attention(query, cache, tables, seq_lens, 0.2)
     reference = paged_attention(query, cache, tables, seq_lens, 0.2)
 
     torch.testing.assert_close(fast, reference, atol=1e-6, rtol=1e-5)
-
-
-def test_balanced_parts_split_lengths_evenly():
-    parts = balanced_parts([100, 1, 64, 257, 31, 700, 300], 2)
-    assert sorted(i for p in parts for i in p.tolist()) == list(range(7))
-    loads = [sum([100, 1, 64, 257, 31, 700, 300][i] for i in p) for p in parts]
-    assert max(loads) - min(loads) <= 100
-    assert len(balanced_parts([5], 2)) == 1
 
 
 @pytest.mark.parametrize("attention", DECODE_KERNELS)

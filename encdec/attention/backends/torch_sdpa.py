@@ -11,26 +11,21 @@
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.attention.metadata import AttentionMetadata, AttentionType
 from encdec.kernels.cache_ops import reshape_and_cache
-from encdec.kernels.cpu_decode import balanced_parts, paged_decode_attention
+from encdec.kernels.cpu_decode import paged_decode_attention
 from encdec.kernels.paged_attention import paged_attention
 
 
 class TorchSDPABackend(AttentionBackend):
     name = "torch"
-
-    def __init__(self):
-        # Workers for the decode attention kernel, one per intra-op thread.
-        self.num_workers = torch.get_num_threads()
-        self.executor = ThreadPoolExecutor(self.num_workers) if self.num_workers > 1 else None
 
     def forward(self, query: torch.Tensor, key: Optional[torch.Tensor],
                 value: Optional[torch.Tensor], kv_cache: Optional[torch.Tensor],
@@ -74,13 +69,11 @@ class TorchSDPABackend(AttentionBackend):
         """One query token per decode sequence, over its cached keys (self or cross table)."""
         key = ("torch_decode", kind)
         if key not in meta.backend_cache:
-            decode_lens = lens[meta.num_prefills:]
-            meta.backend_cache[key] = (block_tables[meta.num_prefills:], decode_lens,
-                                       balanced_parts(decode_lens, self.num_workers))
-        tables, decode_lens, parts = meta.backend_cache[key]
+            meta.backend_cache[key] = (block_tables[meta.num_prefills:].to(torch.int32),
+                                       np.asarray(lens[meta.num_prefills:], dtype=np.int64))
+        tables, decode_lens = meta.backend_cache[key]
         if query.dtype == kv_cache.dtype == torch.float32 and query.device.type == "cpu":
-            return paged_decode_attention(query, kv_cache, tables, decode_lens, scale, parts,
-                                          self.executor)
+            return paged_decode_attention(query, kv_cache, tables, decode_lens, scale)
         return paged_attention(query, kv_cache, tables, decode_lens, scale)
 
 
