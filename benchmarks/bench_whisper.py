@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import interleaved, machine, markdown_table, median, run_isolated, write_json
-from tests.whisper.conftest import CORPUS, normalize, speak, wer  # noqa: F401  (normalize re-used by callers)
+from tests.speech_corpus import CORPUS, speak, wer
 
 SAMPLE_RATE = 16000
 

@@ -1,7 +1,8 @@
 """BART (and BART-shaped models) on the paged-cache engine, with Hugging Face weight names.
 
 Post-LayerNorm layers, learned positions with offset 2, `layernorm_embedding`, optional
-sqrt(d_model) embedding scale, LM head tied to `model.shared`, plus `final_logits_bias`.
+sqrt(d_model) embedding scale, token embeddings and LM head tied to `model.shared` (unless
+`tie_word_embeddings` is false), plus `final_logits_bias`.
 The encoder runs only for requests in their first step; its keys/values go to the cross cache.
 """
 from __future__ import annotations
@@ -55,26 +56,35 @@ class BartDecoderLayer(nn.Module):
 class BartStack(nn.Module):
     """Embeddings + layers of one side (encoder or decoder)."""
 
-    def __init__(self, config, num_layers: int, layer_cls, backend: AttentionBackend):
+    def __init__(self, config, num_layers: int, layer_cls, backend: AttentionBackend,
+                 embed_tokens: nn.Embedding):
         super().__init__()
         d = config.d_model
+        self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(d) if config.scale_embedding else 1.0
         self.embed_positions = embedding(config.max_position_embeddings + _POSITION_OFFSET, d)
         self.layernorm_embedding = nn.LayerNorm(d)
         self.layers = nn.ModuleList([layer_cls(config, backend) for _ in range(num_layers)])
 
-    def embed(self, shared: nn.Embedding, input_ids: torch.Tensor,
-              positions: torch.Tensor) -> torch.Tensor:
-        h = shared(input_ids) * self.embed_scale + self.embed_positions(positions + _POSITION_OFFSET)
+    def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        h = self.embed_tokens(input_ids) * self.embed_scale + self.embed_positions(positions + _POSITION_OFFSET)
         return self.layernorm_embedding(h)
 
 
 class BartModel(nn.Module):
+    """With `tie_word_embeddings` (the default) both stacks share the `shared` token embedding;
+    without it each has its own, as Hugging Face (transformers 5) saves them."""
+
     def __init__(self, config, backend: AttentionBackend):
         super().__init__()
         self.shared = embedding(config.vocab_size, config.d_model)
-        self.encoder = BartStack(config, config.encoder_layers, BartEncoderLayer, backend)
-        self.decoder = BartStack(config, config.decoder_layers, BartDecoderLayer, backend)
+        tied = getattr(config, "tie_word_embeddings", True)
+        stack_embeddings = [self.shared if tied else embedding(config.vocab_size, config.d_model)
+                            for _ in range(2)]
+        self.encoder = BartStack(config, config.encoder_layers, BartEncoderLayer, backend,
+                                 stack_embeddings[0])
+        self.decoder = BartStack(config, config.decoder_layers, BartDecoderLayer, backend,
+                                 stack_embeddings[1])
 
 
 class BartForConditionalGeneration(nn.Module):
@@ -82,12 +92,13 @@ class BartForConditionalGeneration(nn.Module):
         super().__init__()
         self.config = config
         self.model = BartModel(config, backend)
-        # weight tied to model.shared on load; bias is Hugging Face's final_logits_bias
+        self.tied = getattr(config, "tie_word_embeddings", True)
+        # weight tied to model.shared on load (if tied); bias is Hugging Face's final_logits_bias
         self.lm_head = nn.Linear(config.d_model, config.vocab_size)
 
     def encode(self, encoder_input_ids: torch.Tensor, encoder_positions: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:
-        h = self.model.encoder.embed(self.model.shared, encoder_input_ids, encoder_positions)
+        h = self.model.encoder.embed(encoder_input_ids, encoder_positions)
         for layer in self.model.encoder.layers:
             h = layer(h, meta)
         return h
@@ -99,7 +110,7 @@ class BartForConditionalGeneration(nn.Module):
         encoder_h = None
         if encoder_input_ids is not None and encoder_input_ids.numel():
             encoder_h = self.encode(encoder_input_ids, encoder_positions, attn_metadata)
-        h = self.model.decoder.embed(self.model.shared, input_ids, positions)
+        h = self.model.decoder.embed(input_ids, positions)
         for layer, kv_cache in zip(self.model.decoder.layers, kv_caches):
             h = layer(h, encoder_h, kv_cache, attn_metadata)
         return h
@@ -108,10 +119,12 @@ class BartForConditionalGeneration(nn.Module):
         return self.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.lm_head.weight = self.model.shared.weight  # tied, as in Hugging Face
-        aliases = {"model.encoder.embed_tokens.weight": "model.shared.weight",
-                   "model.decoder.embed_tokens.weight": "model.shared.weight",
-                   "lm_head.weight": "model.shared.weight"}
+        aliases = {}
+        if self.tied:
+            self.lm_head.weight = self.model.shared.weight
+            aliases = {"model.encoder.embed_tokens.weight": "model.shared.weight",
+                       "model.decoder.embed_tokens.weight": "model.shared.weight",
+                       "lm_head.weight": "model.shared.weight"}
         weights = ((("lm_head.bias", t.reshape(-1)) if name == "final_logits_bias" else (name, t))
                    for name, t in weights)
         load_hf_weights(self, weights, aliases, zero_if_missing=("lm_head.bias",))

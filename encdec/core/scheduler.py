@@ -9,10 +9,8 @@ Preemption by recompute frees both the self and the cross blocks, so the encoder
 from __future__ import annotations
 
 import enum
-import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
 
 from encdec.config import CacheConfig, SchedulerConfig
 from encdec.core.block_manager import AllocStatus, BlockSpaceManager

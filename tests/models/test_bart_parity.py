@@ -51,6 +51,17 @@ def test_other_checkpoint_layouts_load(tmp_path, weights_format, expected_file):
     run_parity(model_dir, llm, prompts, [12] * 4)
 
 
+def test_untied_embeddings_load_separately(tmp_path):
+    """tie_word_embeddings=False: encoder, decoder and LM head each keep their own matrix."""
+    model_dir = make_bart_checkpoint(tmp_path / "untied", seed=5, tie_word_embeddings=False)
+    llm = LLM(model=str(model_dir), num_gpu_blocks=128, attention_backend="torch")
+    model = llm.llm_engine.model_runner.model.model
+    assert model.encoder.embed_tokens is not model.decoder.embed_tokens
+    prompts = mixed_prompts(llm.get_tokenizer(), count=8)
+    assert_varied(run_parity(model_dir, llm, prompts, [18] * 8))
+    assert_all_blocks_free(llm)
+
+
 def test_bart_base_config_reduced_layers(tmp_path):
     """facebook/bart-base widths and vocabulary, two layers per side, 16 prompts."""
     model_dir = make_bart_checkpoint(tmp_path / "base2", seed=3, init_std=0.1,

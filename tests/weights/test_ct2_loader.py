@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from encdec import audio as A
-from encdec.weights import ct2, whisper_assets
 from encdec.weights.ct2 import ChainedFiles, ct2_tensors, ct2_whisper_to_hf, load_ct2_whisper, open_ct2_model
 from encdec.weights.whisper_assets import resolve_whisper_model
 from tests.ct2_dirs import ct2_model_dir

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from tests.conftest import assert_all_blocks_free
-from tests.whisper.conftest import wer
+from tests.speech_corpus import wer
 
 
 def test_detects_english_french_german_spanish(base, language_clips):

@@ -12,7 +12,7 @@ from encdec import SamplingParams
 from encdec.audio import SAMPLE_RATE
 from encdec.whisper.windows import split_windows
 from tests.conftest import assert_all_blocks_free
-from tests.whisper.conftest import wer
+from tests.speech_corpus import wer
 
 faster_whisper = pytest.importorskip("faster_whisper")
 
