@@ -10,9 +10,11 @@ Results equal `F.linear` up to float32 rounding (a different summation order).
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 # Activation name (Hugging Face config spelling) -> oneDNN post-op and its algorithm.
@@ -31,9 +33,23 @@ _PACKING_ROWS = 64
 
 
 def packed_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    return (device.type == "cpu" and dtype == torch.float32
-            and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """float32 on a CPU whose torch build runs oneDNN's packed linear correctly."""
+    return device.type == "cpu" and dtype == torch.float32 and _packed_linear_works()
+
+
+@functools.lru_cache(maxsize=1)
+def _packed_linear_works() -> bool:
+    """One small packed linear against F.linear: builds without oneDNN, or whose oneDNN lacks
+    the op on this processor, fall back to nn.Linear instead of failing at load."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight = torch.arange(12, dtype=torch.float32).view(3, 4) / 10
+        x = torch.ones(2, 4)
+        got = PackedLinear(weight, torch.ones(3))(x)
+        return bool(torch.allclose(got, F.linear(x, weight, torch.ones(3))))
+    except (RuntimeError, AttributeError):
+        return False
 
 
 def can_fuse(activation: str) -> bool:

@@ -65,3 +65,24 @@ def test_the_engine_runs_bart_on_packed_linears(tiny_bart_dir):
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, PackedLinear))]
     assert linears and all(isinstance(m, PackedLinear) for m in linears)
     assert model.model.decoder.layers[0].ffn.fc1.activation == "gelu"
+
+
+def test_models_fall_back_to_nn_linear_where_onednn_fails(monkeypatch, tiny_bart_dir):
+    from encdec import LLM, SamplingParams
+    from encdec.kernels import cpu_linear
+
+    def broken(self, x):
+        raise RuntimeError("no oneDNN kernel for this processor")
+
+    monkeypatch.setattr(PackedLinear, "forward", broken)
+    cpu_linear._packed_linear_works.cache_clear()
+    try:
+        assert not packed_linear_supported(torch.device("cpu"), torch.float32)
+        llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64)
+        model = llm.llm_engine.model_runner.model
+        assert not any(isinstance(m, PackedLinear) for m in model.modules())
+        out = llm.generate("The rain in spain.", SamplingParams(temperature=0.0, max_tokens=4),
+                           use_tqdm=False)
+        assert len(out[0].outputs[0].token_ids) >= 1
+    finally:
+        cpu_linear._packed_linear_works.cache_clear()
