@@ -5,15 +5,19 @@ values (for BART's cross-attention, hundreds of encoder tokens per layer) to att
 query token. Torch ops cannot read a paged cache that way without a gather copy, or without
 many small strided mat-vecs per sequence, which reach a third of the machine's bandwidth.
 This Numba kernel walks the block table itself and reads each token's keys and values once,
-as contiguous rows of the cache. It runs on the calling thread: on this project's 2-core
-machine, handing half of the sequences to a second thread made the step slower, not faster
-(waking the idle thread cost more than it saved, and torch's OpenMP workers still spin on the
-other core after each op).
+as contiguous rows of the cache. Sequences are spread over torch's thread count with Numba's
+parallel loop when its threading layer is thread-safe (TBB or OpenMP; on this project's 2-core
+machine that made decode steps about 15% faster than one thread, while a Python thread pool made
+them slower); otherwise, and in forked child processes (GNU OpenMP does not survive a fork),
+the kernel runs on the calling thread.
 
 Float32 only (NumPy has no bfloat16); callers use the torch reference for other dtypes.
 Numba compiles on first use and caches the machine code on disk.
 """
 from __future__ import annotations
+
+import functools
+import os
 
 import numba
 import numpy as np
@@ -21,34 +25,76 @@ import torch
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)
-def _decode_attention(query, keys, values, block_tables, seq_lens, block_size, scale, out):
+def _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, out):
+    """Sequence i: scores over its keys, softmax, weighted sum of its values."""
     num_heads, head_size = query.shape[1], query.shape[2]
-    for i in range(query.shape[0]):
-        seq_len = seq_lens[i]
-        probs = np.empty((num_heads, seq_len), dtype=query.dtype)
-        for pos in range(seq_len):
-            slot = block_tables[i, pos // block_size] * block_size + pos % block_size
-            for h in range(num_heads):
-                dot = np.float32(0)
-                for d in range(head_size):
-                    dot += query[i, h, d] * keys[slot, h, d]
-                probs[h, pos] = dot * scale
+    seq_len = seq_lens[i]
+    probs = np.empty((num_heads, seq_len), dtype=query.dtype)
+    for pos in range(seq_len):
+        slot = block_tables[i, pos // block_size] * block_size + pos % block_size
         for h in range(num_heads):
-            top = probs[h].max()
-            total = np.float32(0)
-            for pos in range(seq_len):
-                e = np.exp(probs[h, pos] - top)
-                probs[h, pos] = e
-                total += e
-            probs[h] /= total
-        acc = np.zeros((num_heads, head_size), dtype=query.dtype)
+            dot = np.float32(0)
+            for d in range(head_size):
+                dot += query[i, h, d] * keys[slot, h, d]
+            probs[h, pos] = dot * scale
+    for h in range(num_heads):
+        top = probs[h].max()
+        total = np.float32(0)
         for pos in range(seq_len):
-            slot = block_tables[i, pos // block_size] * block_size + pos % block_size
-            for h in range(num_heads):
-                p = probs[h, pos]
-                for d in range(head_size):
-                    acc[h, d] += p * values[slot, h, d]
-        out[i] = acc
+            e = np.exp(probs[h, pos] - top)
+            probs[h, pos] = e
+            total += e
+        probs[h] /= total
+    acc = np.zeros((num_heads, head_size), dtype=query.dtype)
+    for pos in range(seq_len):
+        slot = block_tables[i, pos // block_size] * block_size + pos % block_size
+        for h in range(num_heads):
+            p = probs[h, pos]
+            for d in range(head_size):
+                acc[h, d] += p * values[slot, h, d]
+    out[i] = acc
+
+
+@numba.njit(nogil=True, fastmath=True, cache=True)
+def _decode_serial(query, keys, values, block_tables, seq_lens, block_size, scale, out):
+    for i in range(query.shape[0]):
+        _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, out)
+
+
+@numba.njit(nogil=True, fastmath=True, cache=True, parallel=True)
+def _decode_parallel(query, keys, values, block_tables, seq_lens, block_size, scale, out):
+    for i in numba.prange(query.shape[0]):
+        _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, out)
+
+
+_forked_child = False
+
+
+def _mark_forked_child() -> None:
+    global _forked_child
+    _forked_child = True
+
+
+# GNU OpenMP cannot be used again in a child forked from a process that used it (Numba would
+# terminate the child), so forked children run the serial loop.
+os.register_at_fork(after_in_child=_mark_forked_child)
+
+
+@functools.lru_cache(maxsize=1)
+def _parallel_is_safe() -> bool:
+    """Whether Numba's parallel loops run on a thread-safe layer here (TBB or OpenMP; its
+    fallback "workqueue" aborts the process if two Python threads launch kernels at once)."""
+    try:
+        _decode_parallel(*_tiny_inputs())
+    except Exception:  # no threading layer could be loaded
+        return False
+    return numba.threading_layer() in ("tbb", "omp")
+
+
+def _tiny_inputs() -> tuple:
+    one = np.ones((1, 1, 1), dtype=np.float32)
+    return (one, one, one, np.zeros((1, 1), dtype=np.int32), np.ones(1, dtype=np.int64), 1,
+            np.float32(1), np.empty_like(one))
 
 
 def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
@@ -71,6 +117,13 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
     keys = kv_cache[0].detach().view(-1, num_heads, head_size).numpy()
     values = kv_cache[1].detach().view(-1, num_heads, head_size).numpy()
     out = np.empty_like(q)
-    _decode_attention(q, keys, values, block_tables.to(torch.int32).numpy(), lens, block_size,
-                      np.float32(scale), out)
+    args = (q, keys, values, block_tables.to(torch.int32).numpy(), lens, block_size,
+            np.float32(scale), out)
+    threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
+    if threads > 1 and len(lens) > 1 and not _forked_child and _parallel_is_safe():
+        numba.set_num_threads(threads)
+        with numba.parallel_chunksize(1):  # sequences differ in length: hand them out one by one
+            _decode_parallel(*args)
+    else:
+        _decode_serial(*args)
     return torch.from_numpy(out)

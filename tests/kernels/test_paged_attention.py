@@ -1,9 +1,12 @@
 import math
+import os
 
 import pytest
 import torch
 
-from encdec.kernels import paged_attention, paged_decode_attention
+import numpy as np
+
+from encdec.kernels import cpu_decode, paged_attention, paged_decode_attention
 
 NUM_HEADS = 4
 HEAD_SIZE = 16
@@ -103,15 +106,35 @@ def test_multi_query_tokens(causal):
             torch.testing.assert_close(out[i, j], want, atol=1e-5, rtol=1e-5)
 
 
-def test_compiled_kernel_matches_reference_on_long_sequences():
+@pytest.mark.parametrize("threads", [1, 2])
+def test_compiled_kernel_matches_reference_on_long_sequences(threads):
+    """One thread runs the serial loop; two, where Numba has a thread-safe layer, the parallel one."""
     seq_lens = [100, 1, 64, 257, 31, 700]
     cache, tables, _, _ = build_paged(seq_lens, 16, num_blocks=128, seed=8)
     query = torch.randn(len(seq_lens), NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(9))
-
-    fast = paged_decode_attention(query, cache, tables, seq_lens, 0.2)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        fast = paged_decode_attention(query, cache, tables, seq_lens, 0.2)
+    finally:
+        torch.set_num_threads(before)
     reference = paged_attention(query, cache, tables, seq_lens, 0.2)
 
     torch.testing.assert_close(fast, reference, atol=1e-6, rtol=1e-5)
+
+
+def test_serial_and_parallel_loops_agree_exactly():
+    seq_lens = np.array([300, 5, 17, 90], dtype=np.int64)
+    cache, tables, _, _ = build_paged(seq_lens.tolist(), 16, num_blocks=64, seed=3)
+    query = torch.randn(4, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(4)).numpy()
+    keys = cache[0].reshape(-1, NUM_HEADS, HEAD_SIZE).numpy()
+    values = cache[1].reshape(-1, NUM_HEADS, HEAD_SIZE).numpy()
+    outs = []
+    for kernel in (cpu_decode._decode_serial, cpu_decode._decode_parallel):
+        out = np.empty_like(query)
+        kernel(query, keys, values, tables.numpy(), seq_lens, 16, np.float32(0.3), out)
+        outs.append(out)
+    assert np.array_equal(outs[0], outs[1]) and np.isfinite(outs[0]).all()
 
 
 @pytest.mark.parametrize("attention", DECODE_KERNELS)
@@ -128,3 +151,28 @@ def test_empty_batch(attention):
     query = torch.zeros(0, NUM_HEADS, HEAD_SIZE)
     out = attention(query, cache, torch.zeros((0, 2), dtype=torch.int32), [], 1.0)
     assert out.shape == query.shape
+
+
+def _decode_small() -> float:
+    cache, tables, _, _ = build_paged([30, 45, 9], 16, num_blocks=16, seed=5)
+    query = torch.randn(3, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(6))
+    return paged_decode_attention(query, cache, tables, [30, 45, 9], 0.3).sum().item()
+
+
+def _decode_in_child(queue) -> None:
+    queue.put(_decode_small())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_kernel_runs_in_a_child_forked_after_parallel_use():
+    """GNU OpenMP does not survive fork(): the child must not die on its first decode."""
+    import multiprocessing
+
+    expected = _decode_small()  # the parent uses the kernel (in parallel where it can) first
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_decode_in_child, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == expected
