@@ -11,6 +11,7 @@
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -116,21 +117,29 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
     return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[-2] > 1, scale=scale)
 
 
-# Query rows per matmul in dense_attention: a [heads, 128, keys] score block stays in cache.
-_ROW_CHUNK = 128
+# dense_attention works in blocks of query rows of a few (batch, head) pairs whose scores fit in
+# about this many bytes, so a block's scores stay in the core's L2 cache between its two matmuls.
+_SCORE_BLOCK_BYTES = 1 << 20
+_ROW_CHUNK = 256
 
 
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Non-causal softmax(q k^T * scale) v over [..., H, L, D] tensors, as matmuls over chunks
-    of query rows. On CPU this is about twice as fast as SDPA's flash kernel for encoder
-    lengths of a few hundred tokens and more (scores of a chunk stay in cache)."""
-    keys_t = k.transpose(-1, -2).contiguous()
-    values = v.contiguous()
-    q = q * scale
-    if q.shape[-2] <= _ROW_CHUNK:
-        return torch.matmul(torch.matmul(q, keys_t).softmax(-1), values)
-    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
-    for start in range(0, q.shape[-2], _ROW_CHUNK):
-        rows = slice(start, start + _ROW_CHUNK)
-        torch.matmul(torch.matmul(q[..., rows, :], keys_t).softmax(-1), values, out=out[..., rows, :])
-    return out
+    """Non-causal softmax(q k^T * scale) v over [..., L, D] tensors (e.g. [batch, heads, L, D]),
+    as matmuls over cache-sized blocks. On CPU this beats SDPA's flash kernel about twice for
+    encoder lengths of a few hundred tokens and more; blocking across (batch, head) pairs
+    matters most for many Whisper windows at once (24 windows: 46 -> 64-89 GFLOP/s here)."""
+    *lead, q_len, head_size = q.shape
+    k_len = k.shape[-2]
+    pairs = math.prod(lead)
+    queries = (q * scale).reshape(pairs, q_len, head_size)
+    keys_t = k.transpose(-1, -2).reshape(pairs, head_size, k_len)
+    values = v.reshape(pairs, k_len, head_size)
+    rows = min(q_len, _ROW_CHUNK)
+    group = max(1, _SCORE_BLOCK_BYTES // (rows * k_len * queries.element_size()))
+    out = torch.empty_like(queries)
+    for p in range(0, pairs, group):
+        keys_p, values_p = keys_t[p:p + group], values[p:p + group]
+        for r in range(0, q_len, rows):
+            scores = torch.matmul(queries[p:p + group, r:r + rows], keys_p)
+            torch.matmul(scores.softmax(-1), values_p, out=out[p:p + group, r:r + rows])
+    return out.view(*lead, q_len, head_size)
