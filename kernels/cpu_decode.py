@@ -97,8 +97,8 @@ def _tiny_inputs() -> tuple:
             np.float32(1), np.empty_like(one))
 
 
-def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor,
-                           block_tables: torch.Tensor, seq_lens, scale: float | None = None) -> torch.Tensor:
+def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
+                           seq_lens, scale: float | None = None) -> torch.Tensor:
     """softmax(q K^T * scale) V for one query token per sequence, over the first
     `seq_lens[i]` tokens of sequence i's blocks. query: [num_seqs, num_heads, head_size];
     kv_cache: [2, num_blocks, block_size, num_heads, head_size], contiguous, on the CPU.
