@@ -67,8 +67,8 @@ class BartStack(nn.Module):
         self.layers = nn.ModuleList([layer_cls(config, backend) for _ in range(num_layers)])
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(input_ids) * self.embed_scale + self.embed_positions(positions + _POSITION_OFFSET)
-        return self.layernorm_embedding(h)
+        h = self.embed_tokens(input_ids) * self.embed_scale
+        return self.layernorm_embedding(h + self.embed_positions(positions + _POSITION_OFFSET))
 
 
 class BartModel(nn.Module):

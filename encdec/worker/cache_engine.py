@@ -1,8 +1,8 @@
 """Per-layer paged KV caches on the device and in the swap pool, and the block moves between them.
 
 Each decoder layer has one tensor [2, num_blocks, block_size, num_heads, head_size] holding both
-self- and cross-attention blocks. Caches are allocated empty (pages are committed as blocks get used); readers never look
-past a sequence's length, and padded gathers zero their padding.
+self- and cross-attention blocks. Caches are allocated empty (pages are committed as blocks get
+used); readers never look past a sequence's length, and padded gathers zero their padding.
 """
 from __future__ import annotations
 
