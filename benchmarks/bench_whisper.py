@@ -1,12 +1,14 @@
 """Whisper tiny.en transcription speed and WER: encdec vs faster-whisper vs Hugging Face.
 
-A deterministic espeak-ng corpus (24 clips of 3-15 s with reference texts, plus one clip over
-60 s), the bundled Whisper tiny.en weights for every engine. In one run, interleaved:
-encdec (all clips in one continuous batch); faster-whisper `WhisperModel` float32 and int8,
-sequential, beam_size=1; faster-whisper `BatchedInferencePipeline` (batch 8, float32); Hugging
-Face transformers Whisper built from the same weights (greedy, batches of 8).
+A deterministic espeak-ng corpus (24 clips of 3-15 s with reference texts, and the three long
+clips of `tests.speech_corpus.long_clips`, about 6 minutes), the bundled Whisper tiny.en weights
+for every engine. In one run, interleaved: encdec (all clips in one continuous batch; on the
+long clips also with `condition_on_previous_text=False`, every window at once);
+faster-whisper `WhisperModel` float32 and int8, sequential, beam_size=1; faster-whisper
+`BatchedInferencePipeline` (batch 8, float32); Hugging Face transformers Whisper built from
+the same weights (greedy, batches of 8; short clips only).
 
-    python -m benchmarks.bench_whisper [--rounds 3] [--threads 2]
+    python -m benchmarks.bench_whisper [--rounds 3] [--long-rounds 2] [--threads 2]
 """
 from __future__ import annotations
 
@@ -17,13 +19,13 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import interleaved, machine, markdown_table, median, run_isolated, write_json
-from tests.speech_corpus import CORPUS, speak, wer
+from tests.speech_corpus import CORPUS, long_clips, speak, wer
 
 SAMPLE_RATE = 16000
 
 
-def build_corpus(folder: Path) -> tuple[list[tuple[Path, str]], tuple[Path, str]]:
-    """24 clips joining 1-4 corpus sentences (3-15 s), and one long clip of all of them."""
+def build_corpus(folder: Path) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
+    """24 clips joining 1-4 corpus sentences (3-15 s), and the long clips, as (wav, text)."""
     import soundfile as sf
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -38,10 +40,12 @@ def build_corpus(folder: Path) -> tuple[list[tuple[Path, str]], tuple[Path, str]
         path = folder / f"clip{i:02d}.wav"
         sf.write(path, audio, SAMPLE_RATE)
         clips.append((path, " ".join(s[2] for s in picked)))
-    long_audio = np.concatenate([np.concatenate([s[3], pause, pause]) for s in sentences * 2])
-    long_path = folder / "long.wav"
-    sf.write(long_path, long_audio, SAMPLE_RATE)
-    return clips, (long_path, " ".join(s[2] for s in sentences * 2))
+    long = []
+    for clip in long_clips(folder):
+        path = folder / f"long-{clip.name}.wav"
+        sf.write(path, clip.audio, SAMPLE_RATE)
+        long.append((path, clip.text))
+    return clips, long
 
 
 def _tiny_en_dir() -> str:
@@ -50,12 +54,12 @@ def _tiny_en_dir() -> str:
     return str(resolve_whisper_model("tiny.en").bin_parts[0].parent)
 
 
-def run_encdec(paths: list[str], threads: int) -> dict:
+def run_encdec(paths: list[str], condition: bool, threads: int) -> dict:
     from encdec import LLM
 
     llm = LLM(model="tiny.en")
     start = time.perf_counter()
-    results = llm.transcribe(paths, language="en")
+    results = llm.transcribe(paths, language="en", condition_on_previous_text=condition)
     return {"seconds": time.perf_counter() - start, "texts": [r.text for r in results]}
 
 
@@ -104,54 +108,62 @@ def run_hf(paths: list[str], threads: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--long-rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "speech")
-    parser.add_argument("--engines", default="encdec,fw-fp32,fw-int8,fw-batched,hf")
+    parser.add_argument("--engines", default="encdec,encdec-parallel,fw-fp32,fw-int8,fw-batched,hf")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/whisper.json"))
     args = parser.parse_args(argv)
 
     import soundfile as sf
 
-    clips, (long_path, long_ref) = build_corpus(args.work_dir)
-    paths = [str(p) for p, _ in clips]
-    refs = [t for _, t in clips]
-    audio_seconds = sum(sf.info(p).duration for p in paths)
+    clips, long = build_corpus(args.work_dir)
     t = args.threads
     engines = {
-        "encdec": lambda p: run_isolated(run_encdec, p, t),
+        "encdec": lambda p: run_isolated(run_encdec, p, True, t),
+        "encdec-parallel": lambda p: run_isolated(run_encdec, p, False, t),
         "fw-fp32": lambda p: run_isolated(run_faster_whisper, p, "float32", False, t),
         "fw-int8": lambda p: run_isolated(run_faster_whisper, p, "int8", False, t),
         "fw-batched": lambda p: run_isolated(run_faster_whisper, p, "float32", True, t),
         "hf": lambda p: run_isolated(run_hf, p, t),
     }
     engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
-    short = interleaved({k: (lambda f=f: f(paths)) for k, f in engines.items()}, args.rounds)
-    long = interleaved({k: (lambda f=f: f([str(long_path)])) for k, f in engines.items() if k != "hf"}, 1)
-
-    summary, rows = {}, []
-    for name, runs in short.items():
-        secs = median(runs, "seconds")
-        summary[name] = {"seconds": secs, "audio_s_per_s": audio_seconds / secs,
-                         "wer": wer(refs, runs[0]["texts"]), "peak_rss_mb": median(runs, "peak_rss_mb"),
-                         "all_seconds": [r["seconds"] for r in runs],
-                         "load": [(r["load_before"], r["load_after"]) for r in runs]}
-        if name in long:
-            lr = long[name][0]
-            summary[name]["long_seconds"] = lr["seconds"]
-            summary[name]["long_wer"] = wer([long_ref], lr["texts"])
-    for name, s in summary.items():
-        s["encdec_speedup"] = summary["encdec"]["audio_s_per_s"] / s["audio_s_per_s"] if "encdec" in summary else None
-        rows.append([name, s["seconds"], s["audio_s_per_s"], f"{100 * s['wer']:.1f}%",
-                     s["peak_rss_mb"], f"{s['encdec_speedup']:.2f}x" if s["encdec_speedup"] else "-",
-                     f"{s.get('long_seconds', float('nan')):.1f}",
-                     f"{100 * s['long_wer']:.1f}%" if "long_wer" in s else "-"])
-    table = markdown_table(["engine", "short: wall s (median)", "audio s / s", "WER", "peak RSS MB",
-                            "encdec speedup", "long clip s", "long WER"], rows)
-    print(f"\n{len(paths)} clips, {audio_seconds:.0f} s of audio; long clip "
-          f"{sf.info(str(long_path)).duration:.0f} s; {args.rounds} rounds, {t} threads\n\n{table}")
+    results = {}
+    for label, corpus, rounds, names in (
+            ("short", clips, args.rounds, [k for k in engines if k != "encdec-parallel"]),
+            ("long", long, args.long_rounds, [k for k in engines if k != "hf"])):
+        paths, refs = [str(p) for p, _ in corpus], [text for _, text in corpus]
+        audio_seconds = sum(sf.info(p).duration for p in paths)
+        runs = interleaved({k: (lambda f=engines[k]: f(paths)) for k in names}, rounds)
+        results[label] = summarize(runs, refs, audio_seconds)
+        print(f"\n{label}: {len(paths)} clips, {audio_seconds:.0f} s of audio; {rounds} rounds, {t} threads\n\n"
+              f"{table(results[label])}")
     write_json(args.json, {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
-                           "audio_seconds": audio_seconds, "results": summary})
+                           "results": results})
     return 0
+
+
+def summarize(runs: dict, refs: list[str], audio_seconds: float) -> dict:
+    """Per engine: median seconds, audio seconds per second, WER, peak RSS, speedup of encdec."""
+    summary = {}
+    for name, engine_runs in runs.items():
+        secs = median(engine_runs, "seconds")
+        summary[name] = {"seconds": secs, "audio_s_per_s": audio_seconds / secs,
+                         "wer": wer(refs, engine_runs[0]["texts"]),
+                         "peak_rss_mb": median(engine_runs, "peak_rss_mb"),
+                         "all_seconds": [r["seconds"] for r in engine_runs],
+                         "load": [(r["load_before"], r["load_after"]) for r in engine_runs]}
+    for s in summary.values():
+        s["encdec_speedup"] = (summary["encdec"]["audio_s_per_s"] / s["audio_s_per_s"]
+                               if "encdec" in summary else None)
+    return summary
+
+
+def table(summary: dict) -> str:
+    rows = [[name, s["seconds"], s["audio_s_per_s"], f"{100 * s['wer']:.1f}%", s["peak_rss_mb"],
+             f"{s['encdec_speedup']:.2f}x" if s["encdec_speedup"] else "-"] for name, s in summary.items()]
+    return markdown_table(["engine", "wall s (median)", "audio s / s", "WER", "peak RSS MB",
+                           "encdec speedup"], rows)
 
 
 if __name__ == "__main__":

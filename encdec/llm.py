@@ -83,15 +83,18 @@ class LLM:
 
     def transcribe(self, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
                    timestamps: bool = True, initial_prompt: Optional[str] = None,
-                   on_progress: Optional[Callable[[float], None]] = None) -> list[Transcription]:
+                   on_progress: Optional[Callable[[float], None]] = None, **options: Any) -> list[Transcription]:
         """Whisper: transcribe (or translate) audio files or `(waveform, sample_rate)` pairs of
         any length; one `Transcription` per input. `on_progress(seconds)` gets the seconds of
-        audio finished so far as windows finish. See `encdec.whisper.transcribe`.
+        audio finished so far as windows finish. `options`: openai-whisper's decoding options
+        (`temperature`, `best_of`, `compression_ratio_threshold`, `logprob_threshold`,
+        `no_speech_threshold`, `condition_on_previous_text`; see
+        `encdec.whisper.pipeline.TranscribeOptions`). See `encdec.whisper.transcribe`.
         """
         from encdec.whisper.transcribe import transcribe
 
         return transcribe(self, inputs, language=language, task=task, timestamps=timestamps,
-                          initial_prompt=initial_prompt, on_progress=on_progress)
+                          initial_prompt=initial_prompt, on_progress=on_progress, **options)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool,
                     on_output: Optional[Callable[[RequestOutput], None]] = None) -> list[RequestOutput]:

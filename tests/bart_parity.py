@@ -30,11 +30,12 @@ def mixed_prompts(tokenizer, count: int = 16) -> list:
     return prompts
 
 
-def run_parity(model_dir, llm: LLM, prompts, max_tokens: list[int]):
-    """Run the engine on all prompts in one batch and compare each with HF; return outputs."""
+def run_parity(model_dir, llm: LLM, prompts, max_tokens: list[int], hf_device: str = "cpu"):
+    """Run the engine on all prompts in one batch and compare each with HF (float32, on
+    `hf_device`); return outputs."""
     params = [SamplingParams(temperature=0.0, max_tokens=m) for m in max_tokens]
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    hf = BartForConditionalGeneration.from_pretrained(str(model_dir)).eval()
+    hf = BartForConditionalGeneration.from_pretrained(str(model_dir)).to(hf_device).eval()
     ties = []
     for i, out in enumerate(outputs):
         enc, dec, got = out.encoder_prompt_token_ids, out.prompt_token_ids, out.outputs[0].token_ids

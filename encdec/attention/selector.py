@@ -1,11 +1,16 @@
-"""Picks the attention backend: xformers on CUDA when importable, torch SDPA otherwise.
+"""Picks the attention backend: xformers on CUDA when its kernels run, torch SDPA otherwise.
 
 `ENCDEC_ATTENTION_BACKEND` (environment) or the engine's `attention_backend` argument override
-the choice ("torch" or "xformers"); xformers without CUDA is refused with a clear error.
+the choice ("torch" or "xformers"); xformers without CUDA is refused with a clear error. An
+xformers wheel built for another torch or CUDA version imports but cannot run its kernels
+("xFormers wasn't build with CUDA support"): one tiny attention call finds that out, and the
+torch backend is chosen instead, with a warning.
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
+import logging
 import os
 from typing import Optional
 
@@ -17,11 +22,19 @@ ENV_VAR = "ENCDEC_ATTENTION_BACKEND"
 _NAMES = ("torch", "xformers")
 
 
+logger = logging.getLogger(__name__)
+
+
 def select_backend_name(device: torch.device, requested: Optional[str] = None) -> str:
     name = requested or os.environ.get(ENV_VAR) or None
     if name is None:
-        has_xformers = importlib.util.find_spec("xformers") is not None
-        return "xformers" if device.type == "cuda" and has_xformers else "torch"
+        if device.type != "cuda" or importlib.util.find_spec("xformers") is None:
+            return "torch"
+        failure = xformers_failure(device)
+        if failure:
+            logger.warning("xformers cannot run on %s (%s); using the torch attention backend",
+                           device, failure)
+        return "torch" if failure else "xformers"
     if name not in _NAMES:
         raise ValueError(f"attention backend must be one of {_NAMES}, got {name!r}")
     if name == "xformers" and device.type != "cuda":
@@ -30,7 +43,23 @@ def select_backend_name(device: torch.device, requested: Optional[str] = None) -
     if name == "xformers" and importlib.util.find_spec("xformers") is None:
         raise ValueError("the xformers attention backend was requested but xformers is not "
                          "installed (pip install 'encdec[xformers]')")
+    if name == "xformers" and xformers_failure(device):
+        raise ValueError(f"the xformers attention backend was requested but its kernels do not "
+                         f"run on {device}: {xformers_failure(device)}")
     return name
+
+
+@functools.lru_cache(maxsize=None)
+def xformers_failure(device: torch.device) -> str:
+    """Why xformers' attention kernel fails on `device` ("" when it runs)."""
+    try:
+        from xformers.ops import memory_efficient_attention
+
+        q = torch.zeros(1, 2, 1, 8, device=device, dtype=torch.float16)
+        memory_efficient_attention(q, q, q)
+    except Exception as err:  # any failure means: do not use it
+        return f"{type(err).__name__}: {err}".split("\n")[0]
+    return ""
 
 
 def get_attn_backend(device: torch.device, requested: Optional[str] = None) -> AttentionBackend:

@@ -43,13 +43,14 @@ def split_spans(sampled: list[int], tokens: WhisperTokens) -> list[tuple[Optiona
     return spans
 
 
-def window_segments(sampled: list[int], tokens: WhisperTokens, tokenizer: Any, offset: float,
-                    duration: float, avg_logprob: float, no_speech_prob: float) -> list[Segment]:
-    """Segments with absolute times, clipped to the window `[offset, offset + duration]`."""
+def window_segments(spans: list[tuple[Optional[float], Optional[float], list[int]]],
+                    tokens: WhisperTokens, tokenizer: Any, offset: float, duration: float,
+                    avg_logprob: float, no_speech_prob: float, temperature: float = 0.0) -> list[Segment]:
+    """Segments of `split_spans` spans with absolute times, clipped to `[offset, offset + duration]`."""
     segments = []
-    for start, end, text in split_spans(sampled, tokens):
+    for start, end, text in spans:
         start = min(start or 0.0, duration)
         end = duration if end is None else min(max(end, start), duration)
         segments.append(Segment(offset + start, offset + end, decode_text(tokenizer, text, tokens),
-                                text, avg_logprob, no_speech_prob))
+                                text, avg_logprob, no_speech_prob, temperature))
     return segments

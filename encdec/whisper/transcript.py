@@ -15,6 +15,7 @@ class Segment:
     tokens: list[int] = field(default_factory=list)
     avg_logprob: float = 0.0
     no_speech_prob: float = 0.0
+    temperature: float = 0.0  # of the decode the segment comes from (temperature fallback)
 
 
 @dataclass

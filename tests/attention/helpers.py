@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from encdec.attention.metadata import AttentionMetadata
+from encdec.attention.metadata import AttentionMetadata, AttentionType
 from encdec.kernels.cache_ops import reshape_and_cache
 from encdec.sampling.params import SamplingParams
 from encdec.sequence import SequenceData, SequenceGroupMetadata
@@ -49,11 +49,25 @@ def mixed_batch() -> list[SequenceGroupMetadata]:
     ]
 
 
-def prepare(groups: list[SequenceGroupMetadata]) -> AttentionMetadata:
-    """The metadata the real runner builds for these groups (it never calls the model)."""
-    runner = EncoderDecoderModelRunner(torch.nn.Identity(), BLOCK_SIZE, torch.device("cpu"),
+def prepare(groups: list[SequenceGroupMetadata],
+            device: torch.device = torch.device("cpu")) -> AttentionMetadata:
+    """The metadata the real runner builds for these groups (it never calls the model), with
+    its tensors on `device`."""
+    runner = EncoderDecoderModelRunner(torch.nn.Identity(), BLOCK_SIZE, device,
                                        max_num_batched_tokens=64, eos_token_id=None, vocab_size=8)
     return runner.prepare_inputs(groups).attn_metadata
+
+
+def layer_inputs(meta: AttentionMetadata, attn_type: AttentionType,
+                 gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Random query, key, value for one layer of this step: the encoder's tokens (ENCODER), or
+    the decoder's tokens over their own (DECODER) or the prefills' encoder tokens (cross)."""
+    num_tokens = meta.num_prefill_tokens + meta.num_decode_tokens
+    num_q = meta.num_encoder_tokens if attn_type == AttentionType.ENCODER else num_tokens
+    num_kv = num_tokens if attn_type == AttentionType.DECODER else meta.num_encoder_tokens
+    q = torch.randn(num_q, NUM_HEADS, HEAD_SIZE, generator=gen)
+    k, v = torch.randn(2, num_kv, NUM_HEADS, HEAD_SIZE, generator=gen)
+    return q, k, v
 
 
 def empty_cache() -> torch.Tensor:

@@ -21,8 +21,9 @@ def no_env_override(monkeypatch):
     monkeypatch.delenv(selector.ENV_VAR, raising=False)
 
 
-def fake_xformers(monkeypatch, installed: bool) -> None:
-    """Make `find_spec("xformers")` report xformers as (not) installed."""
+def fake_xformers(monkeypatch, installed: bool, failure: str = "") -> None:
+    """Make `find_spec("xformers")` report xformers as (not) installed, and its kernel probe
+    fail with `failure` ("" : it runs)."""
     find_spec = selector.importlib.util.find_spec
 
     def fake(name, *args, **kwargs):
@@ -31,6 +32,7 @@ def fake_xformers(monkeypatch, installed: bool) -> None:
         return find_spec(name, *args, **kwargs)
 
     monkeypatch.setattr(selector.importlib.util, "find_spec", fake)
+    monkeypatch.setattr(selector, "xformers_failure", lambda device: failure)
 
 
 @pytest.mark.parametrize("installed", [True, False])
@@ -89,6 +91,18 @@ def test_cuda_with_xformers(monkeypatch):
     assert selector.select_backend_name(CUDA) == "xformers"
     assert selector.select_backend_name(CUDA, "xformers") == "xformers"
     assert selector.select_backend_name(CUDA, "torch") == "torch"
+
+
+def test_cuda_with_xformers_that_cannot_run(monkeypatch, caplog):
+    fake_xformers(monkeypatch, installed=True, failure="NotImplementedError: no CUDA support")
+    assert selector.select_backend_name(CUDA) == "torch"
+    assert "no CUDA support" in caplog.text
+    with pytest.raises(ValueError, match="kernels do not run on cuda: NotImplementedError"):
+        selector.select_backend_name(CUDA, "xformers")
+
+
+def test_the_kernel_probe_reports_a_device_that_fails():
+    assert selector.xformers_failure(torch.device("meta")) != ""
 
 
 def test_cuda_with_xformers_builds_the_xformers_backend(monkeypatch):

@@ -13,7 +13,7 @@ from encdec.attention.backends import xformers as xf  # noqa: E402
 from encdec.attention.backends.torch_sdpa import TorchSDPABackend  # noqa: E402
 from encdec.attention.metadata import AttentionType  # noqa: E402
 from tests.attention.helpers import (HEAD_SIZE, NUM_HEADS, empty_cache, fill_history,  # noqa: E402
-                                     group, mixed_batch, prepare)
+                                     group, layer_inputs, mixed_batch, prepare)
 
 ENC, DEC, CROSS = AttentionType.ENCODER, AttentionType.DECODER, AttentionType.ENCODER_DECODER
 SCALE = HEAD_SIZE ** -0.5
@@ -116,11 +116,7 @@ def test_mixed_step_matches_torch_backend(biases_used, attn_type):
     gen = torch.Generator().manual_seed(0)
     groups = mixed_batch()
     meta = prepare(groups)
-    num_tokens = meta.num_prefill_tokens + meta.num_decode_tokens
-    num_q = meta.num_encoder_tokens if attn_type == ENC else num_tokens
-    num_kv = num_tokens if attn_type == DEC else meta.num_encoder_tokens
-    q = torch.randn(num_q, NUM_HEADS, HEAD_SIZE, generator=gen)
-    k, v = torch.randn(2, num_kv, NUM_HEADS, HEAD_SIZE, generator=gen)
+    q, k, v = layer_inputs(meta, attn_type, gen)
     caches = (None, None)
     if attn_type != ENC:
         cache = empty_cache()

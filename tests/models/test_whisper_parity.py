@@ -105,10 +105,11 @@ def hf_greedy_loop(model, audios: list, prefix: list[int], max_new_tokens: int):
     """Greedy decoding over HF logits, no logits processors: (tokens per clip, logits [B, N, V]).
 
     Each clip's tokens end at its first <|endoftext|> (kept), as the engine stops there.
+    Inputs go to the model's device and dtype.
     """
     features = torch.stack([whisper_features(load_audio(a), 80, "whisper") for a in audios])
-    encoder_outputs = model.model.encoder(features)
-    ids = torch.tensor([prefix] * len(audios))
+    encoder_outputs = model.model.encoder(features.to(model.device, model.dtype))
+    ids = torch.tensor([prefix] * len(audios), device=model.device)
     step_ids, past, logits = ids, None, []
     for _ in range(max_new_tokens):
         out = model(encoder_outputs=encoder_outputs, decoder_input_ids=step_ids,

@@ -42,17 +42,6 @@ def corpus(speech_dir) -> list[Clip]:
 
 
 @pytest.fixture(scope="session")
-def long_clip(corpus) -> Clip:
-    """About 100 s: the corpus sentences, then the first six again, 0.4-1.2 s pauses between."""
-    rng = np.random.default_rng(0)
-    parts, texts = [], []
-    for clip in corpus + corpus[:6]:
-        parts += [clip.audio, np.zeros(int(rng.uniform(0.4, 1.2) * SAMPLE_RATE), np.float32)]
-        texts.append(clip.text)
-    return Clip(" ".join(texts), np.concatenate(parts))
-
-
-@pytest.fixture(scope="session")
 def language_clips(speech_dir) -> list[tuple[str, Clip]]:
     return [(lang, Clip(text, speak(speech_dir, f"lang_{lang}", voice, 150, text)))
             for lang, voice, text in LANGUAGE_CLIPS]

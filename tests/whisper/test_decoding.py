@@ -119,7 +119,8 @@ def test_window_segments_are_offset_and_clipped():
         def decode(self, ids):
             return "".join(f" w{i}" for i in ids)
 
-    segments = window_segments([ts(0.2), 1, ts(1.5), ts(1.5), 2], TOKENS, Tokenizer(), 30.0, 1.0, -0.5, 0.1)
+    spans = split_spans([ts(0.2), 1, ts(1.5), ts(1.5), 2], TOKENS)
+    segments = window_segments(spans, TOKENS, Tokenizer(), 30.0, 1.0, -0.5, 0.1)
     assert [(s.start, s.end, s.text, s.tokens) for s in segments] == [
         (pytest.approx(30.2), 31.0, " w1", [1]), (31.0, 31.0, " w2", [2])]
     assert segments[0].avg_logprob == -0.5 and segments[0].no_speech_prob == 0.1

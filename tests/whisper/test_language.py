@@ -7,7 +7,7 @@ from tests.speech_corpus import wer
 
 def test_detects_english_french_german_spanish(base, language_clips):
     runs = base.llm_engine.stats.num_encoder_runs
-    results = base.transcribe([clip.pair for _, clip in language_clips])
+    results = base.transcribe([clip.pair for _, clip in language_clips], temperature=0.0)
     assert base.llm_engine.stats.num_encoder_runs - runs == len(language_clips)
     for (language, clip), result in zip(language_clips, results):
         print(f"{language}: detected {result.language}: {result.text!r}")

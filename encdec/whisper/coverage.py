@@ -1,0 +1,92 @@
+"""How much of its audio a window's decode covered, and where a follow-up window resumes.
+
+Whisper often ends a window early: it closes a segment, opens the next one (or not) and emits
+<|endoftext|> seconds before the window's audio ends. openai-whisper and faster-whisper decode
+one window at a time and move their `seek` to the last timestamp, so the rest is decoded next.
+encdec decodes all windows of a file at once (its speed on long audio), so it repairs instead:
+when a window's decode stops short, a follow-up window from the resume point to the window's
+end joins the same continuous batch, and so on until the window is covered.
+
+Measured on long espeak-ng clips (tests/whisper/test_long_audio.py; numbers in the module
+`encdec.whisper.pipeline`'s docstring): the quiet-point cuts of `encdec.whisper.windows` keep
+words whole at the window edges; every lost sentence was audio the window held, after an
+early end-of-text. Overlapping windows would not bring those back
+(the model stops early wherever the window starts) and would need a merge of two decodes of
+the same words; the repair loop decodes only what is missing. So: quiet-point cuts plus the
+repair loop, no overlap.
+
+The rules, in seconds from the window's start (`plan_window`):
+
+* Timestamp mode. Segments closed by a timestamp are kept. A last segment left open (no
+  closing timestamp: the decode hit the token limit, or the model stopped mid-segment) is
+  dropped and decoded again from its opening timestamp, as openai-whisper does. A last
+  segment whose text repeats itself (compression ratio above 2.4: a loop near the window's
+  end) is dropped and decoded again from its start as well. The resume point is the last
+  timestamp the kept tokens reached; a follow-up is made when more than `MIN_REMAINDER`
+  seconds of the window lie after it.
+* Without timestamp tokens a decode shows no point to resume from, so it is kept as it is.
+  Such decodes lost whole utterances on the test clips, which is why the pipeline decodes
+  with timestamp tokens whenever the vocabulary has them.
+* A follow-up must start later than its parent (no progress, no follow-up), and a window
+  gets at most `MAX_FOLLOW_UPS` follow-ups in a row, so the loop always ends.
+* Seams: a timestamp a little early makes the follow-up hear the end of the last kept
+  segment again; words at the follow-up's start that repeat the kept text's last words
+  (`repeated_words`, two words or more) are dropped.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+from encdec.whisper.silence import COMPRESSION_RATIO_THRESHOLD, compression_ratio
+
+MIN_REMAINDER = 1.0  # seconds of a window after the resume point worth a follow-up
+MAX_FOLLOW_UPS = 8  # follow-ups of one window at most (each advances by MIN_REMAINDER or more)
+MIN_REPEATED_WORDS = 2  # a seam overlap shorter than this is taken for speech
+MAX_REPEATED_WORDS = 30
+
+Span = tuple[Optional[float], Optional[float], list[int]]  # (start, end, text ids)
+
+
+@dataclass
+class WindowPlan:
+    """The spans to keep, and where to decode again (None: the window is covered)."""
+
+    kept: list[Span]
+    resume: Optional[float]
+
+
+def plan_window(spans: list[Span], texts: list[str], duration: float, timestamps: bool,
+                last_timestamp: Optional[float],
+                compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD) -> WindowPlan:
+    """`spans` from `split_spans`, `texts` their decoded text, `last_timestamp` the latest
+    timestamp sampled (None: none); see the module docstring for the rules."""
+    if not timestamps or not spans:
+        return WindowPlan(spans, None)
+    kept = list(spans)
+    resume = last_timestamp or 0.0
+    start, end, _ = kept[-1]
+    looping = (compression_ratio_threshold is not None
+               and compression_ratio(texts[-1]) > compression_ratio_threshold)
+    if end is None or looping:
+        kept.pop()
+        resume = start or 0.0
+    if resume <= 0.0 or duration - resume <= MIN_REMAINDER:
+        return WindowPlan(spans, None)  # nothing to gain from decoding again: keep it all
+    return WindowPlan(kept, resume)
+
+
+def words(text: str) -> list[str]:
+    """Lowercase words without punctuation, for comparing texts at a seam."""
+    return re.sub(r"[^\w\s']", " ", text.lower()).split()
+
+
+def repeated_words(previous: str, text: str) -> int:
+    """How many leading words of `text` repeat the last words of `previous` (0 if fewer than
+    `MIN_REPEATED_WORDS`); the longest such overlap counts."""
+    tail, head = words(previous)[-MAX_REPEATED_WORDS:], words(text)[:MAX_REPEATED_WORDS]
+    for k in range(min(len(tail), len(head)), MIN_REPEATED_WORDS - 1, -1):
+        if tail[-k:] == head[:k]:
+            return k
+    return 0

@@ -1,0 +1,223 @@
+"""The transcription job's repair loop, temperature fallback and seams, with a scripted engine.
+
+A toy vocabulary: text 0-9 (token i reads " w{i}"), <|endoftext|> 10, <|startoftranscript|> 11,
+<|notimestamps|> 17, timestamps 18.. (<|0.00|> .. <|30.00|>). `ScriptedEngine` answers each
+request with the tokens a script gives for its window, so every request the job makes can be
+asserted on.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from encdec.audio import SAMPLE_RATE
+from encdec.outputs import CompletionOutput, RequestOutput
+from encdec.whisper.coverage import MIN_REMAINDER, plan_window, repeated_words
+from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
+from encdec.whisper.segments import split_spans
+from encdec.whisper.tokens import WhisperTokens
+from encdec.whisper.transcribe import run_job
+
+EOT, SOT, SOT_PREV, NO_TS = 10, 11, 12, 17
+TOKENS = WhisperTokens(eot=EOT, sot=SOT, no_timestamps=NO_TS, multilingual=False, sot_prev=SOT_PREV)
+
+
+def ts(seconds: float) -> int:
+    return NO_TS + 1 + round(seconds / 0.02)
+
+
+class Tokenizer:
+    def decode(self, ids):
+        return "".join(f" w{i}" for i in ids)
+
+
+class ScriptedEngine:
+    """`script(start_seconds, duration, temperature) -> (sampled ids, mean logprob)` per request;
+    one request finishes per step, first come first served."""
+
+    def __init__(self, script):
+        self.script = script
+        self.queue: list[tuple[str, dict, object]] = []
+        self.requests: list[tuple[float, float, float]] = []  # (start, duration, temperature)
+        self.prompts: list[list[int]] = []  # decoder prompts, in the order decoded
+
+    def add_request(self, request_id, prompt, params):
+        self.queue.append((request_id, prompt, params))
+
+    def abort_request(self, request_id):
+        self.queue = [q for q in self.queue if q[0] != request_id]
+
+    def step(self):
+        request_id, prompt, params = self.queue.pop(0)
+        audio, _ = prompt["encoder_prompt"]["multi_modal_data"]["audio"]
+        start = round(float(audio[0]) - 1.0, 2)  # see clock_audio
+        duration = len(audio) / SAMPLE_RATE
+        self.requests.append((start, round(duration, 2), params.temperature))
+        self.prompts.append(prompt["decoder_prompt"])
+        ids, mean_logprob = self.script(start, duration, params.temperature)
+        completions = [CompletionOutput(i, "", list(ids), mean_logprob * (len(ids) + 1), None, "stop")
+                       for i in range(params.n)]
+        return [RequestOutput(request_id, None, [SOT], None, [], completions, True)]
+
+
+def clock_audio(seconds: float) -> np.ndarray:
+    """Audio whose every sample is its own time in seconds plus one: loud everywhere, and the
+    scripted engine reads a window's start off its first sample. Its quietest stretch before
+    30 s is the whole search range, so the first window ends in its middle, at 27.5 s."""
+    return (np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE + 1.0).astype(np.float32)
+
+
+def run(script, seconds=40.0, **options):
+    """Transcribe `seconds` of clock audio; windows at once unless the options say otherwise."""
+    audio = clock_audio(seconds)
+    engine = ScriptedEngine(script)
+    options.setdefault("condition_on_previous_text", False)
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio], TranscribeOptions(**options))
+    run_job(engine, job)
+    return engine.requests, job.results([None])[0]
+
+
+def test_a_window_that_ends_early_gets_a_follow_up():
+    def script(start, duration, temperature):
+        if start == 0.0:  # two segments, then end-of-text at 10 s of a 27.5 s window
+            return [ts(0.0), 1, 2, ts(5.0), ts(5.0), 3, ts(10.0), ts(10.0), EOT], -0.2
+        if start == 10.0:
+            return [ts(0.0), 4, 5, ts(duration - 0.5), EOT], -0.2
+        return [ts(0.0), 6, ts(duration), EOT], -0.2
+
+    requests, result = run(script)
+    first_end = requests[1][0]  # the second window starts where the first was cut
+    assert first_end == 27.5
+    assert requests == [(0.0, first_end, 0.0), (first_end, requests[1][1], 0.0),
+                        (10.0, round(first_end - 10.0, 2), 0.0)]
+    assert result.text == "w1 w2 w3 w4 w5 w6"
+    assert [(round(s.start, 2), s.text) for s in result.segments] == [
+        (0.0, " w1 w2"), (5.0, " w3"), (10.0, " w4 w5"), (first_end, " w6")]
+
+
+def test_windows_that_reach_their_end_get_none():
+    requests, result = run(lambda start, duration, t: ([ts(0.0), 1, ts(duration - MIN_REMAINDER), EOT], -0.2))
+    assert len(requests) == 2 and result.text == "w1 w1"
+
+
+def test_an_open_last_segment_is_decoded_again_from_its_start():
+    def script(start, duration, temperature):
+        if start == 0.0:  # the last segment has no closing timestamp (token limit)
+            return [ts(0.0), 1, ts(4.0), ts(6.0), 2, 2], -0.2
+        return [ts(0.0), 3, ts(duration), EOT], -0.2
+
+    requests, result = run(script)
+    assert [r[0] for r in requests][:3] == [0.0, requests[1][0], 6.0]
+    assert result.text.split() == ["w1", "w3", "w3"]
+
+
+def test_a_looping_last_segment_is_dropped_and_decoded_again():
+    loop = [7, 8, 9] * 20
+
+    def script(start, duration, temperature):
+        if start == 0.0:
+            return [ts(0.0), 1, 2, 3, 4, 5, 6, 1, 2, 3, ts(8.0), ts(8.0), *loop, ts(20.0), EOT], -0.2
+        return [ts(0.0), 4, ts(duration), EOT], -0.2
+
+    requests, result = run(script, temperature=0.0)  # no fallback: the loop stays
+    assert requests[2][0] == 8.0
+    assert "w7 w8 w9 w7" not in result.text and result.text.startswith("w1 w2 w3 w4")
+
+
+def test_words_repeated_at_a_seam_are_dropped():
+    def script(start, duration, temperature):
+        if start == 0.0:
+            return [ts(0.0), 1, 2, 3, ts(9.0), EOT], -0.2
+        if start == 9.0:  # the timestamp was early: the follow-up hears " w2 w3" again
+            return [ts(0.0), 2, 3, 4, 5, ts(duration), EOT], -0.2
+        return [ts(0.0), 6, ts(duration), EOT], -0.2
+
+    _, result = run(script)
+    assert result.text == "w1 w2 w3 w4 w5 w6"
+
+
+def test_unsure_decodes_fall_back_to_higher_temperatures_with_seeded_samples():
+    def script(start, duration, temperature):
+        mean = -2.0 if (start == 0.0 and temperature < 0.4) else -0.2
+        return [ts(0.0), 1 if temperature < 0.4 else 2, ts(duration), EOT], mean
+
+    requests, result = run(script)
+    assert [(r[0], r[2]) for r in requests] == [(0.0, 0.0), (requests[1][0], 0.0), (0.0, 0.2), (0.0, 0.4)]
+    assert result.segments[0].text == " w2" and result.segments[0].temperature == 0.4
+
+
+def test_when_every_temperature_fails_the_likeliest_fluent_decode_is_kept():
+    def script(start, duration, temperature):
+        return [ts(0.0), 1 + int(temperature * 5), ts(duration), EOT], -3.0 + temperature
+
+    requests, result = run(script, seconds=20.0, temperature=(0.0, 0.2, 0.4))
+    assert [r[2] for r in requests] == [0.0, 0.2, 0.4]
+    assert result.text == "w3"
+
+
+def test_without_timestamps_the_window_is_one_segment_of_its_kept_text():
+    def script(start, duration, temperature):
+        if start == 0.0:
+            return [ts(0.0), 1, ts(3.0), ts(3.0), 2, ts(9.0), EOT], -0.2
+        return [ts(0.0), 3, ts(duration), EOT], -0.2
+
+    requests, result = run(script, timestamps=False)
+    assert requests[2][0] == 9.0
+    assert [(round(s.start, 2), round(s.end, 2), s.text) for s in result.segments][:2] == [
+        (0.0, 9.0, " w1 w2"), (9.0, round(requests[1][0], 2), " w3")]
+
+
+def test_plan_window_rules():
+    spans = split_spans([ts(0.0), 1, ts(2.0), ts(2.0), 2, ts(5.0), EOT], TOKENS)
+    texts = [" w1", " w2"]
+    assert plan_window(spans, texts, 20.0, True, 5.0).resume == 5.0
+    assert plan_window(spans, texts, 5.5, True, 5.0).resume is None
+    assert plan_window(spans, texts, 20.0, False, None).resume is None
+
+
+@pytest.mark.parametrize("previous, text, expected", [
+    (" The cat sat on the mat.", " On the mat. A dog barked.", 3),
+    (" The cat sat on the mat.", " A dog barked.", 0),
+    (" It was very", " very good.", 0),  # one word: taken for speech
+])
+def test_repeated_words(previous, text, expected):
+    assert repeated_words(previous, text) == expected
+
+
+def test_conditioned_windows_run_in_order_prompted_with_the_text_before_them():
+    def script(start, duration, temperature):
+        if start == 0.0:
+            return [ts(0.0), 1, 2, ts(4.0), ts(duration), EOT], -0.2
+        return [ts(0.0), 3, ts(duration), EOT], -0.2
+
+    audio = clock_audio(60.0)
+    engine = ScriptedEngine(script)
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio, audio[:10 * SAMPLE_RATE]],
+                           TranscribeOptions(condition_on_previous_text=True))
+    run_job(engine, job)
+    starts = [r[0] for r in engine.requests]
+    assert starts == [0.0, 0.0, 27.5, 55.0]  # both inputs' first windows at once, then in order
+    assert engine.prompts[:2] == [[SOT], [SOT]]
+    assert engine.prompts[2] == [SOT_PREV, ts(0.0), 1, 2, ts(4.0), SOT]
+    assert engine.prompts[3] == [SOT_PREV, ts(0.0), 1, 2, ts(4.0), ts(0.0), 3, ts(27.5), SOT]
+    assert [r.text for r in job.results([None, None])] == ["w1 w2 w3 w3", "w1 w2"]
+
+
+def test_a_hot_decode_is_not_passed_on():
+    def script(start, duration, temperature):
+        return [ts(0.0), 1, ts(duration), EOT], (-2.0 if start == 0.0 and temperature < 0.6 else -0.2)
+
+    engine = ScriptedEngine(script)
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions())
+    run_job(engine, job)
+    assert [r[2] for r in engine.requests] == [0.0, 0.2, 0.4, 0.6, 0.0]
+    assert engine.prompts[-1] == [SOT]
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"temperature": -0.1}, "temperature"), ({"temperature": ()}, "temperature"),
+    ({"best_of": 0}, "best_of"), ({"logprob_threshold": "low"}, "logprob_threshold"),
+])
+def test_bad_options_are_named(options, message):
+    with pytest.raises(ValueError, match=message):
+        TranscribeOptions(**options)

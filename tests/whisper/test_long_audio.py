@@ -1,0 +1,96 @@
+"""Long audio loses no speech: the repair loop, against faster-whisper on long espeak-ng clips.
+
+The clips (`tests.speech_corpus.long_clips`, about 7 minutes) join 50-60 sentences with pauses
+of 0.1-0.9 s, or in run-on utterances that cross the 30 s boundaries. Every window's decode that
+stops short gets a follow-up window (`encdec.whisper.coverage`); the gates: every sentence is
+transcribed, and the WER is within one point of faster-whisper's `WhisperModel` (greedy,
+`beam_size=1`, float32, its other defaults) on the same weights.
+"""
+from __future__ import annotations
+
+import pytest
+
+from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
+from encdec.whisper.transcribe import run_job
+from encdec.whisper.windows import split_windows
+from tests.conftest import assert_all_blocks_free
+from tests.speech_corpus import long_clips as make_long_clips
+from tests.speech_corpus import sentence_coverage, wer
+
+faster_whisper = pytest.importorskip("faster_whisper")
+
+
+@pytest.fixture(scope="session")
+def long_clips(speech_dir):
+    return make_long_clips(speech_dir)
+
+
+def transcribe_job(llm, clips, **options) -> TranscriptionJob:
+    """The job `LLM.transcribe` runs, kept so its requests can be read."""
+    engine = llm.llm_engine
+    from encdec.whisper.tokens import whisper_tokens
+
+    tokens = whisper_tokens(engine.model_config.hf_config, engine.tokenizer)
+    job = TranscriptionJob(tokens, engine.tokenizer, engine.model_config.max_decoder_len,
+                           [clip.audio for clip in clips], TranscribeOptions(language="en", **options))
+    runs = engine.stats.num_encoder_runs
+    run_job(engine, job)
+    assert engine.stats.num_encoder_runs - runs == len(job.requests_made)  # one per request
+    assert_all_blocks_free(llm)
+    return job
+
+
+def faster_whisper_texts(assets_dir: str, clips) -> list[str]:
+    model = faster_whisper.WhisperModel(assets_dir, device="cpu", compute_type="float32")
+    return [" ".join(s.text.strip() for s in model.transcribe(clip.audio, language="en", beam_size=1)[0])
+            for clip in clips]
+
+
+def check_against_faster_whisper(llm, assets_dir: str, clips, name: str) -> None:
+    job = transcribe_job(llm, clips)
+    ours = [t.text for t in job.results([None] * len(clips))]
+    theirs = faster_whisper_texts(assets_dir, clips)
+    plain = [t.text for t in llm.transcribe([(c.audio, 16000) for c in clips], language="en", timestamps=False)]
+    refs = [clip.text for clip in clips]
+    ours_wer, theirs_wer, plain_wer = wer(refs, ours), wer(refs, theirs), wer(refs, plain)
+    print(f"{name} on {sum(c.seconds for c in clips):.0f} s of long clips: WER encdec {ours_wer:.2%}, "
+          f"--no-timestamps {plain_wer:.2%}, faster-whisper {theirs_wer:.2%}; "
+          f"{len(job.requests_made)} requests for {len(job.windows)} windows")
+    assert ours_wer <= theirs_wer + 0.01
+    assert abs(ours_wer - plain_wer) <= 0.01
+    for clip, text in zip(clips, ours):
+        coverage = sentence_coverage(clip.sentences, text)
+        assert min(coverage) >= 0.5, [s for s, c in zip(clip.sentences, coverage) if c < 0.5]
+
+
+def test_tiny_en_long_clips_match_faster_whisper(tiny_en, tiny_en_assets, long_clips):
+    check_against_faster_whisper(tiny_en, str(tiny_en_assets.bin_parts[0].parent), long_clips, "tiny.en")
+
+
+@pytest.mark.slow
+def test_base_long_clips_match_faster_whisper(base, base_assets, ct2_dir, long_clips):
+    check_against_faster_whisper(base, ct2_dir(base_assets), long_clips, "base")
+
+
+def test_windows_that_end_early_get_follow_ups_and_no_sentence_is_lost(tiny_en, long_clips):
+    """Windows decoded at once, as `condition_on_previous_text=False` runs them: the 3-minute
+    clip's windows stop short, their follow-ups start where the kept text ends, and every
+    sentence is in the transcript."""
+    pauses = long_clips[0]
+    assert pauses.seconds > 170
+    job = transcribe_job(tiny_en, [pauses], condition_on_previous_text=False)
+    windows = split_windows(pauses.audio)
+    firsts = [r for r in job.requests_made if not r.window.follow_ups]
+    assert [(r.window.start, r.window.end) for r in firsts] == windows
+    follow_ups = [r.window for r in job.requests_made if r.window.follow_ups]
+    assert follow_ups
+    for follow_up in follow_ups:  # it ends where its window ends and starts after the kept text
+        parent = next(w for w in job.windows if w.end == follow_up.end and w.start < follow_up.start
+                      and w.follow_ups == follow_up.follow_ups - 1)
+        assert parent.segments and parent.segments[-1].end <= follow_up.offset + 1e-6
+    (result,) = job.results([None])
+    coverage = sentence_coverage(pauses.sentences, result.text)
+    assert min(coverage) >= 0.5, [s for s, c in zip(pauses.sentences, coverage) if c < 0.5]
+    for before, after in zip(result.segments, result.segments[1:]):
+        assert before.end <= after.start + 1e-6
+    assert result.text == "".join(s.text for s in result.segments).strip()
