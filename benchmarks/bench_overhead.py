@@ -47,6 +47,7 @@ def instrument(engine) -> dict[str, list[float]]:
 
 def measure(model_dir: str, batch_size: int, steps: int, doc_len: int, seed: int) -> dict:
     from encdec import LLM, SamplingParams, TokensPrompt
+    from encdec.sampling.params import RequestOutputKind
 
     llm = LLM(model=model_dir, max_num_seqs=max(256, batch_size))
     engine = llm.llm_engine
@@ -54,7 +55,8 @@ def measure(model_dir: str, batch_size: int, steps: int, doc_len: int, seed: int
     for i in range(batch_size):
         ids = [0] + rng.integers(4, 50000, doc_len - 2).tolist() + [2]
         engine.add_request(str(i), TokensPrompt(prompt_token_ids=ids),
-                           SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True))
+                           SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True,
+                                          output_kind=RequestOutputKind.FINAL_ONLY))
     while engine.scheduler.waiting:  # prefill everything first
         engine.step()
     engine.step()

@@ -85,11 +85,11 @@ def run_hf(paths: list[str], threads: int) -> dict:
                               WhisperForConditionalGeneration)
 
     from encdec.audio import load_audio
-    from encdec.weights.ct2 import load_ct2_whisper
+    from encdec.weights.loader import load_ct2_checkpoint
     from encdec.weights.whisper_assets import resolve_whisper_model
 
     assets = resolve_whisper_model("tiny.en")
-    config, state = load_ct2_whisper(assets)
+    config, state = load_ct2_checkpoint(assets)
     model = WhisperForConditionalGeneration(WhisperConfig(**config)).eval()
     model.load_state_dict(state, strict=True)
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(assets.tokenizer_json))

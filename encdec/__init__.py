@@ -1,8 +1,10 @@
 """encdec: continuous batching and paged self/cross KV caches for encoder/decoder transformers."""
+from encdec.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineOverloaded
 from encdec.inputs import ExplicitEncoderDecoderPrompt, TextPrompt, TokensPrompt, zip_enc_dec_prompts
 from encdec.llm import LLM
 from encdec.outputs import CompletionOutput, RequestOutput
-from encdec.sampling.params import SamplingParams
+from encdec.sampling.params import RequestOutputKind, SamplingParams
 
-__all__ = ["LLM", "SamplingParams", "TextPrompt", "TokensPrompt", "ExplicitEncoderDecoderPrompt",
-           "RequestOutput", "CompletionOutput", "zip_enc_dec_prompts"]
+__all__ = ["LLM", "AsyncLLMEngine", "SamplingParams", "RequestOutputKind", "TextPrompt",
+           "TokensPrompt", "ExplicitEncoderDecoderPrompt", "RequestOutput", "CompletionOutput",
+           "EngineOverloaded", "EngineDeadError", "zip_enc_dec_prompts"]

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Protocol
 
 import torch
 
@@ -20,9 +20,28 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
     return _DTYPES[dtype]
 
 
+class SpecialTokens(Protocol):
+    """The special-token ids the engine reads. Each model family resolves its own record once,
+    when the model loads (`encdec.models.registry`): `TextTokens` for BART-style models,
+    `WhisperTokens` (which also holds Whisper's language, task and timestamp tokens)."""
+
+    @property
+    def decoder_start_token_id(self) -> int:
+        """<DEC>: prepended to a decoder prompt that starts with none of the accepted tokens."""
+
+    @property
+    def eos_token_id(self) -> Optional[int]: ...
+
+    @property
+    def extra_decoder_start_token_ids(self) -> tuple[int, ...]:
+        """Other tokens a decoder prompt may start with (Whisper's <|startofprev|>)."""
+
+
 @dataclass
 class ModelConfig:
-    """The model and the limits its config implies."""
+    """The model, the limits its config implies, its special tokens and its KV cache's shape
+    (per decoder layer: num_decoder_heads x head_size). `vocab_size` is the decoder's (output)
+    vocabulary; `encoder_vocab_size` is set where the source vocabulary differs (Marian)."""
 
     model: str
     hf_config: Any
@@ -30,21 +49,19 @@ class ModelConfig:
     max_encoder_len: int
     max_decoder_len: int
     vocab_size: int
-    decoder_start_token_id: int
-    bos_token_id: Optional[int]
-    eos_token_id: Optional[int]
+    special_tokens: SpecialTokens
+    num_decoder_layers: int
+    num_decoder_heads: int
+    head_size: int
+    encoder_vocab_size: Optional[int] = None
 
     @property
-    def num_decoder_layers(self) -> int:
-        return self.hf_config.decoder_layers
+    def decoder_start_token_id(self) -> int:
+        return self.special_tokens.decoder_start_token_id
 
     @property
-    def num_decoder_heads(self) -> int:
-        return self.hf_config.decoder_attention_heads
-
-    @property
-    def head_size(self) -> int:
-        return self.hf_config.d_model // self.hf_config.decoder_attention_heads
+    def eos_token_id(self) -> Optional[int]:
+        return self.special_tokens.eos_token_id
 
 
 @dataclass

@@ -115,3 +115,11 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
 
 def _own_or(own: Any, default: Any) -> Any:
     return default if own is None else own
+
+
+def task_prefix(hf_config: Any, task: str) -> str:
+    """The text a checkpoint wants in front of its input for `task` ("summarization",
+    "translation_en_to_de", ...), from its config's `task_specific_params` (T5: "summarize: ");
+    "" if it names none."""
+    task_params = getattr(hf_config, "task_specific_params", None) or {}
+    return (task_params.get(task) or {}).get("prefix") or ""

@@ -1,15 +1,13 @@
 """The offline API: `LLM(model=...).generate(prompts, sampling_params)`, as in vLLM."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
-from encdec.config import CacheConfig, DeviceConfig, SchedulerConfig, resolve_dtype
 from encdec.engine.llm_engine import LLMEngine
-from encdec.generation_config import load_generation_defaults
 from encdec.outputs import RequestOutput
-from encdec.sampling.params import SamplingParams
-from encdec.weights.loader import load_model
+from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
     from encdec.whisper.transcript import Transcription
@@ -20,27 +18,21 @@ class LLM:
 
     `model` is a local Hugging Face checkpoint directory (or a Whisper alias). Cache size comes
     from `num_gpu_blocks` or the `kv_cache_space` budget (GiB); `swap_space` (GiB) sizes the
-    swap pool used when requests are preempted by swapping.
+    swap pool used when requests are preempted by swapping. `tune_malloc` (CPU) lets the
+    engine keep freed activation memory in the C heap for reuse, a process-wide setting
+    (`encdec.worker.cpu_memory`; also off with ENCDEC_KEEP_FREED_MEMORY=0).
     """
 
     def __init__(self, model: str, dtype: str = "auto", device: Optional[str] = None,
                  block_size: int = 16, num_gpu_blocks: Optional[int] = None,
                  kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
-                 seed: int = 0, attention_backend: Optional[str] = None):
-        device_config = DeviceConfig.create(device)
-        loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend)
-        cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-                                   kv_cache_space=kv_cache_space, swap_space=swap_space)
-        scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
-                                           max_num_batched_tokens=max_num_batched_tokens,
-                                           preemption_mode=preemption_mode)
-        needed = loaded.model_config.max_encoder_len + loaded.model_config.max_decoder_len
-        if max_num_batched_tokens < needed:
-            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "
-                             f"request can need ({needed}: encoder + decoder positions)")
-        self.llm_engine = LLMEngine(loaded, cache_config, scheduler_config, device_config, seed,
-                                    load_generation_defaults(model))
+                 seed: int = 0, attention_backend: Optional[str] = None, tune_malloc: bool = True):
+        self.llm_engine = LLMEngine.from_model(
+            model, dtype=dtype, device=device, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+            kv_cache_space=kv_cache_space, swap_space=swap_space, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, preemption_mode=preemption_mode,
+            seed=seed, attention_backend=attention_backend, tune_malloc=tune_malloc)
         self._request_counter = itertools.count()
 
     def get_tokenizer(self):
@@ -62,12 +54,20 @@ class LLM:
             sampling_params = SamplingParams()
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * len(prompts)
+        if isinstance(sampling_params, (str, bytes, dict)) or not isinstance(sampling_params, Sequence):
+            raise ValueError(f"sampling_params must be a SamplingParams or a list of them, "
+                             f"got {type(sampling_params).__name__}")
         if len(sampling_params) != len(prompts):
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(prompts)} prompts")
-        request_ids = self._add_requests(prompts, list(sampling_params))
+        for i, params in enumerate(sampling_params):
+            if not isinstance(params, SamplingParams):
+                raise ValueError(f"sampling_params[{i}] must be a SamplingParams, got {type(params).__name__}")
+        final = [dataclasses.replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in sampling_params]
+        request_ids = self._add_requests(prompts, final)
         return self._run_engine(request_ids, use_tqdm)
 
     def _add_requests(self, prompts: list[Any], params: list[SamplingParams]) -> list[str]:
+        """Queue every prompt, or none: one that fails takes the others out again."""
         engine = self.llm_engine
         added: list[str] = []
         try:
@@ -75,10 +75,12 @@ class LLM:
                 request_id = str(next(self._request_counter))
                 engine.add_request(request_id, prompt, p)
                 added.append(request_id)
-        except ValueError as err:
+        except BaseException as err:
             for request_id in added:
                 engine.abort_request(request_id)
-            raise ValueError(f"prompt {len(added)}: {err}") from err
+            if isinstance(err, ValueError):
+                raise ValueError(f"prompt {len(added)}: {err}") from err
+            raise
         return added
 
     def transcribe(self, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
@@ -96,9 +98,8 @@ class LLM:
         return transcribe(self, inputs, language=language, task=task, timestamps=timestamps,
                           initial_prompt=initial_prompt, on_progress=on_progress, **options)
 
-    def _run_engine(self, request_ids: list[str], use_tqdm: bool,
-                    on_output: Optional[Callable[[RequestOutput], None]] = None) -> list[RequestOutput]:
-        """Step until every request is done; `on_output` sees each output as it finishes."""
+    def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        """Step until every request is done; aborts them all if a step fails."""
         engine = self.llm_engine
         finished: dict[str, RequestOutput] = {}
         bar = None
@@ -108,11 +109,10 @@ class LLM:
         try:
             while engine.has_unfinished_requests():
                 for out in engine.step():
-                    finished[out.request_id] = out
-                    if on_output is not None:
-                        on_output(out)
-                    if bar is not None:
-                        bar.update(1)
+                    if out.finished:
+                        finished[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
         except BaseException:
             for request_id in request_ids:
                 if request_id not in finished:

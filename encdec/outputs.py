@@ -1,8 +1,8 @@
-"""What a finished (or streaming) request returns, with both prompts (seed 004)."""
+"""What a request returns, finished or streaming, with both prompts (docs/design.md, "Outputs")."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 
 @dataclass
@@ -27,3 +27,6 @@ class RequestOutput:
     encoder_prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    # Each decoder layer's cross-attention (keys, values), [heads, encoder_len, head_size], on
+    # the final output of a request added with `return_cross_kv` (Whisper's word alignment).
+    cross_kv: Optional[list[tuple[Any, Any]]] = None

@@ -1,15 +1,16 @@
 """Sequences, sequence groups and the per-step metadata the scheduler hands the runner.
 
 A request is one `SequenceGroup`: one or more decoder `Sequence`s (n > 1 sampling, beam
-search) and one `encoder_seq` that is static after the first step (seed 004).
+search) and one `encoder_seq` that is static after the first step (docs/design.md).
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from encdec.sampling.params import SamplingParams
+if TYPE_CHECKING:
+    from encdec.sampling.params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):
@@ -75,7 +76,6 @@ class Sequence:
         self.eos_token_id = eos_token_id
         self.status = SequenceStatus.WAITING
         self.output_logprobs: list[dict[int, float]] = []
-        self.output_text = ""
 
     @classmethod
     def from_inputs(cls, seq_id: int, inputs: "EncoderDecoderInputs", block_size: int,
@@ -98,11 +98,19 @@ class Sequence:
         return self.status.is_finished
 
     def append_token_id(self, token_id: int, logprob: float,
-                        top_logprobs: Optional[dict[int, float]] = None) -> None:
+                        top_logprobs: Optional[dict[int, float]] = None,
+                        score: Optional[float] = None) -> None:
+        """Commit a sampled token: every token before it is now in the KV cache. `score`
+        replaces the summed log-probability (beam search keeps its own float32 score)."""
         self.data.output_token_ids.append(token_id)
-        self.data.cumulative_logprob += logprob
+        self.data.cumulative_logprob = self.data.cumulative_logprob + logprob if score is None else score
+        self.data.num_computed_tokens = len(self.data) - 1
         if top_logprobs is not None:
             self.output_logprobs.append(top_logprobs)
+
+    def finish(self, status: SequenceStatus) -> None:
+        assert status.is_finished, status
+        self.status = status
 
     def fork(self, new_seq_id: int) -> "Sequence":
         child = Sequence.__new__(Sequence)
@@ -136,14 +144,18 @@ class SequenceGroup:
     """All sequences of one request: decoder sequences plus the encoder sequence."""
 
     def __init__(self, request_id: str, seqs: list[Sequence], sampling_params: SamplingParams,
-                 arrival_time: float, encoder_seq: Sequence, encoder_features: Any = None):
+                 arrival_time: float, encoder_seq: Sequence, encoder_features: Any = None,
+                 generator: Any = None, beam_search: Any = None, return_cross_kv: bool = False):
         self.request_id = request_id
         self.seqs = {seq.seq_id: seq for seq in seqs}
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
         self.encoder_seq = encoder_seq
         self.encoder_features = encoder_features
-        self.generator = None  # torch.Generator for seeded sampling, set by the engine
+        self.generator = generator  # torch.Generator the group samples from
+        self.beam_search = beam_search  # the request's BeamSearch state, for beam search
+        self.return_cross_kv = return_cross_kv  # keep the cross cache's contents when it finishes
+        self.cross_kv: Any = None  # ... here, read before its blocks are freed
 
     def get_seqs(self, status: Optional[SequenceStatus] = None) -> list[Sequence]:
         if status is None:
@@ -174,6 +186,10 @@ class SequenceGroup:
 
     def remove(self, seq_id: int) -> None:
         del self.seqs[seq_id]
+
+    def move_to_end(self, seq_id: int) -> None:
+        """Beam search keeps its beams in rank order by moving each to the end in turn."""
+        self.seqs[seq_id] = self.seqs.pop(seq_id)
 
     def is_finished(self) -> bool:
         return all(s.is_finished() for s in self.seqs.values())

@@ -11,6 +11,9 @@ machine that made decode steps about 15% faster than one thread, while a Python 
 them slower); otherwise, and in forked child processes (GNU OpenMP does not survive a fork),
 the kernel runs on the calling thread.
 
+An optional `distance_bias[h, d]` is added to the score of the key d positions before the query
+(T5's relative position bias, by distance back from the query: `encdec.attention.position_bias`).
+
 Float32 only (NumPy has no bfloat16); callers use the torch reference for other dtypes.
 Numba compiles on first use and caches the machine code on disk.
 """
@@ -25,8 +28,9 @@ import torch
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)
-def _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, out):
-    """Sequence i: scores over its keys, softmax, weighted sum of its values."""
+def _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, distance_bias, out):
+    """Sequence i: scores over its keys (plus their distance bias, if any), softmax, weighted
+    sum of its values."""
     num_heads, head_size = query.shape[1], query.shape[2]
     seq_len = seq_lens[i]
     probs = np.empty((num_heads, seq_len), dtype=query.dtype)
@@ -37,6 +41,10 @@ def _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, o
             for d in range(head_size):
                 dot += query[i, h, d] * keys[slot, h, d]
             probs[h, pos] = dot * scale
+    if distance_bias.shape[1]:
+        for h in range(num_heads):
+            for pos in range(seq_len):
+                probs[h, pos] += distance_bias[h, seq_len - 1 - pos]
     for h in range(num_heads):
         top = probs[h].max()
         total = np.float32(0)
@@ -56,18 +64,23 @@ def _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, o
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)
-def _decode_serial(query, keys, values, block_tables, seq_lens, block_size, scale, out):
+def _decode_serial(query, keys, values, block_tables, seq_lens, block_size, scale, distance_bias,
+                   out):
     for i in range(query.shape[0]):
-        _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, out)
+        _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, distance_bias,
+                out)
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True, parallel=True)
-def _decode_parallel(query, keys, values, block_tables, seq_lens, block_size, scale, out):
+def _decode_parallel(query, keys, values, block_tables, seq_lens, block_size, scale,
+                     distance_bias, out):
     for i in numba.prange(query.shape[0]):
-        _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, out)
+        _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, distance_bias,
+                out)
 
 
 _forked_child = False
+_NO_BIAS = np.zeros((1, 0), dtype=np.float32)
 
 
 def _mark_forked_child() -> None:
@@ -94,15 +107,18 @@ def _parallel_is_safe() -> bool:
 def _tiny_inputs() -> tuple:
     one = np.ones((1, 1, 1), dtype=np.float32)
     return (one, one, one, np.zeros((1, 1), dtype=np.int32), np.ones(1, dtype=np.int64), 1,
-            np.float32(1), np.empty_like(one))
+            np.float32(1), _NO_BIAS, np.empty_like(one))
 
 
 def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,
-                           seq_lens, scale: float | None = None) -> torch.Tensor:
-    """softmax(q K^T * scale) V for one query token per sequence, over the first
+                           seq_lens, scale: float | None = None,
+                           distance_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q K^T * scale + bias) V for one query token per sequence, over the first
     `seq_lens[i]` tokens of sequence i's blocks. query: [num_seqs, num_heads, head_size];
     kv_cache: [2, num_blocks, block_size, num_heads, head_size], contiguous, on the CPU.
-    `scale` defaults to head_size ** -0.5.
+    `scale` defaults to head_size ** -0.5. `distance_bias` ([num_heads, >= max(seq_lens)],
+    float32) adds `distance_bias[h, d]` to the key d positions before the query (the query is
+    the sequence's last token).
     """
     if query.dtype != torch.float32 or kv_cache.dtype != torch.float32:
         raise ValueError(f"paged_decode_attention needs a float32 query and cache, "
@@ -113,12 +129,19 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
     _, _, block_size, num_heads, head_size = kv_cache.shape
     if scale is None:
         scale = head_size ** -0.5
+    bias = _NO_BIAS
+    if distance_bias is not None:
+        if distance_bias.dtype != torch.float32 or distance_bias.shape[0] != num_heads or (
+                len(lens) and distance_bias.shape[1] < lens.max()):
+            raise ValueError(f"distance_bias must be float32 [{num_heads}, >= max(seq_lens)], got "
+                             f"{distance_bias.dtype} {tuple(distance_bias.shape)}")
+        bias = distance_bias.detach().contiguous().numpy()
     q = query.detach().contiguous().numpy()
     keys = kv_cache[0].detach().view(-1, num_heads, head_size).numpy()
     values = kv_cache[1].detach().view(-1, num_heads, head_size).numpy()
     out = np.empty_like(q)
     args = (q, keys, values, block_tables.to(torch.int32).numpy(), lens, block_size,
-            np.float32(scale), out)
+            np.float32(scale), bias, out)
     threads = min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)
     if threads > 1 and len(lens) > 1 and not _forked_child and _parallel_is_safe():
         numba.set_num_threads(threads)

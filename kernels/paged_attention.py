@@ -18,6 +18,7 @@ def paged_attention(
     scale: float | None = None,
     query_lens: Lengths | None = None,
     causal: bool = True,
+    distance_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attend queries to the first ``seq_lens[i]`` cached tokens of each sequence.
 
@@ -27,7 +28,9 @@ def paged_attention(
     (default: all). If ``causal``, token ``j`` of sequence ``i`` sits at absolute position
     ``seq_lens[i] - query_lens[i] + j`` and sees keys up to that position; otherwise it
     sees all ``seq_lens[i]`` keys (cross-attention). Outputs at padded query rows are
-    finite but meaningless. ``scale`` defaults to ``head_size ** -0.5``.
+    finite but meaningless. ``scale`` defaults to ``head_size ** -0.5``. ``distance_bias``
+    (``[num_heads, >= max(seq_lens)]``, causal attention only) adds ``distance_bias[h, d]`` to
+    the score of the key ``d`` positions before the query.
     """
     single = query.dim() == 3
     q = query[:, None] if single else query
@@ -39,6 +42,8 @@ def paged_attention(
         raise ValueError("paged_attention needs seq_lens >= 1")
     keys, values = gather_kv(kv_cache, block_tables, lens)
     mask = _attention_mask(lens, q.shape[1], query_lens, causal and not single)
+    if distance_bias is not None:
+        mask = _distance_bias_mask(mask, distance_bias, lens, q.shape[1], query_lens)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     out = F.scaled_dot_product_attention(
@@ -74,5 +79,20 @@ def _attention_mask(
     qlens = lens.new_full(lens.shape, q_len) if query_lens is None else as_lengths(query_lens, lens.device)
     if bool((qlens > lens).any()) or bool((qlens > q_len).any()):
         raise ValueError("query_lens must not exceed seq_lens or the padded query length")
-    query_pos = (lens - qlens)[:, None] + torch.arange(q_len, device=lens.device)
-    return mask & (key_pos[None, None, None, :] <= query_pos[:, None, :, None])
+    return mask & (key_pos[None, None, None, :] <= _query_positions(lens, q_len, qlens)[:, None, :, None])
+
+
+def _query_positions(lens: torch.Tensor, q_len: int, qlens: torch.Tensor) -> torch.Tensor:
+    """``[num_seqs, q_len]``: each query token's position (the last ``qlens[i]`` of ``lens[i]``)."""
+    return (lens - qlens)[:, None] + torch.arange(q_len, device=lens.device)
+
+
+def _distance_bias_mask(mask: torch.Tensor, distance_bias: torch.Tensor, lens: torch.Tensor,
+                        q_len: int, query_lens: Lengths | None) -> torch.Tensor:
+    """The boolean ``mask`` as an additive float mask with the distance bias of every visible key:
+    ``[num_seqs, num_heads, q_len, max_len]``."""
+    qlens = lens.new_full(lens.shape, q_len) if query_lens is None else as_lengths(query_lens, lens.device)
+    key_pos = torch.arange(mask.shape[-1], device=lens.device)
+    distance = _query_positions(lens, q_len, qlens)[:, :, None] - key_pos
+    bias = distance_bias[:, distance.clamp(0, distance_bias.shape[1] - 1)].transpose(0, 1)
+    return bias.masked_fill(~mask, float("-inf"))

@@ -1,107 +1,106 @@
-"""BART (and BART-shaped models) on the paged-cache engine, with Hugging Face weight names.
+"""BART and the BART-shaped families on the paged-cache engine, with Hugging Face weight names.
 
-Post-LayerNorm layers, learned positions with offset 2, `layernorm_embedding`, optional
+BART: post-LayerNorm layers, learned positions with offset 2, `layernorm_embedding`, optional
 sqrt(d_model) embedding scale, token embeddings and LM head tied to `model.shared` (unless
-`tie_word_embeddings` is false), plus `final_logits_bias`.
+`tie_word_embeddings` is false), plus `final_logits_bias`. mBART, Marian and PEGASUS are the same
+model with the differences their `BartVariant` names (models/mbart.py, marian.py, pegasus.py).
 The encoder runs only for requests in their first step; its keys/values go to the cross cache.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import torch
 from torch import nn
 
-from encdec.attention import AttentionMetadata, AttentionType
+from encdec.attention import AttentionMetadata
 from encdec.attention.backends.abstract import AttentionBackend
-from encdec.models.layers import (CrossAttention, FeedForward, SelfAttention, embedding,
-                                  load_hf_weights)
+from encdec.models.layers import (DecoderLayer, EncoderLayer, LayerSpec, SinusoidalPositions,
+                                  embedding, load_hf_weights)
 
 _POSITION_OFFSET = 2
 
 
-class BartEncoderLayer(nn.Module):
-    def __init__(self, config, backend: AttentionBackend):
-        super().__init__()
-        d = config.d_model
-        self.self_attn = SelfAttention(d, config.encoder_attention_heads, backend, AttentionType.ENCODER)
-        self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d, config.encoder_ffn_dim, config.activation_function)
-        self.final_layer_norm = nn.LayerNorm(d)
+@dataclass(frozen=True)
+class BartVariant:
+    """How a BART-shaped family differs from BART."""
 
-    def forward(self, h: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        h = self.self_attn_layer_norm(h + self.self_attn(h, None, meta))
-        return self.final_layer_norm(h + self.ffn(h))
-
-
-class BartDecoderLayer(nn.Module):
-    def __init__(self, config, backend: AttentionBackend):
-        super().__init__()
-        d = config.d_model
-        self.self_attn = SelfAttention(d, config.decoder_attention_heads, backend, AttentionType.DECODER)
-        self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.encoder_attn = CrossAttention(d, config.decoder_attention_heads, backend)
-        self.encoder_attn_layer_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d, config.decoder_ffn_dim, config.activation_function)
-        self.final_layer_norm = nn.LayerNorm(d)
-
-    def forward(self, h: torch.Tensor, encoder_h: Optional[torch.Tensor],
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        h = self.self_attn_layer_norm(h + self.self_attn(h, kv_cache, meta))
-        h = self.encoder_attn_layer_norm(h + self.encoder_attn(h, encoder_h, kv_cache, meta))
-        return self.final_layer_norm(h + self.ffn(h))
+    normalize_before: bool = False  # pre-LayerNorm layers and a final `layer_norm` per stack
+    layernorm_embedding: bool = True  # LayerNorm over the embeddings
+    sinusoidal_positions: bool = False  # static sinusoidal positions, not learned ones at offset 2
 
 
 class BartStack(nn.Module):
-    """Embeddings + layers of one side (encoder or decoder)."""
+    """Embeddings, layers and (pre-norm variants) the final `layer_norm` of one side."""
 
-    def __init__(self, config, num_layers: int, layer_cls, backend: AttentionBackend,
-                 embed_tokens: nn.Embedding):
+    def __init__(self, config, side: str, layer_cls: type, backend: AttentionBackend,
+                 embed_tokens: nn.Embedding, variant: BartVariant):
         super().__init__()
         d = config.d_model
+        spec = LayerSpec.of_side(config, side, variant.normalize_before)
         self.embed_tokens = embed_tokens
         self.embed_scale = math.sqrt(d) if config.scale_embedding else 1.0
-        self.embed_positions = embedding(config.max_position_embeddings + _POSITION_OFFSET, d)
-        self.layernorm_embedding = nn.LayerNorm(d)
-        self.layers = nn.ModuleList([layer_cls(config, backend) for _ in range(num_layers)])
+        if variant.sinusoidal_positions:
+            self.embed_positions = SinusoidalPositions(config.max_position_embeddings, d)
+            self.position_offset = 0
+        else:
+            self.embed_positions = embedding(config.max_position_embeddings + _POSITION_OFFSET, d)
+            self.position_offset = _POSITION_OFFSET
+        self.layernorm_embedding = nn.LayerNorm(d) if variant.layernorm_embedding else None
+        self.layers = nn.ModuleList([layer_cls(spec, backend)
+                                     for _ in range(getattr(config, f"{side}_layers"))])
+        self.layer_norm = nn.LayerNorm(d) if variant.normalize_before else None
 
     def embed(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        h = self.embed_tokens(input_ids) * self.embed_scale
-        return self.layernorm_embedding(h + self.embed_positions(positions + _POSITION_OFFSET))
+        h = (self.embed_tokens(input_ids) * self.embed_scale
+             + self.embed_positions(positions + self.position_offset))
+        return h if self.layernorm_embedding is None else self.layernorm_embedding(h)
+
+    def final_norm(self, h: torch.Tensor) -> torch.Tensor:
+        return h if self.layer_norm is None else self.layer_norm(h)
 
 
 class BartModel(nn.Module):
     """With `tie_word_embeddings` (the default) both stacks share the `shared` token embedding;
-    without it each has its own, as Hugging Face (transformers 5) saves them."""
+    without it each has its own, as Hugging Face (transformers 5) saves them. Marian without
+    `share_encoder_decoder_embeddings` has a source and a target vocabulary and no `shared`."""
 
-    def __init__(self, config, backend: AttentionBackend):
+    def __init__(self, config, backend: AttentionBackend, variant: BartVariant):
         super().__init__()
-        self.shared = embedding(config.vocab_size, config.d_model)
-        tied = getattr(config, "tie_word_embeddings", True)
-        stack_embeddings = [self.shared if tied else embedding(config.vocab_size, config.d_model)
-                            for _ in range(2)]
-        self.encoder = BartStack(config, config.encoder_layers, BartEncoderLayer, backend,
-                                 stack_embeddings[0])
-        self.decoder = BartStack(config, config.decoder_layers, BartDecoderLayer, backend,
-                                 stack_embeddings[1])
+        d = config.d_model
+        if getattr(config, "share_encoder_decoder_embeddings", True):
+            self.shared = embedding(config.vocab_size, d)
+            tied = getattr(config, "tie_word_embeddings", True)
+            embeddings = [self.shared if tied else embedding(config.vocab_size, d) for _ in range(2)]
+        else:
+            embeddings = [embedding(config.vocab_size, d), embedding(config.decoder_vocab_size, d)]
+        self.encoder = BartStack(config, "encoder", EncoderLayer, backend, embeddings[0], variant)
+        self.decoder = BartStack(config, "decoder", DecoderLayer, backend, embeddings[1], variant)
 
 
 class BartForConditionalGeneration(nn.Module):
+    variant = BartVariant()
+
     def __init__(self, config, backend: AttentionBackend):
         super().__init__()
         self.config = config
-        self.model = BartModel(config, backend)
+        self.model = BartModel(config, backend, self.variant)
         self.tied = getattr(config, "tie_word_embeddings", True)
-        # weight tied to model.shared on load (if tied); bias is Hugging Face's final_logits_bias
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size)
+        heads = config.decoder_attention_heads
+        self.kv_cache_shape = (config.decoder_layers, heads, config.d_model // heads)
+        # weight tied to the decoder's token embedding on load (if tied); bias is Hugging
+        # Face's final_logits_bias
+        self.lm_head = nn.Linear(config.d_model, self.model.decoder.embed_tokens.num_embeddings)
 
     def encode(self, encoder_input_ids: torch.Tensor, encoder_positions: torch.Tensor,
                meta: AttentionMetadata) -> torch.Tensor:
-        h = self.model.encoder.embed(encoder_input_ids, encoder_positions)
-        for layer in self.model.encoder.layers:
+        encoder = self.model.encoder
+        h = encoder.embed(encoder_input_ids, encoder_positions)
+        for layer in encoder.layers:
             h = layer(h, meta)
-        return h
+        return encoder.final_norm(h)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata,
@@ -110,21 +109,31 @@ class BartForConditionalGeneration(nn.Module):
         encoder_h = None
         if encoder_input_ids is not None and encoder_input_ids.numel():
             encoder_h = self.encode(encoder_input_ids, encoder_positions, attn_metadata)
-        h = self.model.decoder.embed(input_ids, positions)
-        for layer, kv_cache in zip(self.model.decoder.layers, kv_caches):
+        decoder = self.model.decoder
+        h = decoder.embed(input_ids, positions)
+        for layer, kv_cache in zip(decoder.layers, kv_caches):
             h = layer(h, encoder_h, kv_cache, attn_metadata)
-        return h
+        return decoder.final_norm(h)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        aliases = {}
+        """A checkpoint without final_logits_bias has none; one without the sinusoidal tables
+        (Marian) gets them computed."""
         if self.tied:
-            self.lm_head.weight = self.model.shared.weight
-            aliases = {"model.encoder.embed_tokens.weight": "model.shared.weight",
-                       "model.decoder.embed_tokens.weight": "model.shared.weight",
-                       "lm_head.weight": "model.shared.weight"}
-        weights = ((("lm_head.bias", t.reshape(-1)) if name == "final_logits_bias" else (name, t))
-                   for name, t in weights)
-        load_hf_weights(self, weights, aliases, zero_if_missing=("lm_head.bias",))
+            self.lm_head.weight = self.model.decoder.embed_tokens.weight
+        names = set()
+
+        def local_names():
+            for name, tensor in weights:
+                names.add(name)
+                yield ("lm_head.bias", tensor.reshape(-1)) if name == "final_logits_bias" else (name, tensor)
+
+        optional = ("lm_head.bias",)
+        if self.variant.sinusoidal_positions:
+            optional += ("embed_positions.weight",)
+        load_hf_weights(self, local_names(), zero_if_missing=optional)
+        for name, module in self.named_modules():
+            if isinstance(module, SinusoidalPositions) and f"{name}.weight" not in names:
+                module.fill()

@@ -1,15 +1,19 @@
-"""Building blocks shared by the encoder/decoder models: fused attention projections, the
-feed-forward block, activations, and loading Hugging Face weights into fused parameters."""
+"""Building blocks shared by the encoder/decoder models: attention with fused projections,
+feed-forward blocks, encoder and decoder layers (post- or pre-norm), sinusoidal positions, and
+loading Hugging Face weights into fused parameters."""
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import dataclass
 from typing import Iterable, Optional
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from encdec.attention import Attention, AttentionMetadata, AttentionType
+from encdec.attention import Attention, AttentionMetadata, AttentionType, RelativePositionBias
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.kernels.cpu_linear import PackedLinear, can_fuse
 
@@ -35,57 +39,180 @@ def embedding(num_embeddings: int, embedding_dim: int) -> nn.Embedding:
     return nn.Embedding(num_embeddings, embedding_dim, _weight=torch.empty(num_embeddings, embedding_dim))
 
 
+@dataclass(frozen=True)
+class LayerSpec:
+    """The shape of one side's layers. The defaults are BART's; T5 has projections without
+    biases, no attention scaling, RMS norms and (v1.1, Flan-T5) a gated feed-forward."""
+
+    d_model: int
+    num_heads: int
+    ffn_dim: int
+    activation: str
+    normalize_before: bool = False  # norm before each sublayer (mBART, PEGASUS, Whisper, T5)
+    head_size: Optional[int] = None  # default d_model // num_heads
+    bias: bool = True
+    scale: Optional[float] = None  # attention scale; default head_size ** -0.5
+    rms_norm_eps: Optional[float] = None  # RMS norm with this epsilon instead of LayerNorm
+    gated_ffn: bool = False
+
+    @classmethod
+    def of_side(cls, config, side: str, normalize_before: bool) -> "LayerSpec":
+        """One side ("encoder" or "decoder") of a BART-style config (BART, Whisper, ...)."""
+        return cls(config.d_model, getattr(config, f"{side}_attention_heads"),
+                   getattr(config, f"{side}_ffn_dim"), config.activation_function,
+                   normalize_before)
+
+    @property
+    def attn_head_size(self) -> int:
+        return self.head_size or self.d_model // self.num_heads
+
+    @property
+    def attn_scale(self) -> float:
+        return self.attn_head_size ** -0.5 if self.scale is None else self.scale
+
+    def norm(self) -> nn.Module:
+        if self.rms_norm_eps is not None:
+            return nn.RMSNorm(self.d_model, eps=self.rms_norm_eps)
+        return nn.LayerNorm(self.d_model)
+
+
 class SelfAttention(nn.Module):
     """Self-attention with one fused QKV projection (`qkv_proj` holds q, k, v rows)."""
 
-    def __init__(self, d_model: int, num_heads: int, backend: AttentionBackend,
-                 attn_type: AttentionType):
+    def __init__(self, spec: LayerSpec, backend: AttentionBackend, attn_type: AttentionType):
         super().__init__()
-        self.d_model = d_model
         self.attn_type = attn_type
-        self.qkv_proj = nn.Linear(d_model, 3 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
-        head_size = d_model // num_heads
-        self.attn = Attention(num_heads, head_size, head_size ** -0.5, backend)
+        self.inner_dim = spec.num_heads * spec.attn_head_size
+        self.qkv_proj = nn.Linear(spec.d_model, 3 * self.inner_dim, bias=spec.bias)
+        self.out_proj = nn.Linear(self.inner_dim, spec.d_model, bias=spec.bias)
+        self.attn = Attention(spec.num_heads, spec.attn_head_size, spec.attn_scale, backend)
 
-    def forward(self, x: torch.Tensor, kv_cache: Optional[torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.d_model, dim=-1)
-        return self.out_proj(self.attn(q, k, v, kv_cache, meta, self.attn_type))
+    def forward(self, x: torch.Tensor, kv_cache: Optional[torch.Tensor], meta: AttentionMetadata,
+                position_bias: Optional[RelativePositionBias] = None) -> torch.Tensor:
+        q, k, v = self.qkv_proj(x).split(self.inner_dim, dim=-1)
+        return self.out_proj(self.attn(q, k, v, kv_cache, meta, self.attn_type, position_bias))
 
 
 class CrossAttention(nn.Module):
     """Decoder-to-encoder attention; keys/values are projected only when the encoder ran
     (the request's first step) and are read from the cross cache afterwards."""
 
-    def __init__(self, d_model: int, num_heads: int, backend: AttentionBackend):
+    def __init__(self, spec: LayerSpec, backend: AttentionBackend):
         super().__init__()
-        self.d_model = d_model
-        self.q_proj = nn.Linear(d_model, d_model)
-        self.kv_proj = nn.Linear(d_model, 2 * d_model)
-        self.out_proj = nn.Linear(d_model, d_model)
-        head_size = d_model // num_heads
-        self.attn = Attention(num_heads, head_size, head_size ** -0.5, backend)
+        self.inner_dim = spec.num_heads * spec.attn_head_size
+        self.q_proj = nn.Linear(spec.d_model, self.inner_dim, bias=spec.bias)
+        self.kv_proj = nn.Linear(spec.d_model, 2 * self.inner_dim, bias=spec.bias)
+        self.out_proj = nn.Linear(self.inner_dim, spec.d_model, bias=spec.bias)
+        self.attn = Attention(spec.num_heads, spec.attn_head_size, spec.attn_scale, backend)
 
     def forward(self, x: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor],
                 kv_cache: Optional[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
         q = self.q_proj(x)
         k = v = None
         if encoder_hidden_states is not None:
-            k, v = self.kv_proj(encoder_hidden_states).split(self.d_model, dim=-1)
+            k, v = self.kv_proj(encoder_hidden_states).split(self.inner_dim, dim=-1)
         return self.out_proj(self.attn(q, k, v, kv_cache, meta, AttentionType.ENCODER_DECODER))
 
 
 class FeedForward(nn.Module):
-    def __init__(self, d_model: int, ffn_dim: int, activation: str):
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, bias: bool = True):
         super().__init__()
-        self.fc1 = nn.Linear(d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, d_model)
+        self.fc1 = nn.Linear(d_model, ffn_dim, bias=bias)
+        self.fc2 = nn.Linear(ffn_dim, d_model, bias=bias)
         self.activation = activation
         self.act = get_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.act(self.fc1(x)))
+
+
+class GatedFeedForward(nn.Module):
+    """down_proj(act(x W_gate) * (x W_up)), with `gate_up_proj` holding the gate rows, then the
+    up rows."""
+
+    def __init__(self, d_model: int, ffn_dim: int, activation: str, bias: bool = True):
+        super().__init__()
+        self.ffn_dim = ffn_dim
+        self.gate_up_proj = nn.Linear(d_model, 2 * ffn_dim, bias=bias)
+        self.down_proj = nn.Linear(ffn_dim, d_model, bias=bias)
+        self.act = get_activation(activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).split(self.ffn_dim, dim=-1)
+        return self.down_proj(self.act(gate) * up)
+
+
+def feed_forward(spec: LayerSpec) -> nn.Module:
+    ffn_cls = GatedFeedForward if spec.gated_ffn else FeedForward
+    return ffn_cls(spec.d_model, spec.ffn_dim, spec.activation, spec.bias)
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention and feed-forward, each a residual branch, normalized after the residual
+    sum (BART, Marian) or at the branch's input (`normalize_before`)."""
+
+    def __init__(self, spec: LayerSpec, backend: AttentionBackend):
+        super().__init__()
+        self.normalize_before = spec.normalize_before
+        self.self_attn = SelfAttention(spec, backend, AttentionType.ENCODER)
+        self.self_attn_layer_norm = spec.norm()
+        self.ffn = feed_forward(spec)
+        self.final_layer_norm = spec.norm()
+
+    def forward(self, h: torch.Tensor, meta: AttentionMetadata,
+                position_bias: Optional[RelativePositionBias] = None) -> torch.Tensor:
+        if self.normalize_before:
+            h = h + self.self_attn(self.self_attn_layer_norm(h), None, meta, position_bias)
+            return h + self.ffn(self.final_layer_norm(h))
+        h = self.self_attn_layer_norm(h + self.self_attn(h, None, meta, position_bias))
+        return self.final_layer_norm(h + self.ffn(h))
+
+
+class DecoderLayer(nn.Module):
+    """Paged self-attention, cross-attention and feed-forward, normalized as in `EncoderLayer`."""
+
+    def __init__(self, spec: LayerSpec, backend: AttentionBackend):
+        super().__init__()
+        self.normalize_before = spec.normalize_before
+        self.self_attn = SelfAttention(spec, backend, AttentionType.DECODER)
+        self.self_attn_layer_norm = spec.norm()
+        self.encoder_attn = CrossAttention(spec, backend)
+        self.encoder_attn_layer_norm = spec.norm()
+        self.ffn = feed_forward(spec)
+        self.final_layer_norm = spec.norm()
+
+    def forward(self, h: torch.Tensor, encoder_h: Optional[torch.Tensor], kv_cache: torch.Tensor,
+                meta: AttentionMetadata,
+                position_bias: Optional[RelativePositionBias] = None) -> torch.Tensor:
+        if self.normalize_before:
+            h = h + self.self_attn(self.self_attn_layer_norm(h), kv_cache, meta, position_bias)
+            h = h + self.encoder_attn(self.encoder_attn_layer_norm(h), encoder_h, kv_cache, meta)
+            return h + self.ffn(self.final_layer_norm(h))
+        h = self.self_attn_layer_norm(h + self.self_attn(h, kv_cache, meta, position_bias))
+        h = self.encoder_attn_layer_norm(h + self.encoder_attn(h, encoder_h, kv_cache, meta))
+        return self.final_layer_norm(h + self.ffn(h))
+
+
+class SinusoidalPositions(nn.Module):
+    """Static sinusoidal position embeddings (Marian, PEGASUS): for position p and pair j of the
+    d dimensions, sin(p / 10000^(2j/d)) in the first half, the cosines in the second. A
+    checkpoint may hold the table (PEGASUS saves it); otherwise `fill()` computes it."""
+
+    def __init__(self, num_positions: int, dim: int):
+        super().__init__()
+        self.register_buffer("weight", torch.empty(num_positions, dim))
+
+    def fill(self) -> None:
+        num_positions, dim = self.weight.shape
+        angles = np.arange(num_positions)[:, None] / np.power(10000, 2 * (np.arange(dim) // 2) / dim)
+        half = math.ceil(dim / 2)
+        table = torch.empty(num_positions, dim)
+        table[:, :half] = torch.from_numpy(np.sin(angles[:, 0::2]))
+        table[:, half:] = torch.from_numpy(np.cos(angles[:, 1::2]))
+        self.weight.copy_(table)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return F.embedding(positions, self.weight)
 
 
 def pack_linears(model: nn.Module) -> None:
@@ -111,30 +238,35 @@ _STACKED = {
     "self_attn.v_proj": ("self_attn.qkv_proj", 2, 3),
     "encoder_attn.k_proj": ("encoder_attn.kv_proj", 0, 2),
     "encoder_attn.v_proj": ("encoder_attn.kv_proj", 1, 2),
+    "ffn.gate_proj": ("ffn.gate_up_proj", 0, 2),
+    "ffn.up_proj": ("ffn.gate_up_proj", 1, 2),
 }
 
 
 def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                    aliases: dict[str, str], ignored: tuple[str, ...] = (),
-                    zero_if_missing: tuple[str, ...] = ()) -> None:
-    """Copy Hugging Face-named tensors into `model`, stacking q/k/v into fused projections.
+                    ignored: tuple[str, ...] = (), zero_if_missing: tuple[str, ...] = ()) -> None:
+    """Copy Hugging Face-named tensors into `model`, stacking q/k/v (and a gated feed-forward's
+    gate/up) into fused projections.
 
-    `aliases` renames tied or duplicated names (e.g. embed_tokens -> shared); names ending in
-    one of `ignored` are skipped; parameters whose names end in one of `zero_if_missing` may be
-    absent (e.g. Whisper's k_proj has no bias) and are zeroed. Any other missing parameter, or an
-    unknown name, raises ValueError.
+    A name of a tied parameter (the model shares one tensor under several names, e.g. an LM
+    head tied to the token embeddings) fills the shared tensor; names ending in one of `ignored`
+    are skipped; parameters whose names end in one of `zero_if_missing` may be absent (e.g.
+    Whisper's k_proj has no bias) and are zeroed. Any other missing parameter or persistent
+    buffer, or an unknown name, raises ValueError.
     """
     params = dict(model.named_parameters())
-    params.update(dict(model.named_buffers()))
+    params.update({name: t for name, t in model.state_dict(keep_vars=True).items()
+                   if not isinstance(t, nn.Parameter)})  # persistent buffers
+    tied = _tied_names(model)
     for name, param in params.items():
         if name.endswith(zero_if_missing):
             param.data.zero_()
     filled: dict[str, set[int]] = {}
     for name, tensor in weights:
-        name = _FFN.sub(r".ffn.\1.", aliases.get(name, name))
+        name = _FFN.sub(r".ffn.\1.", name)
         if name.endswith(ignored):
             continue
-        target, shard, num_shards = name, None, 1
+        target, shard, num_shards = tied.get(name, name), None, 1
         for hf_part, (fused, index, count) in _STACKED.items():
             if f".{hf_part}." in name:
                 target, shard, num_shards = name.replace(hf_part, fused), index, count
@@ -153,6 +285,15 @@ def load_hf_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]
     if missing:
         raise ValueError(f"checkpoint lacks {len(missing)} parameters of "
                          f"{type(model).__name__}, e.g. {missing[:5]}")
+
+
+def _tied_names(model: nn.Module) -> dict[str, str]:
+    """Every name of a shared parameter -> the name `named_parameters()` gives it."""
+    first: dict[int, str] = {}
+    tied = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        tied[name] = first.setdefault(id(param), name)
+    return {name: canonical for name, canonical in tied.items() if name != canonical}
 
 
 def _num_shards(param_name: str) -> int:

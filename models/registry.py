@@ -1,17 +1,153 @@
-"""`config.architectures` -> model class, imported on first use."""
+"""Model families: `config.architectures` -> the model class and the pieces the loader adds to
+a checkpoint (special tokens, default decoder prompt, length limits, audio processor, CTranslate2
+name mapping), and how a translation model takes its languages.
+
+Families name their code as "module:attribute", imported on first use, so that loading BART
+never imports Whisper's audio front end.
+"""
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Optional
 
-_MODELS = {
-    "BartForConditionalGeneration": ("encdec.models.bart", "BartForConditionalGeneration"),
-    "WhisperForConditionalGeneration": ("encdec.models.whisper", "WhisperForConditionalGeneration"),
+from encdec.config import SpecialTokens
+
+
+@dataclass(frozen=True)
+class TextTokens:
+    """The special tokens of a text model, as its config declares them."""
+
+    decoder_start_token_id: int
+    eos_token_id: Optional[int]
+    extra_decoder_start_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class InputHooks:
+    """What a family adds to one checkpoint for the input side, resolved once at load.
+    `audio_processor` turns an audio source into (encoder features, encoder length);
+    `max_lengths` (encoder, decoder) is for configs without position limits (T5)."""
+
+    special_tokens: SpecialTokens
+    default_decoder_prompt: list[int]
+    audio_processor: Optional[Callable[[Any], tuple[Any, int]]] = None
+    max_lengths: Optional[tuple[int, int]] = None
+
+
+@dataclass(frozen=True)
+class TranslationInputs:
+    """A text to translate as encoder token ids, and the decoder's forced first token (mBART-50's
+    target language code) if the model needs one."""
+
+    prompt_token_ids: list[int]
+    forced_bos_token_id: Optional[int] = None
+
+
+def decoder_start_token_id(hf_config: Any) -> int:
+    """<DEC>: the config's decoder_start_token_id, else its bos token (as Hugging Face's
+    generate()), else its pad token (T5)."""
+    for name in ("decoder_start_token_id", "bos_token_id", "pad_token_id"):
+        token = getattr(hf_config, name, None)
+        if token is not None:
+            return token
+    raise ValueError("the model config names no decoder_start_token_id, bos_token_id or pad_token_id")
+
+
+def text_input_hooks(hf_config: Any, tokenizer: Any = None,
+                     generation_config: Optional[dict] = None) -> InputHooks:
+    """Text models: tokens from the config; the default decoder prompt is [<DEC>], where Hugging
+    Face's generate() starts (T5, PEGASUS, Marian: the pad token; mBART: </s>)."""
+    start = decoder_start_token_id(hf_config)
+    return InputHooks(TextTokens(start, hf_config.eos_token_id), [start])
+
+
+def bart_input_hooks(hf_config: Any, tokenizer: Any = None,
+                     generation_config: Optional[dict] = None) -> InputHooks:
+    """BART: the default decoder prompt is [<DEC>, <BOS>] ([2, 0]), the start BART's summarizers
+    were fine-tuned on (vLLM's default too)."""
+    hooks = text_input_hooks(hf_config)
+    bos = getattr(hf_config, "bos_token_id", None)
+    if bos is None:
+        return hooks
+    return replace(hooks, default_decoder_prompt=hooks.default_decoder_prompt + [bos])
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """One family: its Hugging Face `model_type`, model class, input hooks (a function of
+    `(hf_config, tokenizer, generation_config)`), for translation models the function that
+    builds `TranslationInputs` from `(tokenizer, hf_config, text, source_lang, target_lang)`,
+    and, when CTranslate2 files of the family can be read, their spec name and the function
+    mapping their variables to Hugging Face names."""
+
+    model_type: str
+    model_class: str
+    input_hooks: Optional[str] = None  # None: `text_input_hooks`
+    translation: Optional[str] = None
+    ct2_spec: Optional[str] = None
+    ct2_to_hf: Optional[str] = None
+
+    def get_model_class(self) -> type:
+        return _import(self.model_class)
+
+    def get_input_hooks(self, hf_config: Any, tokenizer: Any,
+                        generation_config: Optional[dict]) -> InputHooks:
+        hooks = _import(self.input_hooks) if self.input_hooks else text_input_hooks
+        return hooks(hf_config, tokenizer, generation_config)
+
+
+_FAMILIES = {
+    "BartForConditionalGeneration": ModelFamily(
+        "bart", "encdec.models.bart:BartForConditionalGeneration",
+        input_hooks="encdec.models.registry:bart_input_hooks"),
+    "MBartForConditionalGeneration": ModelFamily(
+        "mbart", "encdec.models.mbart:MBartForConditionalGeneration",
+        translation="encdec.models.mbart:mbart50_translation"),
+    "MarianMTModel": ModelFamily(
+        "marian", "encdec.models.marian:MarianMTModel",
+        translation="encdec.models.marian:marian_translation"),
+    "PegasusForConditionalGeneration": ModelFamily(
+        "pegasus", "encdec.models.pegasus:PegasusForConditionalGeneration"),
+    "T5ForConditionalGeneration": ModelFamily(
+        "t5", "encdec.models.t5:T5ForConditionalGeneration",
+        input_hooks="encdec.models.t5:t5_input_hooks",
+        translation="encdec.models.t5:t5_translation"),
+    "WhisperForConditionalGeneration": ModelFamily(
+        "whisper", "encdec.models.whisper:WhisperForConditionalGeneration",
+        input_hooks="encdec.models.whisper_inputs:whisper_input_hooks",
+        ct2_spec="WhisperSpec", ct2_to_hf="encdec.models.whisper_ct2:ct2_whisper_to_hf"),
 }
 
 
-def get_model_class(architectures: list[str] | None):
+def get_model_family(architectures: Optional[list[str]]) -> ModelFamily:
     for arch in architectures or []:
-        if arch in _MODELS:
-            module, name = _MODELS[arch]
-            return getattr(importlib.import_module(module), name)
-    raise ValueError(f"unsupported model architectures {architectures}; supported: {sorted(_MODELS)}")
+        if arch in _FAMILIES:
+            return _FAMILIES[arch]
+    raise ValueError(f"unsupported model architectures {architectures}; supported: {sorted(_FAMILIES)}")
+
+
+def translation_inputs(tokenizer: Any, hf_config: Any, text: str, source_lang: Optional[str] = None,
+                       target_lang: Optional[str] = None) -> TranslationInputs:
+    """How this checkpoint takes `text` to translate: mBART-50 language codes ("en_XX", or "en"),
+    a Marian multilingual model's target token (">>fr<<"), T5's task prefix. Raises ValueError
+    for a family that does not translate or languages the checkpoint does not know."""
+    family = get_model_family(getattr(hf_config, "architectures", None))
+    if family.translation is None:
+        translators = sorted(f.model_type for f in _FAMILIES.values() if f.translation)
+        raise ValueError(f"{family.model_type} models do not translate; use one of {translators}")
+    return _import(family.translation)(tokenizer, hf_config, text, source_lang, target_lang)
+
+
+def get_ct2_converter(spec_name: Optional[str]) -> Callable[..., Any]:
+    """The CTranslate2 -> Hugging Face name mapping of the family whose spec is `spec_name`."""
+    converters = {f.ct2_spec: f.ct2_to_hf for f in _FAMILIES.values() if f.ct2_spec}
+    if spec_name not in converters:
+        raise ValueError(f"no model family reads CTranslate2 {spec_name} models; "
+                         f"supported: {sorted(converters)}")
+    return _import(converters[spec_name])
+
+
+def _import(target: str) -> Any:
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)

@@ -13,42 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from encdec.attention import AttentionMetadata, AttentionType
+from encdec.attention import AttentionMetadata
 from encdec.attention.backends.abstract import AttentionBackend
-from encdec.models.layers import (CrossAttention, FeedForward, SelfAttention, embedding,
-                                  load_hf_weights)
-
-
-class WhisperEncoderLayer(nn.Module):
-    def __init__(self, config, backend: AttentionBackend):
-        super().__init__()
-        d = config.d_model
-        self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.self_attn = SelfAttention(d, config.encoder_attention_heads, backend, AttentionType.ENCODER)
-        self.final_layer_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d, config.encoder_ffn_dim, config.activation_function)
-
-    def forward(self, h: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        h = h + self.self_attn(self.self_attn_layer_norm(h), None, meta)
-        return h + self.ffn(self.final_layer_norm(h))
-
-
-class WhisperDecoderLayer(nn.Module):
-    def __init__(self, config, backend: AttentionBackend):
-        super().__init__()
-        d, heads = config.d_model, config.decoder_attention_heads
-        self.self_attn_layer_norm = nn.LayerNorm(d)
-        self.self_attn = SelfAttention(d, heads, backend, AttentionType.DECODER)
-        self.encoder_attn_layer_norm = nn.LayerNorm(d)
-        self.encoder_attn = CrossAttention(d, heads, backend)
-        self.final_layer_norm = nn.LayerNorm(d)
-        self.ffn = FeedForward(d, config.decoder_ffn_dim, config.activation_function)
-
-    def forward(self, h: torch.Tensor, encoder_h: Optional[torch.Tensor],
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        h = h + self.self_attn(self.self_attn_layer_norm(h), kv_cache, meta)
-        h = h + self.encoder_attn(self.encoder_attn_layer_norm(h), encoder_h, kv_cache, meta)
-        return h + self.ffn(self.final_layer_norm(h))
+from encdec.models.layers import DecoderLayer, EncoderLayer, LayerSpec, embedding, load_hf_weights
 
 
 class WhisperEncoder(nn.Module):
@@ -59,7 +26,8 @@ class WhisperEncoder(nn.Module):
         self.conv1 = nn.Conv1d(config.num_mel_bins, d, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(d, d, kernel_size=3, stride=2, padding=1)
         self.embed_positions = embedding(config.max_source_positions, d)
-        self.layers = nn.ModuleList([WhisperEncoderLayer(config, backend)
+        spec = LayerSpec.of_side(config, "encoder", normalize_before=True)
+        self.layers = nn.ModuleList([EncoderLayer(spec, backend)
                                      for _ in range(config.encoder_layers)])
         self.layer_norm = nn.LayerNorm(d)
 
@@ -81,7 +49,8 @@ class WhisperDecoder(nn.Module):
         d = config.d_model
         self.embed_tokens = embedding(config.vocab_size, d)
         self.embed_positions = embedding(config.max_target_positions, d)
-        self.layers = nn.ModuleList([WhisperDecoderLayer(config, backend)
+        spec = LayerSpec.of_side(config, "decoder", normalize_before=True)
+        self.layers = nn.ModuleList([DecoderLayer(spec, backend)
                                      for _ in range(config.decoder_layers)])
         self.layer_norm = nn.LayerNorm(d)
 
@@ -107,6 +76,8 @@ class WhisperForConditionalGeneration(nn.Module):
         self.config = config
         self.model = WhisperModel(config, backend)
         self.tied = getattr(config, "tie_word_embeddings", True)
+        heads = config.decoder_attention_heads
+        self.kv_cache_shape = (config.decoder_layers, heads, config.d_model // heads)
         self.proj_out = nn.Linear(config.d_model, config.vocab_size, bias=False)  # tied on load
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -124,6 +95,5 @@ class WhisperForConditionalGeneration(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self.tied:
             self.proj_out.weight = self.model.decoder.embed_tokens.weight
-        aliases = {"proj_out.weight": "model.decoder.embed_tokens.weight"} if self.tied else {}
         # Whisper's k_proj has no bias: that third of the fused bias stays zero.
-        load_hf_weights(self, weights, aliases, zero_if_missing=("qkv_proj.bias", "kv_proj.bias"))
+        load_hf_weights(self, weights, zero_if_missing=("qkv_proj.bias", "kv_proj.bias"))

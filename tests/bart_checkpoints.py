@@ -63,12 +63,14 @@ def apply_init_stds(model, stds: dict) -> None:
             param.normal_(0.0, module_init_std(name, stds))
 
 
-def train_tokenizer(out_dir: Path, vocab_size: int = 1000):
+def train_tokenizer(out_dir: Path, vocab_size: int = 1000, corpus: list[str] = CORPUS * 4):
+    """A BART-style byte-level BPE tokenizer trained on `corpus`: specials <s>=0 <pad>=1 </s>=2
+    <unk>=3 <mask>."""
     from tokenizers import ByteLevelBPETokenizer
     from transformers import BartTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(CORPUS * 4, vocab_size=vocab_size, min_frequency=1,
+    bpe.train_from_iterator(corpus, vocab_size=vocab_size, min_frequency=1,
                             special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
     out_dir.mkdir(parents=True, exist_ok=True)
     bpe.save_model(str(out_dir))
@@ -77,18 +79,19 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 1000):
 
 def make_bart_checkpoint(out_dir: Path, seed: int = 0, init_std: float = 0.3,
                          weights_format: str = "safetensors", eos_logit_bias: float = 0.0,
-                         init_stds: dict | None = None, **overrides) -> Path:
+                         init_stds: dict | None = None, tokenizer=None, **overrides) -> Path:
     """Save a seeded random BART (TINY shape unless overridden) plus tokenizer to `out_dir`.
 
     `weights_format`: "safetensors", "sharded" (several safetensors files and an index) or
     "bin" (a single pytorch_model.bin, as older checkpoints ship). `eos_logit_bias` raises
     EOS's final_logits_bias so that some outputs stop early. `init_stds` (e.g.
     DEEP_INIT_STDS) replaces the single `init_std` with one std per kind of module.
+    `tokenizer` replaces the one trained on CORPUS.
     """
     from transformers import BartConfig, BartForConditionalGeneration
 
     out_dir = Path(out_dir)
-    tokenizer = train_tokenizer(out_dir / "_bpe")
+    tokenizer = tokenizer or train_tokenizer(out_dir / "_bpe")
     config = BartConfig(**{**TINY, **overrides, "init_std": init_std})
     torch.manual_seed(seed)
     model = BartForConditionalGeneration(config).eval()

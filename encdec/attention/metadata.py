@@ -1,4 +1,4 @@
-"""Attention types and the per-step attention metadata (seeds 000, 002, 004).
+"""Attention types and the per-step attention metadata (docs/design.md, "Model runner").
 
 Decoder tokens of one step are one unpadded vector: the prefill sequences' tokens first, then
 one token per decode sequence. Encoder tokens (only for groups in their first step) are a second
@@ -24,8 +24,9 @@ class AttentionMetadata:
     """Everything an attention backend needs to run one step.
 
     Per decoder sequence (prefills first): `seq_lens`, `block_tables`, `encoder_seq_lens`,
-    `cross_block_tables`, and `query_start_loc`/`seq_start_loc` (num_seqs + 1 entries).
-    `encoder_seq_start_loc` covers only the prefills' encoder tokens (num_prefills + 1).
+    `cross_block_tables`, and `query_start_loc` (num_seqs + 1 entries: where each sequence's
+    tokens start in the step's token vector). `encoder_seq_start_loc` covers only the
+    prefills' encoder tokens (num_prefills + 1).
     """
 
     num_prefills: int
@@ -35,15 +36,10 @@ class AttentionMetadata:
     seq_lens: list[int]
     seq_lens_tensor: torch.Tensor
     query_start_loc: torch.Tensor
-    seq_start_loc: torch.Tensor
-    max_query_len: int
-    max_prefill_seq_len: int
-    max_decode_seq_len: int
     block_tables: torch.Tensor
     encoder_seq_lens: list[int]
     encoder_seq_lens_tensor: torch.Tensor
     encoder_seq_start_loc: torch.Tensor
-    max_encoder_seq_len: int
     num_encoder_tokens: int
     cross_slot_mapping: torch.Tensor
     cross_block_tables: torch.Tensor

@@ -1,4 +1,5 @@
-"""Paged KV-cache block bookkeeping for encoder/decoder models (seed 004, "Memory management").
+"""Paged KV-cache block bookkeeping for encoder/decoder models (docs/design.md, "The two kinds
+of block tables").
 
 vLLM v0 "block manager v1" semantics without prefix caching. Each device has one pool of
 blocks (ids 0..num_blocks-1, all usable) that serves two kinds of table:
@@ -19,6 +20,7 @@ allocates both kinds of table afresh.
 from __future__ import annotations
 
 import enum
+from collections import Counter
 
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -112,8 +114,22 @@ class BlockSpaceManager:
         return (self._num_blocks(len(seq_group.encoder_seq))
                 + sum(self._num_blocks(len(seq)) for seq in waiting))
 
+    def max_num_blocks(self, num_encoder_tokens: int, max_decoder_len: int, num_seqs: int) -> int:
+        """The most device blocks a request ever holds: its cross table plus, for each decoder
+        sequence it runs at once, a self table of `max_decoder_len` tokens."""
+        return self._num_blocks(num_encoder_tokens) + num_seqs * self._num_blocks(max_decoder_len)
+
+    def can_ever_fit(self, num_blocks: int) -> bool:
+        """The admission rule: a request that may hold `num_blocks` device blocks is admitted
+        (and swapped in) only if they fit an empty device with the watermark kept free.
+
+        The engine applies it to `max_num_blocks` when a request arrives; `can_allocate` and
+        `can_swap_in` apply it to what a group needs now, which is never more.
+        """
+        return num_blocks <= self.num_total_gpu_blocks - self.watermark_blocks
+
     def _alloc_status(self, num_required: int) -> AllocStatus:
-        if self.num_total_gpu_blocks - num_required < self.watermark_blocks:
+        if not self.can_ever_fit(num_required):
             return AllocStatus.NEVER
         if self.gpu_pool.num_free - num_required < self.watermark_blocks:
             return AllocStatus.LATER
@@ -141,8 +157,23 @@ class BlockSpaceManager:
     # Decoding ---------------------------------------------------------------------------
 
     def can_append_slots(self, seq_group: SequenceGroup) -> bool:
-        """Conservatively, one free device block per RUNNING sequence."""
-        return self.gpu_pool.num_free >= seq_group.num_seqs(SequenceStatus.RUNNING)
+        """Whether `append_slots` of every RUNNING sequence finds the device blocks it takes."""
+        running = seq_group.get_seqs(SequenceStatus.RUNNING)
+        return self._num_append_blocks(running, self.gpu_pool) <= self.gpu_pool.num_free
+
+    def _num_append_blocks(self, seqs: list[Sequence], pool: BlockPool) -> int:
+        """Blocks the next `append_slots` of each of `seqs` takes: a new block where a table is
+        a block short, else a copy of a shared last block. Of k sharers writing to a block,
+        the last keeps it when they are all its sharers: k - 1 copies."""
+        num_new = 0
+        writers: Counter[int] = Counter()
+        for seq in seqs:
+            table = self.block_tables[seq.seq_id]
+            if len(table) < self._num_blocks(len(seq)):
+                num_new += 1
+            elif pool.ref_counts[table[-1]] > 1:
+                writers[table[-1]] += 1
+        return num_new + sum(min(k, pool.ref_counts[block] - 1) for block, k in writers.items())
 
     def append_slots(self, seq: Sequence) -> list[tuple[int, int]]:
         """Make the table of `seq` cover all its tokens; return copy-on-write (src, dst) pairs.
@@ -225,18 +256,11 @@ class BlockSpaceManager:
         return len({block for table in tables for block in table})
 
     def can_swap_in(self, seq_group: SequenceGroup) -> AllocStatus:
-        """The group's swapped blocks plus a block for each SWAPPED sequence whose next slot
-        needs one (a new block, or a copy of a shared last block)."""
+        """The group's swapped blocks plus those the SWAPPED sequences' next `append_slots`
+        takes (the scheduler appends right after swapping in)."""
         tables = self._tables_to_swap(seq_group, SequenceStatus.SWAPPED, on_cpu=True)
-        growth = sum(self._next_slot_needs_block(seq, self.cpu_pool)
-                     for seq in seq_group.get_seqs(SequenceStatus.SWAPPED))
+        growth = self._num_append_blocks(seq_group.get_seqs(SequenceStatus.SWAPPED), self.cpu_pool)
         return self._alloc_status(self._num_unique_blocks(tables) + growth)
-
-    def _next_slot_needs_block(self, seq: Sequence, pool: "BlockPool") -> bool:
-        table = self.block_tables[seq.seq_id]
-        if len(table) < -(-len(seq) // self.block_size):
-            return True
-        return bool(table) and pool.ref_counts[table[-1]] > 1
 
     def swap_in(self, seq_group: SequenceGroup) -> list[tuple[int, int]]:
         """Move the SWAPPED sequences' tables and the cross table to the device.

@@ -8,18 +8,12 @@ Preemption by recompute frees both the self and the cross blocks, so the encoder
 """
 from __future__ import annotations
 
-import enum
 from collections import deque
 from dataclasses import dataclass, field
 
 from encdec.config import CacheConfig, SchedulerConfig
 from encdec.core.block_manager import AllocStatus, BlockSpaceManager
 from encdec.sequence import Sequence, SequenceGroup, SequenceGroupMetadata, SequenceStatus
-
-
-class PreemptionMode(enum.Enum):
-    SWAP = "swap"
-    RECOMPUTE = "recompute"
 
 
 @dataclass
@@ -79,6 +73,13 @@ class Scheduler:
     def free_seq(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
 
+    def fork_seq(self, group: SequenceGroup, parent: Sequence, child_seq_id: int) -> Sequence:
+        """A copy of `parent` that joins its group, sharing its blocks (n > 1, beam search)."""
+        child = parent.fork(child_seq_id)
+        group.add(child)
+        self.block_manager.fork(parent, child)
+        return child
+
     def free_finished_seq_groups(self) -> list[SequenceGroup]:
         finished = [g for g in self.running if g.is_finished()]
         for group in finished:
@@ -109,23 +110,32 @@ class Scheduler:
                 for i, g in enumerate(out.scheduled_seq_groups)], out
 
     def _schedule_running(self, out: SchedulerOutputs) -> tuple[list[SequenceGroup], bool]:
+        """Give each running group its next slots, preempting from the back of the queue.
+
+        If a preemption fails, every group is still in a queue and owns its blocks, but the
+        block moves of this step are lost: the caller must abort the unfinished requests.
+        """
         scheduled: list[SequenceGroup] = []
         preempted = False
         running = self.running
         self.running = deque()
-        while running:
-            group = running.popleft()
-            while not self.block_manager.can_append_slots(group):
-                preempted = True
-                victim = running.pop() if running else group
-                self._preempt(victim, out)
-                if victim is group:
-                    break
-            else:
-                for seq in group.get_seqs(SequenceStatus.RUNNING):
-                    out.blocks_to_copy.extend(self.block_manager.append_slots(seq))
-                scheduled.append(group)
-        self.running.extend(scheduled)
+        try:
+            while running:
+                group = running[0]
+                while not self.block_manager.can_append_slots(group):
+                    preempted = True
+                    victim = running[-1]
+                    self._preempt(victim, out)
+                    running.pop()
+                    if victim is group:
+                        break
+                else:
+                    for seq in group.get_seqs(SequenceStatus.RUNNING):
+                        out.blocks_to_copy.extend(self.block_manager.append_slots(seq))
+                    scheduled.append(running.popleft())
+        finally:
+            self.running.extend(scheduled)
+            self.running.extend(running)
         return scheduled, preempted
 
     def _schedule_swapped(self, out: SchedulerOutputs, decodes: list[SequenceGroup],
@@ -179,7 +189,8 @@ class Scheduler:
         return scheduled
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
-        self.stats.num_preemptions += 1
+        """Preempt a RUNNING group; raises, changing nothing, if it can be neither swapped out
+        nor recomputed. Swapped groups queue in admission order, so the earliest returns first."""
         mode = self.config.preemption_mode
         if mode is None:
             mode = "recompute" if len(group.get_unfinished_seqs()) == 1 else "swap"
@@ -190,6 +201,7 @@ class Scheduler:
                 raise RuntimeError("out of KV cache: cannot swap out a multi-sequence request; "
                                    "raise swap_space or num_gpu_blocks")
             mode = "recompute"
+        self.stats.num_preemptions += 1
         if mode == "recompute":
             self.stats.num_recomputes += 1
             self._free_group(group)
@@ -201,7 +213,7 @@ class Scheduler:
             out.blocks_to_swap_out.extend(self.block_manager.swap_out(group))
             for seq in group.get_seqs(SequenceStatus.RUNNING):
                 seq.status = SequenceStatus.SWAPPED
-            self.swapped.append(group)
+            self.swapped.appendleft(group)
 
     def _metadata(self, group: SequenceGroup, is_prompt: bool) -> SequenceGroupMetadata:
         seqs = group.get_seqs(SequenceStatus.RUNNING)

@@ -1,4 +1,10 @@
-"""LLMEngine: requests in, one scheduled forward pass per `step()`, RequestOutputs out."""
+"""LLMEngine: requests in, one scheduled forward pass per `step()`, RequestOutputs out.
+
+`step()` returns an output for every request that advanced (as its `output_kind` asks: see
+`encdec.engine.output_processor`). Sequences change only through their own methods, forks
+through the scheduler's block manager; each request's generator and beam-search state live
+in its `SequenceGroup`.
+"""
 from __future__ import annotations
 
 import itertools
@@ -8,17 +14,18 @@ from typing import Any, Optional
 
 import torch
 
-from encdec.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig
+from encdec.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, resolve_dtype
 from encdec.core.scheduler import Scheduler
-from encdec.generation_config import GenerationDefaults, resolve_sampling_params
+from encdec.generation_config import GenerationDefaults, load_generation_defaults, resolve_sampling_params
 from encdec.inputs.data import is_explicit_encoder_decoder_prompt
 from encdec.inputs.preprocess import InputPreprocessor
-from encdec.outputs import CompletionOutput, RequestOutput
+from encdec.engine.output_processor import OutputProcessor
+from encdec.outputs import RequestOutput
 from encdec.sampling.beam_search import BeamSearch
 from encdec.sampling.params import SamplingParams
 from encdec.sampling.sampler import SamplerOutput, SequenceOutput
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
-from encdec.weights.loader import LoadedModel
+from encdec.weights.loader import LoadedModel, load_model
 from encdec.worker.cpu_memory import keep_freed_memory
 from encdec.worker.cache_engine import CacheEngine, num_blocks
 from encdec.worker.model_runner import EncoderDecoderModelRunner
@@ -38,18 +45,18 @@ class EngineStats:
 
 class LLMEngine:
     """`generation_defaults` (the checkpoint's generation config) fill each request's unset
-    sampling params; beam requests keep their search state here, outside the sequences."""
+    sampling params."""
 
     def __init__(self, loaded: LoadedModel, cache_config: CacheConfig,
                  scheduler_config: SchedulerConfig, device_config: DeviceConfig, seed: int = 0,
-                 generation_defaults: Optional[GenerationDefaults] = None):
+                 generation_defaults: Optional[GenerationDefaults] = None, tune_malloc: bool = True):
         self.model_config: ModelConfig = loaded.model_config
         self.generation_defaults = generation_defaults or GenerationDefaults()
         self.tokenizer = loaded.tokenizer
         self.cache_config = cache_config
         self.scheduler_config = scheduler_config
         self.device = device_config.device
-        if self.device.type == "cpu":
+        if self.device.type == "cpu" and tune_malloc:
             keep_freed_memory()
         self.input_preprocessor = InputPreprocessor(
             self.model_config, self.tokenizer, loaded.default_decoder_prompt, loaded.audio_processor)
@@ -62,10 +69,33 @@ class LLMEngine:
             scheduler_config.max_num_batched_tokens, self.model_config.eos_token_id,
             self.model_config.vocab_size)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self._seq_ids = itertools.count()
-        self._groups: dict[str, SequenceGroup] = {}
-        self._beams: dict[str, BeamSearch] = {}
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self.seq_ids = itertools.count()
+        self.groups: dict[str, SequenceGroup] = {}
         self.num_steps = 0
+
+    @classmethod
+    def from_model(cls, model: str, dtype: str = "auto", device: Optional[str] = None,
+                   block_size: int = 16, num_gpu_blocks: Optional[int] = None,
+                   kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
+                   max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
+                   seed: int = 0, attention_backend: Optional[str] = None,
+                   tune_malloc: bool = True) -> "LLMEngine":
+        """Load `model` (a local checkpoint directory or a Whisper alias) and size the engine;
+        the options are `LLM`'s."""
+        device_config = DeviceConfig.create(device)
+        loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend)
+        cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
+                                   kv_cache_space=kv_cache_space, swap_space=swap_space)
+        scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
+                                           max_num_batched_tokens=max_num_batched_tokens,
+                                           preemption_mode=preemption_mode)
+        needed = loaded.model_config.max_encoder_len + loaded.model_config.max_decoder_len
+        if max_num_batched_tokens < needed:
+            raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "
+                             f"request can need ({needed}: encoder + decoder positions)")
+        return cls(loaded, cache_config, scheduler_config, device_config, seed,
+                   load_generation_defaults(model), tune_malloc)
 
     @property
     def block_manager(self):
@@ -79,9 +109,14 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
-                    arrival_time: Optional[float] = None) -> None:
-        """Validate and queue one request; raises ValueError and leaves nothing behind."""
-        if request_id in self._groups:
+                    arrival_time: Optional[float] = None, return_cross_kv: bool = False) -> None:
+        """Validate and queue one request; raises ValueError and leaves nothing behind.
+        `return_cross_kv`: its final output carries the cross-attention keys and values
+        (`RequestOutput.cross_kv`), read from the cache before its blocks are freed."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"request {request_id!r}: sampling params must be a SamplingParams, "
+                             f"got {type(params).__name__}")
+        if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
         inputs = self.input_preprocessor.preprocess(prompt)
         resolved = self._resolve(params, inputs.prompt_token_ids)
@@ -90,44 +125,76 @@ class LLMEngine:
             inputs.prompt_token_ids = [self.model_config.decoder_start_token_id]
             resolved = self._resolve(params, inputs.prompt_token_ids)
         params = resolved
+        self._check_token_ids(params)
         self._check_fits(inputs.prompt_token_ids, inputs.encoder_prompt_token_ids, params)
         block_size = self.cache_config.block_size
         eos = self.model_config.eos_token_id
-        seq = Sequence.from_inputs(next(self._seq_ids), inputs, block_size, True, eos)
-        encoder_seq = Sequence.from_inputs(next(self._seq_ids), inputs, block_size, False)
+        seq = Sequence.from_inputs(next(self.seq_ids), inputs, block_size, True, eos)
+        encoder_seq = Sequence.from_inputs(next(self.seq_ids), inputs, block_size, False)
+        generator = (torch.Generator(device=self.device).manual_seed(params.seed)
+                     if params.seed is not None else self.generator)
         group = SequenceGroup(request_id, [seq], params, arrival_time or time.monotonic(),
-                              encoder_seq, inputs.encoder_features)
-        group.generator = (torch.Generator(device=self.device).manual_seed(params.seed)
-                           if params.seed is not None else self.generator)
-        self._groups[request_id] = group
-        if params.use_beam_search:
-            self._beams[request_id] = BeamSearch(params)
+                              encoder_seq, inputs.encoder_features, generator,
+                              BeamSearch(params) if params.use_beam_search else None, return_cross_kv)
+        self.groups[request_id] = group
         self.scheduler.add_seq_group(group)
 
     def _resolve(self, params: SamplingParams, decoder_ids: list[int]) -> SamplingParams:
         return resolve_sampling_params(params, self.generation_defaults, len(decoder_ids),
                                        self.model_config.max_decoder_len)
 
+    def _check_token_ids(self, params: SamplingParams) -> None:
+        """Token ids and counts in the params must fit the vocabulary (a step never fails on
+        one request's params)."""
+        vocab = self.model_config.vocab_size
+        for name in ("forced_bos_token_id", "forced_eos_token_id"):
+            token = getattr(params, name)
+            if token is not None and token >= vocab:
+                raise ValueError(f"{name}={token} is not a token id of this model (vocab_size={vocab})")
+        for token in params.stop_token_ids:
+            if token >= vocab:
+                raise ValueError(f"stop_token_ids: {token} is not a token id of this model "
+                                 f"(vocab_size={vocab})")
+        if params.logprobs is not None and params.logprobs > vocab:
+            raise ValueError(f"logprobs={params.logprobs} is more than the vocabulary (vocab_size={vocab})")
+
     def _check_fits(self, decoder_ids: list[int], encoder_ids: list[int], params: SamplingParams) -> None:
         if params.n > 1 and params.is_greedy and not params.use_beam_search:
             raise ValueError(f"n={params.n} needs random sampling: set temperature > 0 "
                              "(greedy decoding would return n identical outputs)")
-        block_size = self.cache_config.block_size
+        max_num_seqs = self.scheduler_config.max_num_seqs
+        if params.max_num_seqs > max_num_seqs:
+            field = "beam_width" if params.use_beam_search else "n"
+            raise ValueError(f"{field}={params.max_num_seqs} is more than the engine runs at once "
+                             f"(max_num_seqs={max_num_seqs})")
         max_len = self.model_config.max_decoder_len
         if params.max_tokens is not None:
             max_len = min(max_len, len(decoder_ids) + params.max_tokens)
         seqs = params.max_num_seqs
-        needed = -(-len(encoder_ids) // block_size) + seqs * -(-max_len // block_size)
-        total = self.block_manager.num_total_gpu_blocks
-        if needed > total:
+        bm = self.block_manager
+        needed = bm.max_num_blocks(len(encoder_ids), max_len, seqs)
+        if not bm.can_ever_fit(needed):
             raise ValueError(f"the request needs {needed} KV cache blocks (encoder "
                              f"{len(encoder_ids)} tokens, decoder up to {max_len} tokens, "
-                             f"{seqs} sequences) but the cache has only num_gpu_blocks={total}")
+                             f"{seqs} sequences) but the cache has only num_gpu_blocks="
+                             f"{bm.num_total_gpu_blocks}, less a watermark of "
+                             f"{bm.watermark_blocks} kept free")
 
     def abort_request(self, request_id: str) -> None:
+        """Stop a request wherever it is and free its blocks; unknown ids are ignored."""
         if self.scheduler.abort_seq_group(request_id):
-            self._groups.pop(request_id, None)
-            self._beams.pop(request_id, None)
+            self.groups.pop(request_id, None)
+            self.output_processor.abort(request_id)
+
+    def abort_all(self) -> None:
+        """Abort every request and free every block (also after a step that failed midway)."""
+        for request_id in list(self.groups):
+            self.abort_request(request_id)
+        self.groups.clear()
+        scheduler = self.scheduler
+        for queue in (scheduler.waiting, scheduler.running, scheduler.swapped):
+            queue.clear()
+        scheduler.block_manager.reset()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_seqs()
@@ -139,7 +206,8 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule, move cache blocks, run the model once, and process the samples.
 
-        Returns an output for every request that finished in this step.
+        Returns an output for every request that advanced in this step and has one to give
+        (see `OutputProcessor`); the last one of a request has `finished` set.
         """
         metadata, sched = self.scheduler.schedule()
         if sched.blocks_to_swap_out:
@@ -152,14 +220,21 @@ class LLMEngine:
             self.num_steps += 1
             sampler_output = self.model_runner.execute_model(metadata, self.cache_engine.gpu_cache)
             self._process_model_outputs(sched.scheduled_seq_groups, sampler_output)
-        finished = self.scheduler.free_finished_seq_groups() + sched.ignored_seq_groups
-        return [self._request_output(self._groups.pop(g.request_id)) for g in finished]
+        for group in sched.scheduled_seq_groups:
+            if group.return_cross_kv and group.is_finished():
+                group.cross_kv = self.cache_engine.gather(
+                    self.block_manager.get_cross_block_table(group), len(group.encoder_seq))
+        for group in self.scheduler.free_finished_seq_groups() + sched.ignored_seq_groups:
+            self.groups.pop(group.request_id)
+        outputs = (self.output_processor.make_output(g)
+                   for g in sched.scheduled_seq_groups + sched.ignored_seq_groups)
+        return [out for out in outputs if out is not None]
 
     def _process_model_outputs(self, groups: list[SequenceGroup], outputs: SamplerOutput) -> None:
         by_id = {o.request_id: o for o in outputs}
         for group in groups:
             samples = by_id[group.request_id].samples
-            if group.sampling_params.use_beam_search:
+            if group.beam_search is not None:
                 self._process_beams(group, samples)
                 continue
             seqs = group.seqs
@@ -168,9 +243,9 @@ class LLMEngine:
                 parent_samples = self._fork_children(group, parent_samples)
             for seq, sample in parent_samples:
                 seq.append_token_id(sample.token_id, sample.logprob, sample.top_logprobs)
-                seq.data.num_computed_tokens = len(seq.data) - 1
-                self._check_stop(seq, group.sampling_params)
-                if seq.is_finished():
+                status = self._stop_status(seq, group.sampling_params)
+                if status is not None:
+                    seq.finish(status)
                     self.scheduler.free_seq(seq)
 
     def _process_beams(self, group: SequenceGroup, samples: list[SequenceOutput]) -> None:
@@ -179,7 +254,7 @@ class LLMEngine:
         Beams that do not continue free their blocks and leave the group, unless the search is
         done: then they stay, finished, so the group is finished too.
         """
-        search = self._beams[group.request_id]
+        search = group.beam_search
         params = group.sampling_params
         parents = {seq.seq_id: seq for seq in group.get_seqs(SequenceStatus.RUNNING)}
         beams = search.step(samples, {i: seq.data.output_token_ids for i, seq in parents.items()},
@@ -189,25 +264,19 @@ class LLMEngine:
         for seq in parents.values():
             if seq.seq_id not in continuing:
                 self.scheduler.free_seq(seq)
-                seq.status = SequenceStatus.FINISHED_STOPPED
+                seq.finish(SequenceStatus.FINISHED_STOPPED)
                 if not search.done:
                     group.remove(seq.seq_id)
         for seq, sample in children:
-            seq.append_token_id(sample.token_id, sample.logprob)
-            seq.data.cumulative_logprob = sample.beam_score  # exactly the float32 running score
-            seq.data.num_computed_tokens = len(seq.data) - 1
-            group.remove(seq.seq_id)
-            group.add(seq)
+            seq.append_token_id(sample.token_id, sample.logprob, score=sample.beam_score)
+            group.move_to_end(seq.seq_id)
 
     def _fork_children(self, group: SequenceGroup, parent_samples):
         """Samples past the first of a parent (n > 1, beam search) become its forked children."""
         forked, used = [], set()
         for parent, sample in parent_samples:
             if parent.seq_id in used:
-                child = parent.fork(next(self._seq_ids))
-                group.add(child)
-                self.block_manager.fork(parent, child)
-                forked.append((child, sample))
+                forked.append((self.scheduler.fork_seq(group, parent, next(self.seq_ids)), sample))
             else:
                 used.add(parent.seq_id)
                 forked.append((parent, sample))
@@ -217,36 +286,16 @@ class LLMEngine:
         return token in params.stop_token_ids or (
             not params.ignore_eos and token == self.model_config.eos_token_id)
 
-    def _check_stop(self, seq: Sequence, params: SamplingParams) -> None:
+    def _stop_status(self, seq: Sequence, params: SamplingParams) -> Optional[SequenceStatus]:
+        """How the sequence finishes after its last token, or None if it goes on."""
         token = seq.data.get_last_token_id()
         num_out = len(seq.data.output_token_ids)
         if num_out >= params.min_tokens and self._is_stop_token(token, params):
-            seq.status = SequenceStatus.FINISHED_STOPPED
-        elif (params.max_tokens is not None and num_out >= params.max_tokens) or \
+            return SequenceStatus.FINISHED_STOPPED
+        if (params.max_tokens is not None and num_out >= params.max_tokens) or \
                 len(seq) >= self.model_config.max_decoder_len:
-            seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
-
-    def _request_output(self, group: SequenceGroup) -> RequestOutput:
-        """The group's sequences, or for beam search its best n hypotheses by score."""
-        params = group.sampling_params
-        search = self._beams.pop(group.request_id, None)
-        if search is not None and search.finished:
-            results = [(h.token_ids, h.cumulative_logprob, None, h.finish_reason)
-                       for h in search.best(params.n)]
-        else:
-            results = [(seq.data.output_token_ids, seq.data.cumulative_logprob,
-                        seq.output_logprobs if params.logprobs is not None else None,
-                        seq.status.finish_reason) for seq in group.get_seqs()]
-        outputs = []
-        for index, (ids, cumulative_logprob, logprobs, finish_reason) in enumerate(results):
-            text = (self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
-                    if self.tokenizer is not None else "")
-            outputs.append(CompletionOutput(index, text, list(ids), cumulative_logprob, logprobs,
-                                            finish_reason))
-        first = next(iter(group.seqs.values()))
-        return RequestOutput(group.request_id, first.prompt, list(first.data.prompt_token_ids),
-                             group.encoder_seq.prompt, list(group.encoder_seq.data.prompt_token_ids),
-                             outputs, group.is_finished())
+            return SequenceStatus.FINISHED_LENGTH_CAPPED
+        return None
 
 
 def _has_decoder_prompt(prompt: Any) -> bool:

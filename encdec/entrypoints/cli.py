@@ -1,11 +1,13 @@
-"""The `encdec` command line: `transcribe` audio with Whisper, `summarize` text with BART.
+"""The `encdec` command line: `transcribe` audio with Whisper, `summarize` text with BART,
+`serve` models over HTTP (`encdec.entrypoints.openai`).
 
-`bench NAME` runs a benchmark script of the source checkout; `serve` is reserved for the HTTP
-server and exits with 2.
+`bench NAME` runs a benchmark script of the source checkout.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import re
 import sys
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -14,8 +16,8 @@ import numpy as np
 from tqdm import tqdm
 
 from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.entrypoints.summaries import Article, ArticleTooLong, prepare_article, summary_params
 from encdec.llm import LLM
-from encdec.sampling.params import SamplingParams
 from encdec.whisper.transcript import Transcription
 from encdec.whisper.writers import FORMATS, format_timestamp, output_basename, write_result
 
@@ -180,17 +182,51 @@ def transcribe_all(llm: LLM, inputs: list[tuple[str, np.ndarray]], args: argpars
 
 # ----------------------------------------------------------------------------- summarize
 
+# SamplingParams names in messages -> the options that set them
+OPTIONS = {"max_tokens": "--max-tokens", "min_tokens": "--min-tokens", "beam_width": "--num-beams",
+           "use_beam_search": "--num-beams", "length_penalty": "--length-penalty",
+           "no_repeat_ngram_size": "--no-repeat-ngram-size", "temperature": "--temperature",
+           "seed": "--seed"}
 
-def read_texts(args: argparse.Namespace) -> tuple[list[str], int]:
-    """The TEXT arguments, then the contents of each --file ("-" is stdin)."""
-    texts, failed = list(args.texts), 0
+
+def option_wording(err: BaseException) -> str:
+    """A ValueError of the Python API, with its parameter names spelt as this command's options."""
+    return re.sub(r"\b(" + "|".join(OPTIONS) + r")\b", lambda m: OPTIONS[m.group(1)], str(err))
+
+
+def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, str]], int]:
+    """`(label, text)` of the TEXT arguments, then of each --file ("-" is stdin)."""
+    texts, failed = [(f"TEXT {i}", text) for i, text in enumerate(args.texts, start=1)], 0
     for name in args.files:
         try:
-            texts.append(sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8"))
+            texts.append((name, sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError) as err:
             file_error(name, err)
             failed += 1
     return texts, failed
+
+
+def articles(llm: LLM, texts: list[tuple[str, str]], truncate: bool) -> tuple[list[Article], int]:
+    """Each text's encoder tokens, cut to the model's limit (a note on stderr) unless
+    --no-truncate; texts that cannot be read are reported and left out."""
+    engine = llm.llm_engine
+    limit = engine.model_config.max_encoder_len
+    kept, failed = [], 0
+    for label, text in texts:
+        try:
+            article = prepare_article(text, engine.tokenizer, engine.model_config.hf_config, limit, truncate)
+        except ArticleTooLong as err:
+            error(f"{label}: {err} (without --no-truncate it is cut to fit)")
+        except ValueError as err:
+            error(f"{label}: {err}")
+        else:
+            if article.truncated_tokens:
+                tqdm.write(f"{PROG}: note: {label}: cut to the model's limit of {limit} input tokens "
+                           f"({article.truncated_tokens} tokens left out)", file=sys.stderr)
+            kept.append(article)
+            continue
+        failed += 1
+    return kept, failed
 
 
 def run_summarize(args: argparse.Namespace) -> int:
@@ -201,25 +237,49 @@ def run_summarize(args: argparse.Namespace) -> int:
         return 1 if failed else 2
     try:
         llm = LLM(model=args.model, dtype=args.dtype, device=args.device)
-        params = SamplingParams(max_tokens=args.max_tokens)  # unset: the checkpoint's defaults
-        if not llm.llm_engine.generation_defaults.found:
-            params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens or 128)
-        outputs = llm.generate(texts, params, use_tqdm=False)
     except (ValueError, OSError) as err:
-        error(str(err))
+        error(f"cannot load model {args.model!r}: {err}")
+        return 1
+    try:
+        params = summary_params(llm.llm_engine.generation_defaults, max_tokens=args.max_tokens,
+                                min_tokens=args.min_tokens, num_beams=args.num_beams,
+                                length_penalty=args.length_penalty,
+                                no_repeat_ngram_size=args.no_repeat_ngram_size,
+                                temperature=args.temperature, seed=args.seed)
+    except ValueError as err:
+        error(option_wording(err))
+        return 2
+    inputs, unread = articles(llm, texts, args.truncate)
+    if not inputs:
+        return 1
+    try:
+        outputs = llm.generate([{"prompt_token_ids": a.token_ids} for a in inputs], params, use_tqdm=False)
+    except ValueError as err:
+        error(option_wording(err))
         return 1
     for output in outputs:
         print(output.outputs[0].text.strip())
-    return 1 if failed else 0
+    return 1 if failed + unread else 0
 
 
-# ----------------------------------------------------------------------------- later
+# ----------------------------------------------------------------------------- serve
 
 
-PLACEHOLDERS = {
-    "serve": "an OpenAI-style HTTP API server",
-}
-BENCHMARKS = ("bart", "whisper", "overhead")
+def run_serve(args: argparse.Namespace) -> int:
+    from encdec.entrypoints.openai.api_server import run_server
+    from encdec.entrypoints.openai.serving_models import ModelLoadError
+
+    try:
+        return run_server(args)
+    except ModelLoadError as err:
+        error(str(err))
+        return 1
+
+
+# ----------------------------------------------------------------------------- bench
+
+
+BENCHMARKS = ("bart", "whisper", "overhead", "serve")
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -236,12 +296,6 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     script = [sys.executable, "-m", f"benchmarks.bench_{args.name}", *args.script_args]
     return subprocess.call(script, cwd=root)
-
-
-def not_implemented(args: argparse.Namespace) -> int:
-    print(f"{PROG} {args.command}: not implemented yet (planned: {PLACEHOLDERS[args.command]}); "
-          "nothing was run", file=sys.stderr)
-    return 2
 
 
 # ----------------------------------------------------------------------------- parser
@@ -290,28 +344,115 @@ def add_transcribe(subparsers) -> None:
     p.set_defaults(handler=run_transcribe)
 
 
+def non_negative_int(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
+    return int(value)
+
+
+def non_negative_float(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        number = -1.0
+    if not number >= 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
+    return number
+
+
+def add_decoding_options(p: argparse.ArgumentParser) -> None:
+    """The summarization options of `encdec summarize` (the same as `/v1/summarize`'s)."""
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="longest summary in tokens (default: the checkpoint's generation config, "
+                        "else 128)")
+    p.add_argument("--min-tokens", type=non_negative_int, default=None,
+                   help="shortest summary in tokens (default: the generation config's)")
+    p.add_argument("--num-beams", type=positive_int, default=None,
+                   help="beam search width; 1 decodes greedily (default: the generation config's)")
+    p.add_argument("--length-penalty", type=float, default=None,
+                   help="beam search: score = log-probability / length ** this (default: the "
+                        "generation config's)")
+    p.add_argument("--no-repeat-ngram-size", type=non_negative_int, default=None,
+                   help="never repeat an n-gram of this size; 0 allows all (default: the "
+                        "generation config's)")
+    p.add_argument("--temperature", type=non_negative_float, default=None,
+                   help="0 decodes greedily, higher samples; set, it replaces the config's "
+                        "beam search (default: the generation config's decoding)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    p.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=True,
+                   help="cut texts longer than the model's input limit to fit, with a note on "
+                        "stderr; --no-truncate reports them as errors instead (default: on)")
+
+
 def add_summarize(subparsers) -> None:
     p = subparsers.add_parser("summarize", help="summarize text with a BART checkpoint",
-                              description="Summarize texts with a BART checkpoint (greedy); one "
-                                          "summary per line on stdout, TEXTs first, then --files.")
+                              description="Summarize texts with a BART checkpoint, decoding as its "
+                                          "generation config says unless options say otherwise; "
+                                          "one summary per line on stdout, TEXTs first, then "
+                                          "--files.")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to summarize")
     p.add_argument("--file", dest="files", action="append", default=[], metavar="F",
                    help="read a text from F (- for stdin); may be repeated")
     p.add_argument("--model", required=True, metavar="DIR",
                    help="local Hugging Face BART checkpoint directory")
-    p.add_argument("--max-tokens", type=positive_int, default=None,
-                   help="longest summary in tokens (default: the checkpoint's generation config, "
-                        "else 128)")
+    add_decoding_options(p)
     add_model_options(p)
     p.set_defaults(handler=run_summarize)
 
 
-def add_placeholder(subparsers, name: str) -> None:
-    """A reserved command: any arguments are accepted, and it exits with 2."""
-    summary = PLACEHOLDERS[name]
-    p = subparsers.add_parser(name, help=f"{summary} (not implemented yet)",
-                              description=f"{summary[0].upper()}{summary[1:]}: not implemented yet.")
-    p.set_defaults(handler=not_implemented)
+def add_engine_options(p: argparse.ArgumentParser) -> None:
+    """`LLM`'s engine options, for `encdec serve` (each model gets its own engine and cache)."""
+    add_model_options(p)
+    p.add_argument("--block-size", type=positive_int, default=16, help="KV cache block size (default: 16)")
+    p.add_argument("--num-gpu-blocks", type=positive_int, default=None,
+                   help="KV cache blocks per model (default: from --kv-cache-space)")
+    p.add_argument("--kv-cache-space", type=non_negative_float, default=2.0,
+                   help="KV cache memory per model in GiB (default: 2)")
+    p.add_argument("--swap-space", type=non_negative_float, default=1.0,
+                   help="swap space per model in GiB for preempted requests (default: 1)")
+    p.add_argument("--max-num-seqs", type=positive_int, default=256,
+                   help="sequences decoded at once per model (default: 256)")
+    p.add_argument("--max-num-batched-tokens", type=positive_int, default=16384,
+                   help="tokens in one forward pass (default: 16384)")
+    p.add_argument("--preemption-mode", choices=["swap", "recompute"], default=None,
+                   help="how to make room when the cache is full (default: the engine's choice)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the engines' shared generator (default: 0)")
+    p.add_argument("--attention-backend", choices=["torch", "xformers"], default=None,
+                   help="attention implementation (default: ENCDEC_ATTENTION_BACKEND, else automatic)")
+    p.add_argument("--tune-malloc", action=argparse.BooleanOptionalAction, default=True,
+                   help="keep freed activation memory for reuse on the CPU (default: on)")
+
+
+def add_serve(subparsers) -> None:
+    p = subparsers.add_parser(
+        "serve", help="serve models over HTTP (OpenAI-compatible API and /v1/summarize)",
+        description="Serve models over HTTP: /v1/completions, /v1/summarize, "
+                    "/v1/audio/transcriptions, /v1/audio/translations, /v1/models, /health, "
+                    "/version, /metrics. Every request to a model joins its engine's batch.")
+    p.add_argument("--model", dest="models", action="append", required=True, metavar="MODEL",
+                   help="a Whisper alias (tiny.en, base) or a local checkpoint directory; repeat "
+                        "for several models, each with its own engine")
+    p.add_argument("--served-model-name", dest="served_model_names", action="append", default=[],
+                   metavar="NAME", help="the name clients use for the --model at the same "
+                                        "position (default: the --model value)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    p.add_argument("--api-key", default=os.environ.get("ENCDEC_API_KEY"),
+                   help="require Authorization: Bearer KEY on every path but /health "
+                        "(default: $ENCDEC_API_KEY; none: no key)")
+    p.add_argument("--max-upload-mb", type=non_negative_float, default=25,
+                   help="largest audio upload in MiB; larger ones get 413 (default: 25)")
+    p.add_argument("--max-audio-seconds", type=non_negative_float, default=3600,
+                   help="longest audio in seconds; longer ones get 400 (default: 3600)")
+    p.add_argument("--max-waiting-requests", type=positive_int, default=None,
+                   help="requests queued per model before new ones get 429 (default: no limit)")
+    p.add_argument("--shutdown-timeout", type=non_negative_float, default=30,
+                   help="on SIGTERM, seconds to let requests in flight finish before aborting "
+                        "them (default: 30)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+                   help="log level (default: info)")
+    add_engine_options(p)
+    p.set_defaults(handler=run_serve)
 
 
 def add_bench(subparsers) -> None:
@@ -332,9 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", title="commands", required=True)
     add_transcribe(subparsers)
     add_summarize(subparsers)
+    add_serve(subparsers)
     add_bench(subparsers)
-    for name in PLACEHOLDERS:
-        add_placeholder(subparsers, name)
     return parser
 
 
@@ -343,7 +483,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
-        if extra and args.command not in PLACEHOLDERS:
+        if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)

@@ -1,4 +1,4 @@
-"""Prompt types and their preprocessing into encoder/decoder token ids (seed 004)."""
+"""Prompt types and their preprocessing into encoder/decoder token ids (docs/design.md, "Requests")."""
 from encdec.inputs.data import (ExplicitEncoderDecoderPrompt, PromptType, TextPrompt, TokensPrompt,
                                 zip_enc_dec_prompts)
 from encdec.inputs.preprocess import InputPreprocessor

@@ -1,4 +1,4 @@
-"""Prompt forms accepted by `LLM.generate` (seed 004) and how to tell them apart."""
+"""Prompt forms accepted by `LLM.generate` (docs/design.md, "Requests") and how to tell them apart."""
 from __future__ import annotations
 
 from typing import Any, Iterable, Optional, TypedDict, Union

@@ -4,8 +4,9 @@ Encoder side: text is tokenized with special tokens, token ids pass unchanged, a
 features through the model's audio processor. Decoder side: None gives the model's default
 decoder prompt (BART: [<DEC>, <BOS>] = [2, 0]); text is tokenized without special tokens; any
 token list not starting with <DEC> (decoder_start_token_id) gets it prepended, unless it starts
-with a token the model's config declares in `extra_decoder_start_token_ids` (Whisper's
-<|startofprev|>, which opens a text prompt before <|startoftranscript|>).
+with one of the model's `extra_decoder_start_token_ids` (Whisper's <|startofprev|>, which opens
+a text prompt before <|startoftranscript|>). The model family supplies the default prompt, the
+special tokens and the audio processor (`encdec.models.registry`).
 """
 from __future__ import annotations
 
@@ -20,17 +21,14 @@ AudioProcessor = Callable[[Any], tuple[Any, int]]
 
 
 class InputPreprocessor:
-    def __init__(self, model_config: ModelConfig, tokenizer: Any,
-                 default_decoder_prompt: Optional[list[int]] = None,
+    def __init__(self, model_config: ModelConfig, tokenizer: Any, default_decoder_prompt: list[int],
                  audio_processor: Optional[AudioProcessor] = None):
         self.model_config = model_config
         self.tokenizer = tokenizer
         self.audio_processor = audio_processor
-        start, bos = model_config.decoder_start_token_id, model_config.bos_token_id
-        self.default_decoder_prompt = default_decoder_prompt or (
-            [start] if bos is None else [start, bos])
-        extra = getattr(model_config.hf_config, "extra_decoder_start_token_ids", None) or ()
-        self.decoder_starts = {start, *extra}
+        self.default_decoder_prompt = default_decoder_prompt
+        tokens = model_config.special_tokens
+        self.decoder_starts = {tokens.decoder_start_token_id, *tokens.extra_decoder_start_token_ids}
 
     def preprocess(self, prompt: Any) -> EncoderDecoderInputs:
         if is_explicit_encoder_decoder_prompt(prompt):
@@ -67,8 +65,9 @@ class InputPreprocessor:
             raise ValueError("encoder_prompt is empty: give at least one token id")
         if len(ids) > limit:
             raise ValueError(f"encoder_prompt has {len(ids)} tokens, more than the model's "
-                             f"maximum of {limit} (max_position_embeddings)")
-        self._check_vocab(ids, "encoder_prompt")
+                             f"maximum of {limit}")
+        self._check_vocab(ids, "encoder_prompt",
+                          self.model_config.encoder_vocab_size or self.model_config.vocab_size)
         return text, ids, None
 
     def _decoder_side(self, prompt: Any) -> tuple[Optional[str], list[int]]:
@@ -85,7 +84,7 @@ class InputPreprocessor:
         if len(ids) >= limit:
             raise ValueError(f"decoder_prompt has {len(ids)} tokens (with <DEC>); the model "
                              f"decodes at most {limit} positions, leaving no room to generate")
-        self._check_vocab(ids, "decoder_prompt")
+        self._check_vocab(ids, "decoder_prompt", self.model_config.vocab_size)
         return text, ids
 
     def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -94,8 +93,7 @@ class InputPreprocessor:
                              "({'prompt_token_ids': [...]}) instead of text")
         return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def _check_vocab(self, ids: list[int], field: str) -> None:
-        vocab = self.model_config.vocab_size
+    def _check_vocab(self, ids: list[int], field: str, vocab: int) -> None:
         bad = [t for t in ids if not isinstance(t, int) or t < 0 or t >= vocab]
         if bad:
             raise ValueError(f"{field} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")

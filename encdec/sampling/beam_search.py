@@ -11,7 +11,7 @@ log-probabilities) with `top_candidates`. `BeamSearch.step` then:
 - keeps the best `beam_width` unfinished candidates as the next running beams (candidates
   scored -inf, which can never win, are dropped instead of running as dead beams);
 - decides whether the request is done: `early_stopping=True` once `beam_width` hypotheses are
-  finished; otherwise once the best running beam, normalised by the current generated length
+  finished (`round(beam_width * patience)` with openai-whisper's `patience`); otherwise once the best running beam, normalised by the current generated length
   (by `max_tokens` for "never" with a positive length penalty), cannot beat the worst of a
   full set of hypotheses; and always when every candidate finished.
 
@@ -66,6 +66,8 @@ class BeamSearch:
         self.finished: list[BeamHypothesis] = []
         self.improvable = True  # Hugging Face's is_early_stop_heuristic_unsatisfied
         self.done = False
+        self.num_ended = 0  # hypotheses that finished, kept or not
+        self.max_candidates = round(params.beam_width * (params.patience or 1.0))
 
     def step(self, candidates: list[Candidate], outputs: dict[int, list[int]],
              is_stop: Callable[[int], bool]) -> list[Candidate]:
@@ -75,6 +77,7 @@ class BeamSearch:
         generated = len(next(iter(outputs.values()))) + 1  # all beams grow in lockstep
         hits = [is_stop(c.token_id) or generated >= params.max_tokens for c in candidates]
         ended = [c for c, hit in zip(candidates[:width], hits) if hit]
+        self.num_ended += len(ended)
         scores = _normalize([c.beam_score for c in ended], generated, params.length_penalty)
         self.finished = sorted(self.finished + [
             BeamHypothesis(outputs[c.parent_seq_id] + [c.token_id], score, c.beam_score,
@@ -90,7 +93,7 @@ class BeamSearch:
             (best,) = _normalize([running[0].beam_score], length, params.length_penalty)
             self.improvable = self.improvable and best > self.finished[-1].score
         self.done = (not running or all(hits) or not self.improvable
-                     or (full and params.early_stopping is True))
+                     or (params.early_stopping is True and self.num_ended >= self.max_candidates))
         return [] if self.done else running
 
     def best(self, n: int) -> list[BeamHypothesis]:

@@ -1,6 +1,7 @@
 """Sampling parameters of one request, validated at the edge."""
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
@@ -21,6 +22,14 @@ BUILTIN_DEFAULTS = dict(
 EARLY_STOPPING_VALUES = (True, False, "never")
 
 
+class RequestOutputKind(enum.Enum):
+    """What each output of a request holds (vLLM's names)."""
+
+    CUMULATIVE = 0  # everything generated so far, at every step
+    DELTA = 1  # only what is new since the request's previous output
+    FINAL_ONLY = 2  # one output, when the request finishes
+
+
 @dataclass
 class SamplingParams:
     """How to decode one request: vLLM's names and meanings, plus Hugging Face's beam search.
@@ -38,8 +47,13 @@ class SamplingParams:
     Beam search (`use_beam_search`, or just `beam_width` >= 2) keeps `beam_width` beams and
     returns the best `n` finished hypotheses, scored `sum of log-probs / generated_len **
     length_penalty`; `early_stopping` is True, False or "never" with Hugging Face's meanings.
+    `patience` (openai-whisper's): with `early_stopping=True` the search ends once
+    `round(beam_width * patience)` hypotheses have finished (1.0: `beam_width` of them).
     `forced_bos_token_id` is forced as the first generated token (the default decoder prompt is
     then just <DEC>), `forced_eos_token_id` as the last one allowed by `max_tokens`.
+
+    `output_kind` says what `LLMEngine.step()` returns for the request as it runs (streaming);
+    beam search gives one output, when it finishes, whatever the kind.
     """
 
     n: int = 1
@@ -58,10 +72,12 @@ class SamplingParams:
     beam_width: Optional[int] = None
     length_penalty: Optional[float] = None
     early_stopping: Union[bool, str, None] = None
+    patience: Optional[float] = None
     no_repeat_ngram_size: Optional[int] = None
     repetition_penalty: Optional[float] = None
     forced_bos_token_id: Optional[int] = None
     forced_eos_token_id: Optional[int] = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         self.stop_token_ids = list(self.stop_token_ids or [])
@@ -88,6 +104,8 @@ class SamplingParams:
                f"logprobs must be an integer >= 0, got {self.logprobs!r}")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
                f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        _check(isinstance(self.output_kind, RequestOutputKind),
+               f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         self._validate_processors()
         self._validate_beam_search()
 
@@ -117,6 +135,7 @@ class SamplingParams:
         if not self.is_beam_search:
             _check(self.use_beam_search is not False or self.beam_width in (None, 1),
                    f"beam_width={self.beam_width} needs use_beam_search=True")
+            _check(self.patience is None, "patience needs beam search")
             return
         width = self.beam_width
         _check(width is None or width >= 2,
@@ -130,6 +149,8 @@ class SamplingParams:
         _check(width is None or self.n <= width,
                f"n={self.n} must be <= beam_width={width} (beam search returns the best n beams)")
         _check(self.logprobs is None, "logprobs is not supported with beam search")
+        _check(self.patience is None or (isinstance(self.patience, (int, float)) and self.patience > 0),
+               f"patience must be a number > 0, got {self.patience!r}")
 
     @property
     def is_beam_search(self) -> bool:

@@ -5,7 +5,8 @@ the logits processors run over the whole batch (`logits_processors.py`). Greedy 
 argmax, sampled rows draw with temperature / top-k / top-p, both with log-probabilities of the
 processed logits. Seeded requests draw from their own generator, so their samples do not depend
 on the rest of the batch. A group in its first step with n > 1 draws n samples from its one
-prompt row (the engine forks them). A beam group returns its ranked candidates
+prompt row (the engine forks them); a group prefilled again after preemption by recompute
+draws one per row. A beam group returns its ranked candidates
 (`beam_search.top_candidates`), each with its running score, for the engine's `BeamSearch`.
 All SamplingParams here are resolved (`encdec.generation_config.resolve_sampling_params`).
 """
@@ -83,7 +84,7 @@ class Sampler:
             if params.is_greedy:
                 tokens = greedy[rows]
             else:
-                tokens = _sample(scores[rows], params, params.n if g.is_prompt else 1, g.generator)
+                tokens = _sample(scores[rows], params, _num_samples(g), g.generator)
             outputs.append(_group_output(g, tokens, scores[rows], log_normalizer[rows], params))
         return outputs
 
@@ -98,6 +99,13 @@ class Sampler:
         return GroupOutput(g.request_id, [
             SequenceOutput(seq_ids[row], token, logprob, beam_score=value)
             for value, row, token, logprob in zip(values, rows, tokens, token_logprobs)])
+
+
+def _num_samples(g: SequenceGroupMetadata) -> int:
+    """`n` from the one row of a group's first step, one per row after it (a group prefilled
+    again after preemption by recompute has its samples already)."""
+    first_step = g.is_prompt and not any(d.output_token_ids for d in g.seq_data.values())
+    return g.sampling_params.n if first_step else 1
 
 
 def _sample(logits: torch.Tensor, params: SamplingParams, num_samples: int,

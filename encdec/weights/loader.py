@@ -1,11 +1,16 @@
-"""Resolve a model name or directory into a ready model, its config, tokenizer and input hooks."""
+"""Resolve a model name or directory into a ready model, its config, tokenizer and input hooks.
+
+Model-agnostic: the model registry (`encdec.models.registry`) supplies each family's model
+class, special tokens, default decoder prompt, audio processor and CTranslate2 name mapping.
+"""
 from __future__ import annotations
 
-import dataclasses
 import json
+import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -13,7 +18,14 @@ from encdec.attention.selector import get_attn_backend
 from encdec.config import ModelConfig
 from encdec.kernels.cpu_linear import packed_linear_supported
 from encdec.models.layers import pack_linears
-from encdec.models.registry import get_model_class
+from encdec.models.registry import get_ct2_converter, get_model_family
+from encdec.weights.ct2 import ct2_tensors, open_ct2_model
+from encdec.weights.whisper_assets import (ALIASES, WhisperAssets, assets_from_parts,
+                                           resolve_whisper_model)
+
+logger = logging.getLogger(__name__)
+
+PathLike = Union[str, os.PathLike]
 
 
 @dataclass
@@ -21,23 +33,13 @@ class LoadedModel:
     model: torch.nn.Module
     model_config: ModelConfig
     tokenizer: Any
-    default_decoder_prompt: Optional[list[int]] = None
+    default_decoder_prompt: list[int]
     audio_processor: Optional[Callable[[Any], tuple[Any, int]]] = None
 
 
-def model_config_from_hf(name: str, hf_config: Any, dtype: torch.dtype) -> ModelConfig:
-    """Limits and special tokens from a Hugging Face config (BART or Whisper field names)."""
-    max_encoder = getattr(hf_config, "max_source_positions", None) or hf_config.max_position_embeddings
-    max_decoder = getattr(hf_config, "max_target_positions", None) or hf_config.max_position_embeddings
-    return ModelConfig(model=name, hf_config=hf_config, dtype=dtype, max_encoder_len=max_encoder,
-                       max_decoder_len=max_decoder, vocab_size=hf_config.vocab_size,
-                       decoder_start_token_id=hf_config.decoder_start_token_id,
-                       bos_token_id=hf_config.bos_token_id, eos_token_id=hf_config.eos_token_id)
-
-
-def build_model(hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype,
-                device: torch.device, attention_backend: Optional[str]) -> torch.nn.Module:
-    model_cls = get_model_class(getattr(hf_config, "architectures", None))
+def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]],
+                dtype: torch.dtype, device: torch.device,
+                attention_backend: Optional[str]) -> torch.nn.Module:
     with torch.device("meta"):  # no random init: every tensor comes from the checkpoint
         model = model_cls(hf_config, get_attn_backend(device, attention_backend))
     model.to_empty(device="cpu")
@@ -48,84 +50,114 @@ def build_model(hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]], dty
     return model
 
 
+def load_checkpoint(name: str, hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]],
+                    tokenizer: Any, generation_config: Optional[dict], dtype: torch.dtype,
+                    device: torch.device, attention_backend: Optional[str]) -> LoadedModel:
+    """The model, its family's input hooks, its KV cache shape, and the length limits: the
+    family's (T5), else one per side (max_source_positions / max_target_positions) or one for
+    both (max_position_embeddings) from the config."""
+    family = get_model_family(getattr(hf_config, "architectures", None))
+    model = build_model(family.get_model_class(), hf_config, weights, dtype, device,
+                        attention_backend)
+    hooks = family.get_input_hooks(hf_config, tokenizer, generation_config)
+    max_encoder, max_decoder = hooks.max_lengths or (
+        getattr(hf_config, "max_source_positions", None) or hf_config.max_position_embeddings,
+        getattr(hf_config, "max_target_positions", None) or hf_config.max_position_embeddings)
+    num_layers, num_heads, head_size = model.kv_cache_shape
+    vocab_size = getattr(hf_config, "decoder_vocab_size", None) or hf_config.vocab_size
+    model_config = ModelConfig(
+        model=name, hf_config=hf_config, dtype=dtype, max_encoder_len=max_encoder,
+        max_decoder_len=max_decoder, vocab_size=vocab_size, special_tokens=hooks.special_tokens,
+        num_decoder_layers=num_layers, num_decoder_heads=num_heads, head_size=head_size,
+        encoder_vocab_size=hf_config.vocab_size if hf_config.vocab_size != vocab_size else None)
+    return LoadedModel(model, model_config, tokenizer, hooks.default_decoder_prompt,
+                       hooks.audio_processor)
+
+
 def load_hf_directory(path: Path, dtype: torch.dtype, device: torch.device,
                       attention_backend: Optional[str]) -> LoadedModel:
-    """A local Hugging Face checkpoint directory: config.json, weights, tokenizer files."""
+    """A local Hugging Face checkpoint directory: config.json, weights, tokenizer files and
+    generation_config.json (read by the family's input hooks)."""
     from transformers import AutoConfig, AutoTokenizer
 
     from encdec.weights.hf import iterate_weights
 
     hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    model = build_model(hf_config, iterate_weights(path), dtype, device, attention_backend)
     tokenizer = None
-    if any((path / f).exists() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json")):
+    if any((path / f).exists() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json",
+                                         "spiece.model", "sentencepiece.bpe.model")):
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    loaded = LoadedModel(model, model_config_from_hf(str(path), hf_config, dtype), tokenizer)
-    if getattr(hf_config, "model_type", None) == "whisper":
-        generation_config = path / "generation_config.json"
-        return with_whisper_hooks(loaded, json.loads(generation_config.read_text())
-                                  if generation_config.exists() else None)
-    return loaded
+    return load_checkpoint(str(path), hf_config, iterate_weights(path), tokenizer,
+                           _read_json(path / "generation_config.json"), dtype, device,
+                           attention_backend)
 
 
-def load_ct2_whisper_model(name: str, dtype: torch.dtype, device: torch.device,
-                           attention_backend: Optional[str]) -> LoadedModel:
-    """A CTranslate2 Whisper model (alias "tiny.en" / "base", or a directory with model.bin):
-    weights converted to Hugging Face names, the tokenizer from its tokenizer.json, suppress
-    lists and language ids from its config.json."""
-    from transformers import PreTrainedTokenizerFast, WhisperConfig
+def load_ct2_checkpoint(source: PathLike | Sequence[PathLike] | WhisperAssets,
+                        dtype: torch.dtype = torch.float32) -> tuple[dict, dict[str, torch.Tensor]]:
+    """A CTranslate2 model as ``(Hugging Face config kwargs, Hugging Face state dict)``, mapped
+    by the family that reads its spec.
 
-    from encdec.weights.ct2 import load_ct2_whisper
-    from encdec.weights.whisper_assets import resolve_whisper_model
+    ``source`` is a bundled model's alias (``"tiny.en"``, ``"base"``), a model directory, a
+    ``model.bin`` path, a list of its parts, or resolved assets. Raises ``ValueError`` if the
+    file holds variables the mapping does not know.
+    """
+    if isinstance(source, WhisperAssets):
+        assets = source
+    elif isinstance(source, (str, os.PathLike)):
+        assets = resolve_whisper_model(source)
+    else:
+        assets = assets_from_parts(source)
+    model = open_ct2_model(assets.bin_parts)
+    to_hf = get_ct2_converter(model.spec_name)
+    tensors = ct2_tensors(model, dtype=dtype)
+    aliases = model.aliases
+    del model  # drop the raw bytes before building the state dict
+    conversion = to_hf(tensors, aliases, ct2_config=_read_json(assets.config_json),
+                       tokenizer=_read_json(assets.tokenizer_json))
+    if conversion.report.unused:
+        raise ValueError(f"{assets.name}: unknown CTranslate2 variables {sorted(conversion.report.unused)}")
+    logger.debug("loaded %s: %d HF tensors", assets.name, len(conversion.state_dict))
+    return conversion.config, conversion.state_dict
+
+
+def load_ct2_directory(name: str, dtype: torch.dtype, device: torch.device,
+                       attention_backend: Optional[str]) -> LoadedModel:
+    """A CTranslate2 model (a bundled one's alias, or a directory with model.bin or its parts):
+    weights mapped to Hugging Face names, the tokenizer from its tokenizer.json; the converted
+    config (suppress lists, language ids included) serves as its generation config."""
+    from transformers import AutoConfig, PreTrainedTokenizerFast
 
     assets = resolve_whisper_model(name)
     if assets.tokenizer_json is None:
         raise ValueError(f"{assets.name}: no tokenizer.json beside model.bin")
-    config, state = load_ct2_whisper(assets)
-    hf_config = WhisperConfig(**config, architectures=["WhisperForConditionalGeneration"])
-    model = build_model(hf_config, state.items(), dtype, device, attention_backend)
+    config, state = load_ct2_checkpoint(assets)
+    family = get_model_family(config["architectures"])
+    hf_config = AutoConfig.for_model(family.model_type, **config)
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(assets.tokenizer_json))
-    loaded = LoadedModel(model, model_config_from_hf(assets.name, hf_config, dtype), tokenizer)
-    return with_whisper_hooks(loaded, config)
-
-
-def with_whisper_hooks(loaded: LoadedModel, generation_config: Optional[dict] = None) -> LoadedModel:
-    """Whisper: <|startoftranscript|> / <|endoftext|> as start / end, the control-token prefix
-    as the default decoder prompt, and log-mel features for audio prompts.
-
-    The resolved suppress lists and <|startofprev|> (a second accepted first decoder token)
-    are written into the HF config, so later readers of the config see the same tokens."""
-    from encdec.whisper import whisper_input_hooks
-
-    hf_config = loaded.model_config.hf_config
-    hooks = whisper_input_hooks(hf_config, loaded.tokenizer, generation_config)
-    hf_config.suppress_tokens = list(hooks.tokens.suppress_tokens)
-    hf_config.begin_suppress_tokens = list(hooks.tokens.begin_suppress_tokens)
-    hf_config.extra_decoder_start_token_ids = (
-        [] if hooks.tokens.sot_prev is None else [hooks.tokens.sot_prev])
-    model_config = dataclasses.replace(loaded.model_config, decoder_start_token_id=hooks.tokens.sot,
-                                       eos_token_id=hooks.tokens.eot)
-    return dataclasses.replace(loaded, model_config=model_config,
-                               default_decoder_prompt=hooks.default_decoder_prompt,
-                               audio_processor=hooks.audio_processor)
+    return load_checkpoint(assets.name, hf_config, state.items(), tokenizer, config, dtype,
+                           device, attention_backend)
 
 
 def load_model(model: str, dtype: torch.dtype, device: torch.device,
                attention_backend: Optional[str] = None) -> LoadedModel:
-    """A local Hugging Face checkpoint directory, or a CTranslate2 Whisper model: an alias of
-    a bundled one ("tiny.en", "base") or a directory holding model.bin (or its parts)."""
-    from encdec.weights.whisper_assets import ALIASES
-
+    """A local Hugging Face checkpoint directory, or a CTranslate2 model: an alias of a bundled
+    one ("tiny.en", "base") or a directory holding model.bin (or its parts)."""
     path = Path(model).expanduser()
     if model in ALIASES or (path.is_dir() and _has_ct2_weights(path)):
-        return load_ct2_whisper_model(model if model in ALIASES else str(path), dtype, device,
-                                      attention_backend)
+        return load_ct2_directory(model if model in ALIASES else str(path), dtype, device,
+                                  attention_backend)
     if path.is_dir() and (path / "config.json").exists():
         return load_hf_directory(path, dtype, device, attention_backend)
     raise ValueError(f"model {model!r} is not a local Hugging Face checkpoint directory "
-                     "(config.json + weights), a directory with a CTranslate2 Whisper model.bin, "
+                     "(config.json + weights), a directory with a CTranslate2 model.bin, "
                      f"or one of the bundled Whisper models {list(ALIASES)}")
 
 
 def _has_ct2_weights(path: Path) -> bool:
     return (path / "model.bin").is_file() or (path / "model.bin.part1").is_file()
+
+
+def _read_json(path: Optional[Path]) -> Optional[dict]:
+    if path is None or not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))

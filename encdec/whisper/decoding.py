@@ -14,7 +14,7 @@ the transcript so far), and edits the row in place:
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -26,27 +26,35 @@ MAX_INITIAL_TIMESTAMP = 1.0  # seconds
 _NEG_INF = float("-inf")
 
 
-def suppressed_token_ids(tokens: WhisperTokens) -> list[int]:
-    """The "-1" convention: the model's suppress list plus every control token a
-    transcript must not contain (task, <|startoftranscript|>, <|startofprev|>, ...)."""
+def suppressed_token_ids(tokens: WhisperTokens, suppress_tokens: Sequence[int] = (-1,)) -> list[int]:
+    """`suppress_tokens` (-1 standing for the model's own suppress list, openai-whisper's "-1")
+    plus every control token a transcript must not contain (task, <|startoftranscript|>,
+    <|startofprev|>, ...)."""
+    chosen = [t for t in suppress_tokens if t != -1]
+    if -1 in suppress_tokens:
+        chosen += tokens.suppress_tokens
     control = [*tokens.task_to_id.values(), tokens.sot, tokens.sot_prev, tokens.sot_lm,
                tokens.no_speech]
-    return sorted({t for t in [*tokens.suppress_tokens, *control] if t is not None})
+    return sorted({t for t in [*chosen, *control] if t is not None})
 
 
 class DecodingRules:
-    """The rules above for one request; `timestamps` turns the timestamp rules on."""
+    """The rules above for one request; `timestamps` turns the timestamp rules on,
+    `suppress_tokens` picks what is suppressed at every step (see `suppressed_token_ids`) and
+    `suppress_blank` whether the first step suppresses the blank and <|endoftext|>."""
 
     def __init__(self, tokens: WhisperTokens, timestamps: bool,
-                 max_initial_timestamp: Optional[float] = MAX_INITIAL_TIMESTAMP):
+                 max_initial_timestamp: Optional[float] = MAX_INITIAL_TIMESTAMP,
+                 suppress_tokens: Sequence[int] = (-1,), suppress_blank: bool = True):
         if timestamps and tokens.timestamp_begin is None:
             raise ValueError("this Whisper vocabulary has no <|notimestamps|>: timestamps unknown")
         self.eot = tokens.eot
         self.no_timestamps = tokens.no_timestamps
         self.timestamp_begin = tokens.timestamp_begin
         self.timestamps = timestamps
-        self.suppress = torch.tensor(suppressed_token_ids(tokens), dtype=torch.long)
-        self.begin_suppress = torch.tensor(tokens.begin_suppress_tokens, dtype=torch.long)
+        self.suppress = torch.tensor(suppressed_token_ids(tokens, suppress_tokens), dtype=torch.long)
+        self.begin_suppress = torch.tensor(tokens.begin_suppress_tokens if suppress_blank else [],
+                                           dtype=torch.long)
         self.max_initial = (None if max_initial_timestamp is None
                             else round(max_initial_timestamp / TIME_PRECISION))
 

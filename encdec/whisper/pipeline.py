@@ -48,6 +48,7 @@ start 12 s late; decoding with timestamps and printing none loses nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import numbers
 import uuid
@@ -58,7 +59,7 @@ import numpy as np
 
 from encdec.audio import SAMPLE_RATE
 from encdec.outputs import RequestOutput
-from encdec.sampling.params import SamplingParams
+from encdec.sampling.params import RequestOutputKind, SamplingParams
 from encdec.whisper.control import ControlProcessor, WindowState, control_prefix
 from encdec.whisper.coverage import MAX_FOLLOW_UPS, Span, plan_window, repeated_words, words
 from encdec.whisper.decoding import TIME_PRECISION, DecodingRules
@@ -67,6 +68,8 @@ from encdec.whisper.silence import (COMPRESSION_RATIO_THRESHOLD, LOGPROB_THRESHO
                                     NO_SPEECH_THRESHOLD, compression_ratio, is_no_speech, is_silent)
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
+from encdec.whisper.timing import FRAMES_PER_SECOND, align_words, drop_hallucinations, words_into_segments
+from encdec.whisper.vad import SpeechMap, VadOptions
 from encdec.whisper.windows import split_windows
 
 SAMPLE_LEN = 224  # tokens sampled per window at most (openai: n_text_ctx // 2)
@@ -82,9 +85,20 @@ class TranscribeOptions:
     and again at the next temperature (`best_of` samples, the likeliest kept) while its decode
     is too repetitive (compression ratio above `compression_ratio_threshold`) or too unsure
     (average log-probability below `logprob_threshold`), unless it is unsure because there is
-    no speech (`no_speech_prob` above `no_speech_threshold`). Sampling is seeded per window
-    from `seed`, so a transcript does not depend on what else shares the batch.
-    `condition_on_previous_text`: each window of an input is prompted with the text before it,
+    no speech (`no_speech_prob` above `no_speech_threshold`). Prompts: `initial_prompt` opens
+    each input's context (kept in every window's prompt with `carry_initial_prompt`),
+    faster-whisper's `hotwords` come first in every prompt. `suppress_tokens` ("-1": the
+    model's list) and `suppress_blank` as in openai-whisper; `clip_timestamps`
+    ("start,end,start,...", seconds; an open last clip runs to the end) limits the audio
+    transcribed. `word_timestamps` gives each segment its `words` (`encdec.whisper.timing`);
+    with them, `hallucination_silence_threshold` (seconds) drops a segment that looks like a
+    hallucination between silences, and the rest of its window (openai-whisper re-decodes
+    from there; those stretches are silence). Sampling is seeded per window
+    from `seed`, so a transcript does not depend on what else shares the batch. `vad_filter`
+    transcribes only the speech regions Silero VAD finds (`vad_parameters`: `VadOptions` or
+    a dict of its fields; `encdec.whisper.vad`).
+    At temperature 0 a window is decoded greedily, or with beam search of `beam_size` beams
+    (openai-whisper's `patience`, length-normalized scores). `condition_on_previous_text`: each window of an input is prompted with the text before it,
     so an input's windows run one after another (other inputs' windows fill the batch); off,
     all windows run at once (faster on one long input, about a point of WER worse: measured in
     the module docstring). A decode sampled hotter than `prompt_reset_on_temperature` is not
@@ -95,14 +109,25 @@ class TranscribeOptions:
     task: str = "transcribe"
     timestamps: bool = True
     initial_prompt: Optional[str] = None
+    carry_initial_prompt: bool = False
+    hotwords: Optional[str] = None
+    suppress_tokens: Union[str, Sequence[int]] = "-1"
+    suppress_blank: bool = True
+    clip_timestamps: Union[str, Sequence[float]] = "0"
     temperature: Union[float, Sequence[float]] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     best_of: int = 5
+    beam_size: Optional[int] = None
+    patience: Optional[float] = None
     compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD
     logprob_threshold: Optional[float] = LOGPROB_THRESHOLD
     no_speech_threshold: Optional[float] = NO_SPEECH_THRESHOLD
     condition_on_previous_text: bool = True
     prompt_reset_on_temperature: float = 0.5
     seed: int = 0
+    vad_filter: bool = False
+    vad_parameters: Union[VadOptions, dict, None] = None
+    word_timestamps: bool = False
+    hallucination_silence_threshold: Optional[float] = None
 
     def __post_init__(self) -> None:
         temperatures = (self.temperature,) if isinstance(self.temperature, numbers.Real) else self.temperature
@@ -112,10 +137,28 @@ class TranscribeOptions:
                              f"in [0, 2], got {temperatures!r}")
         if not isinstance(self.best_of, int) or self.best_of < 1:
             raise ValueError(f"best_of must be an integer >= 1, got {self.best_of!r}")
+        if self.beam_size is not None and (not isinstance(self.beam_size, int) or self.beam_size < 1):
+            raise ValueError(f"beam_size must be an integer >= 1, got {self.beam_size!r}")
+        if self.patience is not None and (not isinstance(self.patience, numbers.Real) or self.patience <= 0
+                                          or not self.beam_size or self.beam_size < 2):
+            raise ValueError(f"patience must be a number > 0, with beam_size >= 2; got "
+                             f"patience={self.patience!r}, beam_size={self.beam_size!r}")
         for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, numbers.Real):
                 raise ValueError(f"{name} must be a number or None, got {value!r}")
+        if isinstance(self.vad_parameters, dict):
+            self.vad_parameters = VadOptions(**self.vad_parameters)
+        self.suppress_tokens = _numbers("suppress_tokens", self.suppress_tokens, int)
+        self.clip_timestamps = _numbers("clip_timestamps", self.clip_timestamps, float)
+        if any(t < 0 for t in self.clip_timestamps) or any(
+                b <= a for a, b in zip(self.clip_timestamps[::2], self.clip_timestamps[1::2])):
+            raise ValueError(f"clip_timestamps must be start,end,start,end,... seconds with each "
+                             f"end after its start, got {self.clip_timestamps}")
+        if self.vad_filter and self.clip_timestamps not in ([], [0.0]):
+            raise ValueError("clip_timestamps and vad_filter exclude each other")
+        if self.hallucination_silence_threshold is not None and not self.word_timestamps:
+            raise ValueError("hallucination_silence_threshold needs word_timestamps=True")
 
 
 @dataclass
@@ -126,6 +169,7 @@ class Decode:
     text: str
     avg_logprob: float
     temperature: float
+    cross_kv: Any = None  # the window's cross-attention keys and values (word timestamps)
 
     @property
     def compression_ratio(self) -> float:
@@ -145,6 +189,8 @@ class Window:
     previous_text: str = ""  # a follow-up's: the text kept before it in its chain
     decodes: list[Decode] = field(default_factory=list)  # one per temperature tried
     segments: list[Segment] = field(default_factory=list)
+    done: bool = False  # decoded (or silent): its segments are final
+    reported: bool = False  # its segments went to `on_segments`
 
     @property
     def offset(self) -> float:
@@ -164,6 +210,7 @@ class WindowRequest:
     params: SamplingParams
     window: Window
     num_forced: int  # control tokens forced after the prompt, before the sampled ones
+    return_cross_kv: bool = False  # the driver asks the engine for the window's cross cache
 
 
 class TranscriptionJob:
@@ -171,30 +218,45 @@ class TranscriptionJob:
 
     `tokens`, `tokenizer` and `max_decoder_len` come from the model; `audios` are 16 kHz mono
     waveforms. `on_progress(seconds)` is called as windows finish, with the seconds of audio
-    covered so far over all inputs (the last call gives the total).
+    covered so far over all inputs (the last call gives the total). `on_segments(index,
+    segments)` gets an input's segments in time order as soon as everything before them is
+    decoded (for streaming a transcript).
     """
 
     def __init__(self, tokens: WhisperTokens, tokenizer: Any, max_decoder_len: int,
                  audios: list[np.ndarray], options: TranscribeOptions,
-                 on_progress: Optional[Callable[[float], None]] = None):
+                 on_progress: Optional[Callable[[float], None]] = None,
+                 on_segments: Optional[Callable[[int, list[Segment]], None]] = None):
         self.tokens = tokens
         self.tokenizer = tokenizer
-        self.audios = audios
         self.options = options
+        self.durations = [len(audio) / SAMPLE_RATE for audio in audios]
+        self.speech_maps: list[Optional[SpeechMap]] = [None] * len(audios)
+        if options.vad_filter:
+            self.speech_maps = [SpeechMap(audio, options.vad_parameters or VadOptions()) for audio in audios]
+            audios = [speech.audio for speech in self.speech_maps]
+        self.audios = audios
         # Windows are decoded with timestamp tokens whenever the vocabulary has them, also when
         # the transcript is to have none: they are what shows a decode stopped short.
         self.decode_timestamps = tokens.timestamp_begin is not None
-        self.rules = DecodingRules(tokens, self.decode_timestamps)
+        self.rules = DecodingRules(tokens, self.decode_timestamps, suppress_tokens=options.suppress_tokens,
+                                   suppress_blank=options.suppress_blank)
         self.max_decoder_len = max_decoder_len
-        initial = _prompt_ids(tokens, tokenizer, options.initial_prompt)
-        if self._max_tokens(_decoder_prompt(tokens, initial)) <= 0:
-            raise ValueError(f"initial_prompt leaves no room to decode ({len(initial)} prompt tokens)")
-        self.context = [list(initial) for _ in audios]  # per input: the tokens to condition on
+        self.initial = _prompt_ids(tokens, tokenizer, options.initial_prompt, "initial_prompt")
+        self.hotwords = _prompt_ids(tokens, tokenizer, options.hotwords, "hotwords")[:MAX_PROMPT_TOKENS]
+        if self._max_tokens(self._decoder_prompt(list(self.initial))) <= 0:
+            raise ValueError(f"initial_prompt and hotwords leave no room to decode "
+                             f"({len(self.initial) + len(self.hotwords)} prompt tokens)")
+        self.context = [list(self.initial) for _ in audios]  # per input: the tokens to condition on
         language = options.language if tokens.multilingual else "en"
         self.windows = [Window(index, start, end, WindowState(language=language))
-                        for index, audio in enumerate(audios) for start, end in split_windows(audio)]
+                        for index, audio in enumerate(audios)
+                        for start, end in _clipped_windows(audio, options.clip_timestamps)]
         self.queued: list[list[Window]] = [[] for _ in audios]  # conditioned: windows waiting their turn
         self.on_progress = on_progress
+        self.on_segments = on_segments
+        self.unaligned: list[tuple[Window, Decode]] = []  # decoded windows waiting for `align`
+        self.last_speech = [0.0] * len(audios)  # per input: where its aligned speech ended
         self.seconds_done = 0.0
         self.requests_made: list[WindowRequest] = []
         self._ids = (f"whisper-{uuid.uuid4().hex[:8]}-{i}" for i in itertools.count())
@@ -203,7 +265,11 @@ class TranscriptionJob:
         """A request for every window with sound (conditioned on previous text: for the first
         window of each input); silent windows count as done at once."""
         voiced = [w for w in self.windows if not is_silent(self._audio(w))]
+        for window in self.windows:
+            window.done = not any(window is w for w in voiced)
         self._progress(sum(w.duration for w in self.windows) - sum(w.duration for w in voiced))
+        for index in range(len(self.audios)):
+            self._report(index)
         if not self.options.condition_on_previous_text:
             return [self._request(w) for w in voiced]
         for window in voiced:  # each input's windows one after the other, in order
@@ -219,7 +285,46 @@ class TranscriptionJob:
         if failed and len(window.decodes) < len(self.options.temperature):
             return [self._request(window)]
         decode = self._best_failed(window.decodes) if failed else window.decodes[-1]
-        return self._next(window, self._settle(window, decode))
+        follow_up = self._settle(window, decode)
+        if self.options.word_timestamps and window.segments:
+            self.unaligned.append((window, decode))  # done once `align` gave it words
+        else:
+            window.done = True
+            self._report(window.input_index)
+        window.decodes = []  # their cross caches are not needed any more
+        return self._next(window, follow_up)
+
+    def align(self, aligner: Callable[[list[list[int]], list[Any]], list[tuple[Any, Any]]]) -> None:
+        """Give the windows decoded since the last call their words: `aligner(token ids,
+        cross_kvs)` is the model's teacher-forced alignment pass (`alignment_pass`), one batch."""
+        if not self.unaligned:
+            return
+        batch, self.unaligned = self.unaligned, []
+        prefixes = [self._alignment_prefix(window) for window, _ in batch]
+        texts = [[t for seg in window.segments for t in seg.tokens] for window, _ in batch]
+        results = aligner([prefix + text for prefix, text in zip(prefixes, texts)],
+                          [decode.cross_kv for _, decode in batch])
+        for (window, _), prefix, text, (scores, logits) in zip(batch, prefixes, texts, results):
+            rows = slice(len(prefix) - 1, len(prefix) + len(text))  # predicting text, then <|endoftext|>
+            frames = max(1, round(window.duration * FRAMES_PER_SECOND))
+            weights = scores[:, rows, :frames].softmax(dim=-1).numpy()
+            probs = logits[rows][:-1].softmax(dim=-1)[range(len(text)), text].numpy()
+            words = align_words(self.tokenizer, text, weights, probs, frames,
+                                window.state.language or "en", window.offset)
+            index = window.input_index
+            last_speech = max(self.last_speech[index], window.offset)
+            self.last_speech[index] = words_into_segments(words, window.segments, last_speech)
+            threshold = self.options.hallucination_silence_threshold
+            if threshold is not None:
+                window.segments = drop_hallucinations(window.segments, threshold, last_speech, window.offset,
+                                                      window.offset + window.duration)
+            window.done = True
+            self._report(index)
+
+    def _alignment_prefix(self, window: Window) -> list[int]:
+        """<|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>: the alignment pass's prompt."""
+        language = window.state.language if self.tokens.multilingual else None
+        return self.tokens.decoder_prefix(language, self.options.task, timestamps=False)
 
     def _settle(self, window: Window, decode: Decode) -> Optional[Window]:
         """Keep the accepted decode's segments; returns the follow-up window, if any."""
@@ -237,9 +342,10 @@ class TranscriptionJob:
         self._extend_context(window.input_index, plan.kept, decode.temperature)
         if not self.options.timestamps:  # the window is one segment, its kept text
             plan.kept = [(0.0, plan.resume, [t for _, _, ids in plan.kept for t in ids])]
-        window.segments = window_segments(plan.kept, self.tokens, self.tokenizer, window.offset,
-                                          window.duration, decode.avg_logprob, no_speech,
-                                          decode.temperature)
+        window.segments = window_segments(
+            plan.kept, self.tokens, self.tokenizer, window.offset, window.duration,
+            avg_logprob=decode.avg_logprob, no_speech_prob=no_speech, temperature=decode.temperature,
+            compression_ratio=decode.compression_ratio, seek=round(window.offset * 100))
         if plan.resume is None or window.follow_ups >= MAX_FOLLOW_UPS:
             self._progress(window.duration)
             return None
@@ -250,6 +356,7 @@ class TranscriptionJob:
                            "".join(s.text for s in window.segments))
         self.windows.append(follow_up)
         if is_silent(self._audio(follow_up)):
+            follow_up.done = True
             self._progress(follow_up.duration)
             return None
         return follow_up
@@ -267,7 +374,7 @@ class TranscriptionJob:
         if not self.options.condition_on_previous_text:
             return
         if temperature > self.options.prompt_reset_on_temperature:
-            self.context[index] = []
+            self.context[index] = list(self.initial) if self.options.carry_initial_prompt else []
             return
         for start, end, ids in kept:
             if self.decode_timestamps:
@@ -293,7 +400,7 @@ class TranscriptionJob:
             num_text = len(sampled) - (1 if sampled and sampled[-1] == self.tokens.eot else 0)
             decodes.append(Decode(sampled, decode_text(self.tokenizer, sampled, self.tokens),
                                   completion.cumulative_logprob / (num_text + 1),
-                                  request.params.temperature))
+                                  request.params.temperature, output.cross_kv))
         return max(decodes, key=lambda d: d.avg_logprob)
 
     def _needs_fallback(self, decode: Decode, no_speech_prob: float) -> bool:
@@ -318,18 +425,41 @@ class TranscriptionJob:
     def _request(self, window: Window) -> WindowRequest:
         prefix = control_prefix(self.tokens, window.state.language, self.options.task,
                                 self.decode_timestamps)
-        decoder_prompt = _decoder_prompt(self.tokens, self.context[window.input_index])
+        decoder_prompt = self._decoder_prompt(self.context[window.input_index])
         prompt = {"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (self._audio(window), SAMPLE_RATE)}},
                   "decoder_prompt": decoder_prompt}
-        temperature = self.options.temperature[len(window.decodes)]
-        sampled = temperature > 0.0
-        params = SamplingParams(temperature=temperature, max_tokens=self._max_tokens(decoder_prompt) + len(prefix),
-                                n=self.options.best_of if sampled else 1,
-                                seed=self.options.seed + window.start + len(window.decodes) if sampled else None,
-                                logits_processors=[ControlProcessor(self.tokens, prefix, self.rules, window.state)])
-        request = WindowRequest(next(self._ids), prompt, params, window, len(prefix))
+        params = SamplingParams(max_tokens=self._max_tokens(decoder_prompt) + len(prefix),
+                                output_kind=RequestOutputKind.FINAL_ONLY,
+                                logits_processors=[ControlProcessor(self.tokens, prefix, self.rules, window.state)],
+                                **self._decoding(window))
+        request = WindowRequest(next(self._ids), prompt, params, window, len(prefix),
+                                self.options.word_timestamps)
         self.requests_made.append(request)
         return request
+
+    def _decoder_prompt(self, context: list[int]) -> list[int]:
+        """[<|startofprev|>, hotwords, the last context tokens, sot], or [sot] with neither;
+        with `carry_initial_prompt` the initial prompt stays at the context's start."""
+        room = MAX_PROMPT_TOKENS - len(self.hotwords)
+        initial = self.initial if self.options.carry_initial_prompt else []
+        if room >= len(initial):
+            kept = initial + _tail(context[len(initial):], room - len(initial))
+        else:
+            kept = _tail(initial, room)
+        if not kept and not self.hotwords:
+            return [self.tokens.sot]
+        return [self.tokens.sot_prev, *self.hotwords, *kept, self.tokens.sot]
+
+    def _decoding(self, window: Window) -> dict:
+        """Greedy or beam search at temperature 0; `best_of` seeded samples above it."""
+        o = self.options
+        temperature = o.temperature[len(window.decodes)]
+        if temperature > 0.0:
+            return dict(temperature=temperature, n=o.best_of, seed=o.seed + window.start + len(window.decodes))
+        if o.beam_size and o.beam_size > 1:
+            return dict(temperature=0.0, use_beam_search=True, beam_width=o.beam_size,
+                        length_penalty=1.0, early_stopping=True, patience=o.patience)
+        return dict(temperature=0.0)
 
     def _max_tokens(self, decoder_prompt: list[int]) -> int:
         """Tokens a window may sample after its control tokens (openai: n_text_ctx // 2)."""
@@ -346,6 +476,28 @@ class TranscriptionJob:
         stamps = [t for t in sampled if begin is not None and t >= begin]
         return (stamps[-1] - begin) * TIME_PRECISION if stamps else None
 
+    def _report(self, index: int) -> None:
+        """Hand `on_segments` the input's next decoded windows, up to the first one pending."""
+        if self.on_segments is None:
+            return
+        for window in sorted((w for w in self.windows if w.input_index == index), key=lambda w: w.start):
+            if not window.done:
+                return
+            if not window.reported:
+                window.reported = True
+                if window.segments:
+                    self.on_segments(index, self._in_input_time(index, window.segments))
+
+    def _in_input_time(self, index: int, segments: list[Segment]) -> list[Segment]:
+        """With VAD, segment times in the joined speech -> times in the input."""
+        speech = self.speech_maps[index]
+        if speech is None:
+            return segments
+        return [dataclasses.replace(
+            seg, start=speech.to_original(seg.start), end=speech.to_original(seg.end, is_end=True),
+            words=[dataclasses.replace(w, start=speech.to_original(w.start), end=speech.to_original(w.end, is_end=True))
+                   for w in seg.words]) for seg in segments]
+
     def _progress(self, seconds: float) -> None:
         self.seconds_done += seconds
         if self.on_progress is not None and seconds > 0:
@@ -354,23 +506,40 @@ class TranscriptionJob:
     def _transcription(self, index: int, source: Any) -> Transcription:
         """Merge one input's windows; its language is that of its first window with speech."""
         windows = sorted((w for w in self.windows if w.input_index == index), key=lambda w: w.start)
-        segments = [seg for w in windows for seg in w.segments]
+        segments = self._in_input_time(index, [seg for w in windows for seg in w.segments])
         spoken = [w for w in windows if w.segments] or windows
         return Transcription(text="".join(s.text for s in segments).strip(),
                              language=spoken[0].state.language if spoken else self.options.language,
-                             segments=segments, duration=len(self.audios[index]) / SAMPLE_RATE,
+                             segments=segments, duration=self.durations[index],
                              source=source if isinstance(source, str) else None)
 
 
-def _prompt_ids(tokens: WhisperTokens, tokenizer: Any, initial_prompt: Optional[str]) -> list[int]:
-    """The initial prompt's tokens (" " + prompt), or none."""
-    if initial_prompt is None or not initial_prompt.strip():
+def _prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Optional[str], name: str) -> list[int]:
+    """Tokens of " " + `text` for a prompt, or none."""
+    if text is None or not text.strip():
         return []
     if tokens.sot_prev is None:
-        raise ValueError("this Whisper vocabulary has no <|startofprev|>: initial_prompt unsupported")
-    return tokenizer(" " + initial_prompt.strip(), add_special_tokens=False)["input_ids"]
+        raise ValueError(f"this Whisper vocabulary has no <|startofprev|>: {name} unsupported")
+    return tokenizer(" " + text.strip(), add_special_tokens=False)["input_ids"]
 
 
-def _decoder_prompt(tokens: WhisperTokens, context: list[int]) -> list[int]:
-    """[<|startofprev|>, last 223 context tokens, sot], or just [sot] without context."""
-    return [tokens.sot_prev, *context[-MAX_PROMPT_TOKENS:], tokens.sot] if context else [tokens.sot]
+def _tail(ids: list[int], n: int) -> list[int]:
+    return ids[max(0, len(ids) - n):] if n > 0 else []
+
+
+def _numbers(name: str, value: Union[str, Sequence], kind: type) -> list:
+    """A comma-separated string or a sequence of numbers -> a list of `kind`."""
+    items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else list(value)
+    try:
+        return [kind(v) for v in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be comma-separated numbers, got {value!r}") from None
+
+
+def _clipped_windows(audio: np.ndarray, clips: list[float]) -> list[tuple[int, int]]:
+    """Windows of the clips `[start, end, start, end, ...]` (seconds) of `audio`."""
+    bounds = [min(len(audio), round(t * SAMPLE_RATE)) for t in clips] or [0]
+    if len(bounds) % 2:
+        bounds.append(len(audio))
+    return [(start + s, start + e) for start, end in zip(bounds[::2], bounds[1::2]) if end > start
+            for s, e in split_windows(audio[start:end])]

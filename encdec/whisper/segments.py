@@ -45,12 +45,13 @@ def split_spans(sampled: list[int], tokens: WhisperTokens) -> list[tuple[Optiona
 
 def window_segments(spans: list[tuple[Optional[float], Optional[float], list[int]]],
                     tokens: WhisperTokens, tokenizer: Any, offset: float, duration: float,
-                    avg_logprob: float, no_speech_prob: float, temperature: float = 0.0) -> list[Segment]:
-    """Segments of `split_spans` spans with absolute times, clipped to `[offset, offset + duration]`."""
+                    **scores: Any) -> list[Segment]:
+    """Segments of `split_spans` spans with absolute times, clipped to `[offset, offset + duration]`;
+    `scores` are the `Segment` fields their window's decode gives them all (avg_logprob, ...)."""
     segments = []
     for start, end, text in spans:
         start = min(start or 0.0, duration)
         end = duration if end is None else min(max(end, start), duration)
         segments.append(Segment(offset + start, offset + end, decode_text(tokenizer, text, tokens),
-                                text, avg_logprob, no_speech_prob, temperature))
+                                text, **scores))
     return segments

@@ -4,12 +4,14 @@ Ids come from the tokenizer when there is one (its vocabulary is the truth), the
 generation_config.json, then from config.json. Standard Whisper vocabularies end with
 <|notimestamps|> followed by 1501 timestamp tokens, preceded by <|translate|>, <|transcribe|>,
 <|startoflm|>, <|startofprev|>, <|nocaptions|>; that layout is the last fallback.
+The one place Whisper's ids are found: the model's input hooks (at load) and the CTranslate2
+conversion both resolve them here.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 NUM_TIMESTAMP_TOKENS = 1501  # <|0.00|> .. <|30.00|>
 MULTILINGUAL_VOCAB_SIZE = 51865  # Hugging Face: is_multilingual = vocab_size >= 51865
@@ -18,7 +20,8 @@ _LANGUAGE_TOKEN = re.compile(r"^<\|([a-z]{2,3})\|>$")
 
 @dataclass(frozen=True)
 class WhisperTokens:
-    """Special-token ids of one Whisper model; `lang_to_id` maps "en" -> id of <|en|>."""
+    """Special-token ids of one Whisper model; `lang_to_id` maps "en" -> id of <|en|>. Also the
+    model's `SpecialTokens` (`encdec.config`): <|startoftranscript|> starts, <|endoftext|> ends."""
 
     eot: int
     sot: int
@@ -31,6 +34,21 @@ class WhisperTokens:
     no_speech: Optional[int] = None  # <|nospeech|> (<|nocaptions|> in older vocabularies)
     sot_prev: Optional[int] = None  # <|startofprev|>: opens a text prompt before sot
     sot_lm: Optional[int] = None
+    # (decoder layer, head) pairs whose cross-attention follows the audio (word timestamps)
+    alignment_heads: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def decoder_start_token_id(self) -> int:
+        return self.sot
+
+    @property
+    def eos_token_id(self) -> int:
+        return self.eot
+
+    @property
+    def extra_decoder_start_token_ids(self) -> tuple[int, ...]:
+        """<|startofprev|> may open a decoder prompt (previous text before <|startoftranscript|>)."""
+        return () if self.sot_prev is None else (self.sot_prev,)
 
     @property
     def timestamp_begin(self) -> Optional[int]:
@@ -68,13 +86,22 @@ class WhisperTokens:
 def whisper_tokens(hf_config: Any, tokenizer: Any = None,
                    generation_config: Optional[dict] = None) -> WhisperTokens:
     """Resolve the special tokens from the tokenizer, generation config and model config."""
+    return whisper_tokens_from_vocab(_added_vocab(tokenizer), hf_config.vocab_size,
+                                     generation_config, hf_config)
+
+
+def whisper_tokens_from_vocab(added: Mapping[str, int], vocab_size: int,
+                              generation_config: Optional[dict] = None,
+                              hf_config: Any = None) -> WhisperTokens:
+    """Resolve the special tokens from a vocabulary's added tokens (content -> id), then the
+    generation config, then the model config (either may be None), then the standard layout."""
     gen = generation_config or {}
-    added = _added_vocab(tokenizer)
-    vocab_size = hf_config.vocab_size
+    added = {tok: i for tok, i in added.items() if tok.startswith("<|") and tok.endswith("|>")}
     layout = _standard_layout(vocab_size)
-    eot = _first_int(added.get("<|endoftext|>"), gen.get("eos_token_id"), hf_config.eos_token_id)
+    eot = _first_int(added.get("<|endoftext|>"), gen.get("eos_token_id"),
+                     getattr(hf_config, "eos_token_id", None))
     sot = _first_int(added.get("<|startoftranscript|>"), gen.get("decoder_start_token_id"),
-                     hf_config.decoder_start_token_id)
+                     getattr(hf_config, "decoder_start_token_id", None))
     if eot is None or sot is None:
         raise ValueError("cannot tell Whisper's <|endoftext|> / <|startoftranscript|> ids: "
                          "no tokenizer and no eos_token_id / decoder_start_token_id in the config")
@@ -95,6 +122,7 @@ def whisper_tokens(hf_config: Any, tokenizer: Any = None,
         sot_prev=_first_int(added.get("<|startofprev|>"), gen.get("prev_sot_token_id"),
                             layout.get("sot_prev")),
         sot_lm=_first_int(added.get("<|startoflm|>"), layout.get("sot_lm")),
+        alignment_heads=_alignment_heads(gen, hf_config, vocab_size),
     )
 
 
@@ -104,11 +132,9 @@ def _first_int(*values: Any) -> Optional[int]:
 
 
 def _added_vocab(tokenizer: Any) -> dict[str, int]:
-    """The tokenizer's special tokens (<|...|>) by content."""
     if tokenizer is None or not hasattr(tokenizer, "get_added_vocab"):
         return {}
-    return {tok: i for tok, i in tokenizer.get_added_vocab().items()
-            if tok.startswith("<|") and tok.endswith("|>")}
+    return tokenizer.get_added_vocab()
 
 
 def _standard_layout(vocab_size: int) -> dict[str, int]:
@@ -130,7 +156,26 @@ def _languages(added: dict[str, int], gen: dict, sot: int) -> dict[str, int]:
     return found or {"en": sot + 1}
 
 
-def _first_list(gen: dict, hf_config: Any, key: str) -> list[int]:
+# Bundled models' alignment heads (openai-whisper's table), by (decoder layers, heads, vocabulary).
+BUILTIN_ALIGNMENT_HEADS = {
+    (4, 6, 51864): ((1, 0), (2, 0), (2, 5), (3, 0), (3, 1), (3, 2), (3, 3), (3, 4)),  # tiny.en
+    (6, 8, 51865): ((3, 1), (4, 2), (4, 3), (4, 7), (5, 1), (5, 2), (5, 4), (5, 6)),  # base
+}
+
+
+def _alignment_heads(gen: dict, hf_config: Any, vocab_size: int) -> tuple[tuple[int, int], ...]:
+    """From the generation config or the model config, else the built-in table, else (as
+    openai-whisper) every head of the decoder's second half."""
+    heads = _first_list(gen, hf_config, "alignment_heads")
+    if heads:
+        return tuple((int(layer), int(head)) for layer, head in heads)
+    layers = getattr(hf_config, "decoder_layers", 0)
+    num_heads = getattr(hf_config, "decoder_attention_heads", 0)
+    return BUILTIN_ALIGNMENT_HEADS.get((layers, num_heads, vocab_size), tuple(
+        (layer, head) for layer in range(layers // 2, layers) for head in range(num_heads)))
+
+
+def _first_list(gen: dict, hf_config: Any, key: str) -> list:
     value = gen.get(key)
     if value is None:
         value = getattr(hf_config, key, None)

@@ -1,18 +1,22 @@
-"""`LLM.transcribe`: audio of any length -> `Transcription`s, every window a request of one batch.
+"""Transcription drivers: audio of any length -> `Transcription`s, every window a request.
 
 The work is a `TranscriptionJob` (`encdec.whisper.pipeline`: windows, requests, follow-ups,
-segments); this module checks the options and drives the job through an engine.
+segments); this module checks the options and drives the job through an engine, written
+against what both engines offer in public: `model_config` and `tokenizer`, and either
+`add_request` / `step` / `abort_request` (`LLMEngine`, for `LLM.transcribe`) or
+`generate` (`AsyncLLMEngine`, for `AsyncLLMEngine.transcribe`). Both give the same transcript.
 """
 from __future__ import annotations
 
+import asyncio
 import numbers
 import os
 from typing import Any, Callable, Optional
 
 from encdec.audio import load_audio
 from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
-from encdec.whisper.tokens import WhisperTokens, whisper_tokens
-from encdec.whisper.transcript import Transcription
+from encdec.whisper.tokens import WhisperTokens
+from encdec.whisper.transcript import Segment, Transcription
 
 TASKS = ("transcribe", "translate")
 
@@ -30,23 +34,59 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
     on previous text, ...).
     """
     engine = llm.llm_engine
-    tokens = _model_tokens(engine)
-    options = TranscribeOptions(_check_options(tokens, language, task), task, timestamps,
-                                initial_prompt, **options)
     sources = _as_input_list(inputs)
-    job = TranscriptionJob(tokens, engine.tokenizer, engine.model_config.max_decoder_len,
-                           [load_audio(source) for source in sources], options, on_progress)
-    run_job(engine, job)
-    return job.results([os.fspath(s) if isinstance(s, (str, os.PathLike)) else None for s in sources])
+    job = make_job(engine, [load_audio(source) for source in sources], language, task, timestamps,
+                   initial_prompt, on_progress, None, options)
+    run_job(engine, job, word_aligner(engine.model_runner.model, engine.model_config))
+    return job.results(_names(sources))
 
 
-def run_job(engine: Any, job: TranscriptionJob) -> None:
+async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = None,
+                           task: str = "transcribe", timestamps: bool = True,
+                           initial_prompt: Optional[str] = None,
+                           on_progress: Optional[Callable[[float], None]] = None,
+                           on_segments: Optional[Callable[[int, list[Segment]], None]] = None,
+                           **options: Any) -> list[Transcription]:
+    """`transcribe` through an `AsyncLLMEngine`: its windows join the engine's batch with every
+    other caller's requests; audio is decoded off the event loop. `on_segments(index, segments)`
+    gets each input's segments in time order as they are final (`TranscriptionJob`)."""
+    sources = _as_input_list(inputs)
+    audios = await asyncio.get_running_loop().run_in_executor(
+        None, lambda: [load_audio(source) for source in sources])
+    job = make_job(engine, audios, language, task, timestamps, initial_prompt, on_progress,
+                   on_segments, options)
+    await run_job_async(engine, job, word_aligner(engine.engine.model_runner.model, engine.model_config))
+    return job.results(_names(sources))
+
+
+def make_job(engine: Any, audios: list, language: Optional[str], task: str, timestamps: bool,
+             initial_prompt: Optional[str], on_progress: Optional[Callable[[float], None]],
+             on_segments: Optional[Callable[[int, list[Segment]], None]],
+             options: dict) -> TranscriptionJob:
+    """A job for `engine`'s Whisper model, its options checked."""
+    tokens = _model_tokens(engine)
+    checked = TranscribeOptions(_check_options(tokens, language, task), task, timestamps,
+                                initial_prompt, **options)
+    return TranscriptionJob(tokens, engine.tokenizer, engine.model_config.max_decoder_len,
+                            audios, checked, on_progress, on_segments)
+
+
+def word_aligner(model: Any, model_config: Any) -> Callable:
+    """`TranscriptionJob.align`'s aligner: the model's teacher-forced pass over its alignment heads."""
+    from encdec.models.whisper_alignment import alignment_pass
+
+    heads = list(model_config.special_tokens.alignment_heads)
+    return lambda token_ids, cross_kvs: alignment_pass(model, token_ids, cross_kvs, heads)
+
+
+def run_job(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = None) -> None:
     """Drive `job` through an `LLMEngine` until every window (follow-ups too) is decoded."""
     pending = {}
 
     def submit(requests) -> None:
         for request in requests:
-            engine.add_request(request.request_id, request.prompt, request.params)
+            engine.add_request(request.request_id, request.prompt, request.params,
+                               return_cross_kv=request.return_cross_kv)
             pending[request.request_id] = request
 
     try:
@@ -55,19 +95,52 @@ def run_job(engine: Any, job: TranscriptionJob) -> None:
             for out in engine.step():
                 if out.finished and out.request_id in pending:
                     submit(job.finish(pending.pop(out.request_id), out))
+            if aligner is not None:
+                job.align(aligner)
     except BaseException:
         for request_id in pending:
             engine.abort_request(request_id)
         raise
 
 
+async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = None) -> None:
+    """Drive `job` through an `AsyncLLMEngine`: each window a task; cancelling aborts them all.
+    Alignment passes run off the event loop."""
+
+    async def decode(request):
+        final = None
+        async for out in engine.generate(request.prompt, request.params, request.request_id,
+                                         return_cross_kv=request.return_cross_kv):
+            final = out
+        return request, final
+
+    loop = asyncio.get_running_loop()
+    pending = {asyncio.ensure_future(decode(r)) for r in job.start()}
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                request, final = task.result()
+                pending |= {asyncio.ensure_future(decode(r)) for r in job.finish(request, final)}
+            if aligner is not None and job.unaligned:
+                await loop.run_in_executor(None, job.align, aligner)
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _names(sources: list) -> list[Optional[str]]:
+    return [os.fspath(s) if isinstance(s, (str, os.PathLike)) else None for s in sources]
+
+
 def _model_tokens(engine: Any) -> WhisperTokens:
-    hf_config = engine.model_config.hf_config
-    if getattr(hf_config, "model_type", None) != "whisper":
+    tokens = engine.model_config.special_tokens
+    if not isinstance(tokens, WhisperTokens):
         raise ValueError(f"transcribe needs a Whisper model, not {engine.model_config.model!r}")
     if engine.tokenizer is None:
         raise ValueError("transcribe needs the model's tokenizer (tokenizer.json) to write text")
-    return whisper_tokens(hf_config, engine.tokenizer)
+    return tokens
 
 
 def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) -> Optional[str]:

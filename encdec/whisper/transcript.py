@@ -6,6 +6,18 @@ from typing import Optional
 
 
 @dataclass
+class Word:
+    """One word of a transcript with its time (seconds from the input's start) and the
+    probability of its tokens (word timestamps)."""
+
+    word: str
+    start: float
+    end: float
+    probability: float
+    tokens: list[int] = field(default_factory=list, repr=False)
+
+
+@dataclass
 class Segment:
     """A stretch of speech with absolute times (seconds from the start of the input)."""
 
@@ -16,6 +28,9 @@ class Segment:
     avg_logprob: float = 0.0
     no_speech_prob: float = 0.0
     temperature: float = 0.0  # of the decode the segment comes from (temperature fallback)
+    compression_ratio: float = 0.0  # of that decode's text
+    seek: int = 0  # where the segment's window starts, in 10 ms frames (openai-whisper's seek)
+    words: list[Word] = field(default_factory=list)  # with word timestamps
 
 
 @dataclass

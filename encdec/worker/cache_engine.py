@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from encdec.config import CacheConfig, ModelConfig
-from encdec.kernels.cache_ops import copy_blocks, swap_blocks
+from encdec.kernels.cache_ops import copy_blocks, gather_kv, swap_blocks
 
 _GIB = 1 << 30
 
@@ -51,3 +51,10 @@ class CacheEngine:
 
     def copy(self, mapping: list[tuple[int, int]]) -> None:
         copy_blocks(self.gpu_cache, mapping)
+
+    def gather(self, block_table: list[int], length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Every layer's keys and values in the first `length` slots of a device block table,
+        each `[num_heads, length, head_size]` (a copy, not a view of the cache)."""
+        table = torch.tensor([block_table], dtype=torch.long, device=self.gpu_cache[0].device)
+        layers = [gather_kv(cache, table, [length], length) for cache in self.gpu_cache]
+        return [(k[0], v[0]) for k, v in layers]

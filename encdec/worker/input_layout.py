@@ -1,4 +1,4 @@
-"""Vectorized token layout and slot mapping (seed 000's `_prepare_inputs` arithmetic).
+"""Vectorized token layout and slot mapping (docs/design.md, "Model runner", has a worked example).
 
 Request level: `num_computed` and `num_scheduled` per sequence. Token level: which sequence each
 scheduled token belongs to, its position, and the cache slot it is written to. No Python loop

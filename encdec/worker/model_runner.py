@@ -1,7 +1,7 @@
 """EncoderDecoderModelRunner: scheduled groups -> model inputs + attention metadata -> samples.
 
 Builds, with vectorized numpy over persistent CPU buffers whose numpy views share memory with
-torch tensors (seed 000): decoder `input_ids`/`positions`/`slot_mapping`, and for groups in their
+torch tensors: decoder `input_ids`/`positions`/`slot_mapping`, and for groups in their
 first step the encoder inputs and `cross_slot_mapping`; plus `block_tables`,
 `cross_block_tables` and the lengths in `AttentionMetadata`. Prefill sequences come first.
 """
@@ -112,16 +112,10 @@ class EncoderDecoderModelRunner:
             seq_lens=seq_lens,
             seq_lens_tensor=self._to_device(torch.from_numpy(layout.seq_lens)),
             query_start_loc=self._to_device(torch.from_numpy(layout.query_start_loc)),
-            seq_start_loc=self._to_device(torch.from_numpy(
-                np.concatenate([[0], np.cumsum(layout.seq_lens)]))),
-            max_query_len=int(query_lens.max()) if len(datas) else 0,
-            max_prefill_seq_len=max(seq_lens[:num_prefills], default=0),
-            max_decode_seq_len=max(seq_lens[num_prefills:], default=0),
             block_tables=self._to_device(torch.from_numpy(block_tables)),
             encoder_seq_lens=encoder_lens.tolist(),
             encoder_seq_lens_tensor=self._to_device(torch.from_numpy(encoder_lens)),
             encoder_seq_start_loc=self._to_device(torch.from_numpy(enc_layout.query_start_loc)),
-            max_encoder_seq_len=int(encoder_lens.max()) if len(rows) else 0,
             num_encoder_tokens=int(encoder_lens[:num_prefills].sum()),
             cross_slot_mapping=self._to_device(self._cross_slot_mapping.put(cross_slots)),
             cross_block_tables=self._to_device(torch.from_numpy(cross_tables)),

@@ -20,10 +20,14 @@ SCALE = HEAD_SIZE ** -0.5
 
 
 def reference_attention(q, k, v, attn_bias, scale):
-    """Stand-in for `xf._attention`: softmax(Q K^T * scale + materialized bias) V in float32."""
-    bias = attn_bias.materialize((q.shape[0], k.shape[0]), dtype=torch.float32)
-    scores = torch.einsum("mhd,nhd->hmn", q.float(), k.float()) * scale + bias
-    return torch.einsum("hmn,nhd->mhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
+    """Stand-in for `xf._attention` ([B, M, H, D] x [B, N, H, D]): softmax(Q K^T * scale + bias) V
+    in float32, with an xformers bias materialized or a [B or 1, H, M, N] tensor as it is."""
+    if isinstance(attn_bias, torch.Tensor):
+        bias = attn_bias.float()
+    else:
+        bias = attn_bias.materialize((q.shape[1], k.shape[1]), dtype=torch.float32)
+    scores = torch.einsum("bmhd,bnhd->bhmn", q.float(), k.float()) * scale + bias
+    return torch.einsum("bhmn,bnhd->bmhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""Block manager unit tests on the free-block arithmetic of seed 004 ("Memory management")."""
+"""Block manager unit tests on the free-block arithmetic of docs/design.md ("The two kinds of
+block tables")."""
 import itertools
 
 import pytest
@@ -35,7 +36,7 @@ def admit(bm: BlockSpaceManager, seq_group: SequenceGroup) -> None:
 
 
 def group_blocks(bm: BlockSpaceManager, seq_group: SequenceGroup) -> int:
-    """|cross attn block table| + sum_i |seq_i decoder self attn block table| (seed 004)."""
+    """|cross attn block table| + sum_i |seq_i decoder self attn block table| (docs/design.md)."""
     return (len(bm.get_cross_block_table(seq_group))
             + sum(len(bm.get_block_table(seq)) for seq in seq_group.get_unfinished_seqs()))
 
@@ -106,6 +107,16 @@ def test_watermark_later_versus_never():
     assert bm.can_allocate(fits_alone) == AllocStatus.OK
 
 
+def test_admission_rule_keeps_the_watermark():
+    bm = make_manager(num_gpu_blocks=10, watermark=0.2)  # 2 watermark blocks
+    assert bm.max_num_blocks(num_encoder_tokens=9, max_decoder_len=5, num_seqs=2) == 3 + 2 * 2
+    assert bm.can_ever_fit(8) and not bm.can_ever_fit(9)
+    for decoder_len, fits in ((12, True), (13, False)):  # 5 cross + 3 or 4 self blocks
+        status = bm.can_allocate(make_group(encoder_len=20, decoder_len=decoder_len))
+        assert (status != AllocStatus.NEVER) == fits == bm.can_ever_fit(
+            bm.max_num_blocks(20, decoder_len, 1))
+
+
 def test_can_allocate_counts_cross_and_every_waiting_seq():
     bm = make_manager(num_gpu_blocks=6)
     group = make_group(encoder_len=8, decoder_len=4)  # 2 + 1
@@ -135,20 +146,57 @@ def test_append_slots_allocates_a_block_when_the_last_one_is_full():
     bm.check_invariants()
 
 
-def test_can_append_slots_needs_one_free_block_per_running_seq():
-    bm = make_manager(num_gpu_blocks=4)
-    group = make_group(encoder_len=4, decoder_len=4)
-    admit(bm, group)
+def fork_children(bm: BlockSpaceManager, group: SequenceGroup, num_children: int) -> None:
     parent = group.get_seqs()[0]
-    for _ in range(2):
+    for _ in range(num_children):
         child = parent.fork(next(_ids))
         group.add(child)
         bm.fork(parent, child)
+
+
+def test_can_append_slots_counts_new_blocks_and_copies():
+    """After the step's token is appended: k sharers of a last block need k - 1 copies, a
+    table a block short needs a new block, a private last block with room needs nothing."""
+    bm = make_manager(num_gpu_blocks=5)
+    group = make_group(encoder_len=4, decoder_len=6)  # 1 + 2 blocks, the last half full
+    admit(bm, group)
+    fork_children(bm, group, 2)
+    seqs = group.get_seqs()
+    for seq in seqs:
+        seq.append_token_id(7, 0.0)
     assert bm.get_num_free_gpu_blocks() == 2
-    assert not bm.can_append_slots(group)  # 3 running seqs
-    group.get_seqs()[-1].status = SequenceStatus.FINISHED_STOPPED
-    bm.free(group.get_seqs()[-1])
+    assert bm.can_append_slots(group)  # 3 sharers, 2 copies
+    assert sum(len(bm.append_slots(seq)) for seq in seqs) == 2
+    assert bm.get_num_free_gpu_blocks() == 0
+    for seq in seqs:
+        seq.append_token_id(7, 0.0)  # the 8th token fills each private last block
     assert bm.can_append_slots(group)
+    for seq in seqs:
+        assert bm.append_slots(seq) == []
+        seq.append_token_id(7, 0.0)  # the 9th needs a new block each
+    assert not bm.can_append_slots(group)
+    seqs[-1].status = SequenceStatus.FINISHED_STOPPED
+    bm.free(seqs[-1])  # returns its private last block
+    assert not bm.can_append_slots(group)  # 2 new blocks, 1 free
+    seqs[-2].status = SequenceStatus.FINISHED_STOPPED
+    bm.free(seqs[-2])
+    assert bm.can_append_slots(group)
+    bm.check_invariants()
+
+
+def test_can_append_slots_when_some_sharers_do_not_write():
+    bm = make_manager(num_gpu_blocks=4)
+    group = make_group(encoder_len=4, decoder_len=6)
+    admit(bm, group)
+    fork_children(bm, group, 2)
+    writer, *others = group.get_seqs()
+    for seq in others:
+        seq.status = SequenceStatus.FINISHED_STOPPED  # finished, but its table is still held
+    writer.append_token_id(7, 0.0)
+    free = bm.get_num_free_gpu_blocks()
+    assert free == 1 and bm.can_append_slots(group)  # the writer copies the block it shares
+    assert len(bm.append_slots(writer)) == 1
+    assert bm.get_num_free_gpu_blocks() == 0
 
 
 def test_fork_shares_blocks_and_copy_on_write():
@@ -327,6 +375,24 @@ def test_can_swap_in_later_and_never():
     set_status(group, SequenceStatus.SWAPPED)
     group.get_seqs()[0].append_token_id(7, 0.0)
     assert small.can_swap_in(group) == AllocStatus.NEVER  # 5 + 1 > 8 - 3
+
+
+def test_can_swap_in_counts_one_copy_fewer_than_sharers():
+    """Two sequences sharing a half-full last block need one copy, not two, to swap in."""
+    bm = make_manager(num_gpu_blocks=4, num_cpu_blocks=4)
+    group = make_group(encoder_len=4, decoder_len=6)  # 1 + 2 blocks
+    admit(bm, group)
+    fork_children(bm, group, 1)
+    bm.swap_out(group)
+    set_status(group, SequenceStatus.SWAPPED)
+    for seq in group.get_seqs():
+        seq.append_token_id(7, 0.0)
+    assert bm.can_swap_in(group) == AllocStatus.OK  # 3 blocks + 1 copy = 4
+    bm.swap_in(group)
+    set_status(group, SequenceStatus.RUNNING)
+    assert sum(len(bm.append_slots(seq)) for seq in group.get_seqs()) == 1
+    assert bm.get_num_free_gpu_blocks() == 0
+    bm.check_invariants()
 
 
 def test_recompute_preemption_frees_both_tables_and_readmission_works():

@@ -83,12 +83,15 @@ class Simulation:
         if max(len(seq) for seq in seqs) >= MAX_DECODER_LEN:
             self.finish(group)
             return
-        if not self.bm.can_append_slots(group):
+        for seq in seqs:
+            seq.append_token_id(self.rng.randrange(1, 1 << 30), 0.0)
+        if not self.bm.can_append_slots(group):  # asked after the append, as by the scheduler
+            for seq in seqs:
+                seq.data.output_token_ids.pop()  # the step does not happen
             self.preempt(group)
             return
         copies = []
         for seq in seqs:
-            seq.append_token_id(self.rng.randrange(1, 1 << 30), 0.0)
             copies += self.bm.append_slots(seq)
         self.seen["copy_on_write"] += len(copies)
         if copies:
@@ -157,7 +160,7 @@ class Simulation:
         self.running.append(group)
 
     def swap(self, group, src: str, dst: str, move, new_status: SequenceStatus) -> None:
-        """Move a group and check the seed 004 arithmetic: src += group blocks, dst -= them."""
+        """Move a group and check the block arithmetic: src += group blocks, dst -= them."""
         unique = {b for t in self.group_tables(group) for b in t}
         free = {"gpu": self.bm.get_num_free_gpu_blocks(), "cpu": self.bm.get_num_free_cpu_blocks()}
         mapping = move(group)

@@ -50,9 +50,9 @@ def hf_tiny_en(tiny_en_assets):
     """Hugging Face Whisper built from the bundled tiny.en weights, float32 on cuda."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from encdec.weights.ct2 import load_ct2_whisper
+    from encdec.weights.loader import load_ct2_checkpoint
 
-    config, state = load_ct2_whisper(tiny_en_assets)
+    config, state = load_ct2_checkpoint(tiny_en_assets)
     model = WhisperForConditionalGeneration(WhisperConfig(**config)).eval()
     model.load_state_dict(state, strict=True)
     return model.to("cuda")

@@ -63,7 +63,7 @@ def test_n3_samples_share_one_encoder_run_and_cross_table(llm):
     runs_before = engine.stats.num_encoder_runs
     engine.add_request("n3", TEXT, SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=12))
     engine.step()  # the prefill: one encoder run, then the group forks into three sequences
-    group = engine._groups["n3"]
+    group = engine.groups["n3"]
     seqs = group.get_seqs()
     assert len(seqs) == 3
     bm = engine.block_manager
@@ -73,7 +73,7 @@ def test_n3_samples_share_one_encoder_run_and_cross_table(llm):
     outputs = []
     while engine.has_unfinished_requests():
         outputs += engine.step()
-    (out,) = outputs
+    (out,) = [o for o in outputs if o.finished]
     assert engine.stats.num_encoder_runs - runs_before == 1
     samples = [tuple(o.token_ids) for o in out.outputs]
     assert len(samples) == 3 and len(set(samples)) == 3

@@ -131,16 +131,11 @@ def test_model_and_option_errors(tmp_path, capsys):
     assert error.startswith(f"encdec: error: {SAMPLE}: ") and "English-only" in error
 
 
-def test_usage_errors_and_placeholders(capsys):
+def test_usage_errors(capsys):
     assert cli.main(["transcribe"]) == 2
     assert cli.main(["transcribe", "x.wav", "--batch-size", "0"]) == 2
     assert cli.main(["transcribe", "x.wav", "--bogus"]) == 2
     assert cli.main([]) == 2
-    capsys.readouterr()
-    assert cli.main(["serve", "--port", "8000"]) == 2
-    captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.startswith("encdec serve: not implemented yet")
     assert cli.main(["bench", "nosuch"]) == 2
 
 
@@ -168,3 +163,36 @@ def test_console_script_help():
     assert done.stdout.startswith("usage: encdec")
     for command in ("transcribe", "summarize", "serve", "bench"):
         assert command in done.stdout
+
+
+def test_summarize_truncates_and_says_so(tiny_bart_dir, capsys):
+    article = "The rain in spain falls mainly on the plain. " * 40  # over the 256 positions
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), article, "--max-tokens", "4",
+                     "--num-beams", "2", "--no-repeat-ngram-size", "2"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1
+    assert "encdec: note: TEXT 1: cut to the model's limit of 256 input tokens" in captured.err
+
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), article, "--no-truncate"]) == 1
+    [line] = error_lines(capsys.readouterr().err)
+    assert re.fullmatch(r"encdec: error: TEXT 1: the text has \d+ tokens, more than the model's limit "
+                        r"of 256 input tokens \(without --no-truncate it is cut to fit\)", line)
+
+
+def test_summarize_words_errors_as_options(tiny_bart_dir, capsys):
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "text", "--min-tokens", "9",
+                     "--max-tokens", "3"]) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        "encdec: error: --min-tokens must be <= --max-tokens=3, got 9"]
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir / "missing"), "text"]) == 1
+    assert error_lines(capsys.readouterr().err)[0].startswith(
+        f"encdec: error: cannot load model '{tiny_bart_dir / 'missing'}'")
+
+
+def test_serve_help_lists_every_option(capsys):
+    assert cli.main(["serve", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--model", "--served-model-name", "--host", "--port", "--api-key", "--max-upload-mb",
+                   "--max-audio-seconds", "--max-waiting-requests", "--shutdown-timeout",
+                   "--kv-cache-space", "--num-gpu-blocks", "--max-num-seqs", "--dtype", "--device"):
+        assert option in out

@@ -129,12 +129,14 @@ def test_serial_and_parallel_loops_agree_exactly():
     query = torch.randn(4, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(4)).numpy()
     keys = cache[0].reshape(-1, NUM_HEADS, HEAD_SIZE).numpy()
     values = cache[1].reshape(-1, NUM_HEADS, HEAD_SIZE).numpy()
-    outs = []
-    for kernel in (cpu_decode._decode_serial, cpu_decode._decode_parallel):
-        out = np.empty_like(query)
-        kernel(query, keys, values, tables.numpy(), seq_lens, 16, np.float32(0.3), out)
-        outs.append(out)
-    assert np.array_equal(outs[0], outs[1]) and np.isfinite(outs[0]).all()
+    distance_bias = np.random.default_rng(5).standard_normal((NUM_HEADS, 300), dtype=np.float32)
+    for bias in (np.zeros((1, 0), dtype=np.float32), distance_bias):
+        outs = []
+        for kernel in (cpu_decode._decode_serial, cpu_decode._decode_parallel):
+            out = np.empty_like(query)
+            kernel(query, keys, values, tables.numpy(), seq_lens, 16, np.float32(0.3), bias, out)
+            outs.append(out)
+        assert np.array_equal(outs[0], outs[1]) and np.isfinite(outs[0]).all()
 
 
 @pytest.mark.parametrize("attention", DECODE_KERNELS)

@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from encdec import audio as A
-from encdec.weights.ct2 import ChainedFiles, ct2_tensors, ct2_whisper_to_hf, load_ct2_whisper, open_ct2_model
+from encdec.models.whisper_ct2 import ct2_whisper_to_hf
+from encdec.weights.ct2 import ChainedFiles, ct2_tensors, open_ct2_model
+from encdec.weights.loader import load_ct2_checkpoint
 from encdec.weights.whisper_assets import resolve_whisper_model
 from tests.ct2_dirs import ct2_model_dir
 
@@ -303,12 +305,12 @@ def tiny():
 
 def test_load_from_alias_directory_and_parts_agree(tiny):
     assets, _, _ = tiny
-    cfg, state = load_ct2_whisper("tiny.en")
+    cfg, state = load_ct2_checkpoint("tiny.en")
     for source in (assets.bin_parts[0].parent, assets.bin_parts[0], list(assets.bin_parts), assets):
-        cfg2, state2 = load_ct2_whisper(source)
+        cfg2, state2 = load_ct2_checkpoint(source)
         assert cfg2 == cfg and state2.keys() == state.keys()
         assert all(torch.equal(state[k], state2[k]) for k in state)
-    half = load_ct2_whisper(assets, dtype=torch.float16)[1]
+    half = load_ct2_checkpoint(assets, dtype=torch.float16)[1]
     assert all(t.dtype == torch.float16 for t in half.values())
 
 
@@ -340,7 +342,7 @@ def test_int8_file_from_ctranslate2_converter_is_dequantized(tiny, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     transformers = pytest.importorskip("transformers")
     assets, _, _ = tiny
-    cfg, state = load_ct2_whisper(assets)
+    cfg, state = load_ct2_checkpoint(assets)
     model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**cfg))
     model.load_state_dict(state)
     model.half().save_pretrained(tmp_path / "hf")
@@ -351,7 +353,7 @@ def test_int8_file_from_ctranslate2_converter_is_dequantized(tiny, tmp_path):
     stored = open_ct2_model(f"{out}/model.bin")
     scales = [n for n in stored.variables if n.endswith("_scale")]
     assert len(scales) == 47 and all(stored.variables[n[: -len("_scale")]].dtype == "int8" for n in scales)
-    cfg8, state8 = load_ct2_whisper(out)  # raises if a variable were left unused
+    cfg8, state8 = load_ct2_checkpoint(out)  # raises if a variable were left unused
     assert state8.keys() == state.keys()
     for key, ref in state.items():
         if ref.dim() >= 2 and key.endswith("weight") and "embed_positions" not in key:

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from tests.ct2_dirs import ct2_model_dir
-from tests.speech_corpus import CORPUS, LANGUAGE_CLIPS, speak
+from tests.speech_corpus import CORPUS, LANGUAGE_CLIPS, LongClip, speak
+from tests.speech_corpus import long_clips as make_long_clips
 
 from encdec.audio import SAMPLE_RATE
 
@@ -39,6 +40,11 @@ def speech_dir(tmp_path_factory) -> Path:
 def corpus(speech_dir) -> list[Clip]:
     return [Clip(text, speak(speech_dir, f"clip{i}", voice, speed, text))
             for i, (voice, speed, text) in enumerate(CORPUS)]
+
+
+@pytest.fixture(scope="session")
+def long_clips(speech_dir) -> list[LongClip]:
+    return make_long_clips(speech_dir)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,8 @@ from encdec import SamplingParams
 from encdec.audio import windows_features
 from encdec.attention.selector import get_attn_backend
 from encdec.models.whisper import WhisperForConditionalGeneration
-from encdec.weights.ct2 import ct2_tensors, ct2_whisper_to_hf, open_ct2_model
+from encdec.models.whisper_ct2 import ct2_whisper_to_hf
+from encdec.weights.ct2 import ct2_tensors, open_ct2_model
 from tests.conftest import assert_all_blocks_free
 
 ctranslate2 = pytest.importorskip("ctranslate2")

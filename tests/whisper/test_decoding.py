@@ -45,6 +45,14 @@ def allowed(rules: DecodingRules, sampled: list[int], logits: torch.Tensor = Non
 
 def test_suppress_list_adds_control_tokens():
     assert suppressed_token_ids(TOKENS) == [3, SOT, TRANSCRIBE, SOT_PREV, NO_SPEECH]
+    assert suppressed_token_ids(TOKENS, [5, -1]) == [3, 5, SOT, TRANSCRIBE, SOT_PREV, NO_SPEECH]
+    assert suppressed_token_ids(TOKENS, [5]) == [5, SOT, TRANSCRIBE, SOT_PREV, NO_SPEECH]
+    assert suppressed_token_ids(TOKENS, []) == [SOT, TRANSCRIBE, SOT_PREV, NO_SPEECH]
+
+
+def test_suppress_blank_off_lets_the_first_step_end():
+    rules = DecodingRules(TOKENS, timestamps=False, suppress_blank=False)
+    assert {0, EOT} <= allowed(rules, [])
 
 
 def test_first_step_is_an_early_timestamp():
@@ -120,7 +128,7 @@ def test_window_segments_are_offset_and_clipped():
             return "".join(f" w{i}" for i in ids)
 
     spans = split_spans([ts(0.2), 1, ts(1.5), ts(1.5), 2], TOKENS)
-    segments = window_segments(spans, TOKENS, Tokenizer(), 30.0, 1.0, -0.5, 0.1)
+    segments = window_segments(spans, TOKENS, Tokenizer(), 30.0, 1.0, avg_logprob=-0.5, no_speech_prob=0.1)
     assert [(s.start, s.end, s.text, s.tokens) for s in segments] == [
         (pytest.approx(30.2), 31.0, " w1", [1]), (31.0, 31.0, " w2", [2])]
     assert segments[0].avg_logprob == -0.5 and segments[0].no_speech_prob == 0.1

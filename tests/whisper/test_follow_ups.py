@@ -30,6 +30,9 @@ class Tokenizer:
     def decode(self, ids):
         return "".join(f" w{i}" for i in ids)
 
+    def __call__(self, text, add_special_tokens=False):
+        return {"input_ids": [int(word[1:]) for word in text.split()]}
+
 
 class ScriptedEngine:
     """`script(start_seconds, duration, temperature) -> (sampled ids, mean logprob)` per request;
@@ -41,7 +44,7 @@ class ScriptedEngine:
         self.requests: list[tuple[float, float, float]] = []  # (start, duration, temperature)
         self.prompts: list[list[int]] = []  # decoder prompts, in the order decoded
 
-    def add_request(self, request_id, prompt, params):
+    def add_request(self, request_id, prompt, params, return_cross_kv=False):
         self.queue.append((request_id, prompt, params))
 
     def abort_request(self, request_id):
@@ -184,6 +187,25 @@ def test_repeated_words(previous, text, expected):
     assert repeated_words(previous, text) == expected
 
 
+def test_segments_are_reported_in_time_order_as_soon_as_what_precedes_them_is_decoded():
+    def script(start, duration, temperature):
+        if start == 0.0:
+            return [ts(0.0), 1, ts(5.0), EOT], -0.2
+        return [ts(0.0), 2, ts(duration), EOT], -0.2
+
+    reported = []
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
+                           TranscribeOptions(condition_on_previous_text=False),
+                           on_segments=lambda index, segments: reported.append(
+                               [(round(s.start, 2), s.text) for s in segments]))
+    engine = ScriptedEngine(script)
+    run_job(engine, job)
+    # decoded in the order 0, 27.5, 55, then the follow-up at 5.0: its segment comes before
+    # the later windows', so they wait for it
+    assert [r[0] for r in engine.requests] == [0.0, 27.5, 55.0, 5.0]
+    assert reported == [[(0.0, " w1")], [(5.0, " w2")], [(27.5, " w2")], [(55.0, " w2")]]
+
+
 def test_conditioned_windows_run_in_order_prompted_with_the_text_before_them():
     def script(start, duration, temperature):
         if start == 0.0:
@@ -217,7 +239,42 @@ def test_a_hot_decode_is_not_passed_on():
 @pytest.mark.parametrize("options, message", [
     ({"temperature": -0.1}, "temperature"), ({"temperature": ()}, "temperature"),
     ({"best_of": 0}, "best_of"), ({"logprob_threshold": "low"}, "logprob_threshold"),
+    ({"beam_size": 0}, "beam_size"), ({"patience": 2.0}, "patience"),
+    ({"suppress_tokens": "a,b"}, "suppress_tokens"), ({"clip_timestamps": "5,2"}, "clip_timestamps"),
+    ({"clip_timestamps": "1,2", "vad_filter": True}, "exclude each other"),
+    ({"vad_parameters": {"threshold": 1.5}}, "threshold"),
+    ({"hallucination_silence_threshold": 2.0}, "needs word_timestamps"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
         TranscribeOptions(**options)
+
+
+def test_hotwords_open_every_prompt_and_a_carried_initial_prompt_stays():
+    def script(start, duration, temperature):
+        return [ts(0.0), *([5] * 150), ts(duration), EOT], -0.2
+
+    engine = ScriptedEngine(script)
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
+                           TranscribeOptions(initial_prompt="w7 w8", hotwords="w9", carry_initial_prompt=True,
+                                             compression_ratio_threshold=None))
+    run_job(engine, job)
+    first, second, third = engine.prompts
+    assert first == [SOT_PREV, 9, 7, 8, SOT]
+    assert second == [SOT_PREV, 9, 7, 8, ts(0.0), *[5] * 150, ts(27.5), SOT]
+    # two windows of context outgrow the 223 prompt tokens: the initial prompt stays
+    assert third[:4] == [SOT_PREV, 9, 7, 8] and len(third) == 1 + 223 + 1 and third[-2:] == [ts(27.5), SOT]
+    plain = ScriptedEngine(script)
+    run_job(plain, TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
+                                    TranscribeOptions(initial_prompt="w7 w8", compression_ratio_threshold=None)))
+    assert plain.prompts[0] == [SOT_PREV, 7, 8, SOT] and plain.prompts[2][1:3] != [7, 8]
+
+
+def test_clip_timestamps_limit_the_audio_decoded():
+    engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
+                           TranscribeOptions(clip_timestamps="2,5,40", condition_on_previous_text=False))
+    run_job(engine, job)
+    assert [(r[0], r[1]) for r in engine.requests] == [(2.0, 3.0), (40.0, 20.0)]
+    (result,) = job.results([None])
+    assert [(round(s.start, 2), round(s.end, 2)) for s in result.segments] == [(2.0, 5.0), (40.0, 60.0)]

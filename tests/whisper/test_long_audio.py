@@ -14,24 +14,15 @@ from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
 from encdec.whisper.transcribe import run_job
 from encdec.whisper.windows import split_windows
 from tests.conftest import assert_all_blocks_free
-from tests.speech_corpus import long_clips as make_long_clips
 from tests.speech_corpus import sentence_coverage, wer
 
 faster_whisper = pytest.importorskip("faster_whisper")
 
 
-@pytest.fixture(scope="session")
-def long_clips(speech_dir):
-    return make_long_clips(speech_dir)
-
-
 def transcribe_job(llm, clips, **options) -> TranscriptionJob:
     """The job `LLM.transcribe` runs, kept so its requests can be read."""
     engine = llm.llm_engine
-    from encdec.whisper.tokens import whisper_tokens
-
-    tokens = whisper_tokens(engine.model_config.hf_config, engine.tokenizer)
-    job = TranscriptionJob(tokens, engine.tokenizer, engine.model_config.max_decoder_len,
+    job = TranscriptionJob(engine.model_config.special_tokens, engine.tokenizer, engine.model_config.max_decoder_len,
                            [clip.audio for clip in clips], TranscribeOptions(language="en", **options))
     runs = engine.stats.num_encoder_runs
     run_job(engine, job)
@@ -94,3 +85,21 @@ def test_windows_that_end_early_get_follow_ups_and_no_sentence_is_lost(tiny_en, 
     for before, after in zip(result.segments, result.segments[1:]):
         assert before.end <= after.start + 1e-6
     assert result.text == "".join(s.text for s in result.segments).strip()
+
+
+def test_conditioned_windows_are_prompted_with_the_previous_windows_text(tiny_en, long_clips):
+    pauses = long_clips[0]
+    job = transcribe_job(tiny_en, [pauses], condition_on_previous_text=True, temperature=0.0)
+    requests = job.requests_made
+    starts = [r.window.start for r in requests]
+    assert starts == sorted(starts)  # one window after the other, follow-ups in between
+    sot_prev = tiny_en.llm_engine.model_config.special_tokens.sot_prev
+    sot = tiny_en.llm_engine.model_config.special_tokens.sot
+    for before, after in zip(requests, requests[1:]):
+        if not before.window.segments:
+            continue
+        last = before.window.segments[-1].tokens
+        prompt = after.prompt["decoder_prompt"]
+        # <|startofprev|> ... the previous window's last segment, its closing timestamp, sot
+        assert prompt[0] == sot_prev and prompt[-1] == sot
+        assert prompt[-2 - len(last):-2] == last

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from encdec.whisper import whisper_input_hooks, whisper_tokens
+from encdec.models.whisper_inputs import whisper_input_hooks
+from encdec.whisper import whisper_tokens
 
 
 def config(vocab_size: int, eos: int, start: int, **extra) -> SimpleNamespace:
@@ -48,11 +49,14 @@ def test_tokenizer_ids_win_and_english_only_prefix():
     tokenizer = WhisperTokenizerFast(tokenizer_file=str(path))
     # A config with wrong ids: the tokenizer's vocabulary decides.
     hooks = whisper_input_hooks(config(51864, 1, 2), tokenizer)
-    assert (hooks.tokens.eot, hooks.tokens.sot, hooks.tokens.no_timestamps) == (50256, 50257, 50362)
-    assert hooks.tokens.lang_to_id["en"] == 50258
-    assert (hooks.tokens.no_speech, hooks.tokens.sot_prev, hooks.tokens.timestamp_begin) == \
+    tokens = hooks.special_tokens
+    assert (tokens.eot, tokens.sot, tokens.no_timestamps) == (50256, 50257, 50362)
+    assert (tokens.decoder_start_token_id, tokens.eos_token_id) == (50257, 50256)
+    assert tokens.extra_decoder_start_token_ids == (50360,)  # <|startofprev|>
+    assert tokens.lang_to_id["en"] == 50258
+    assert (tokens.no_speech, tokens.sot_prev, tokens.timestamp_begin) == \
         (50361, 50360, 50363)  # <|nocaptions|>: this vocabulary has no <|nospeech|>
     assert hooks.default_decoder_prompt == [50257, 50362]
     with pytest.raises(ValueError, match="English-only"):
-        hooks.tokens.decoder_prefix(language="de")
+        tokens.decoder_prefix(language="de")
     assert hooks.audio_processor.encoder_len == 1500

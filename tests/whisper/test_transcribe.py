@@ -123,3 +123,15 @@ def test_option_errors(tiny_en, corpus):
         tiny_en.transcribe([clip, 3])
     assert tiny_en.transcribe([]) == []
     assert_all_blocks_free(tiny_en)
+
+
+def test_openai_defaults_beam_search_matches_faster_whisper(tiny_en, reference_model, corpus):
+    """openai-whisper's CLI defaults (beam 5, best_of 5, temperature fallback) against
+    faster-whisper's defaults (the same)."""
+    texts = [clip.text for clip in corpus]
+    ours = tiny_en.transcribe([clip.pair for clip in corpus], beam_size=5, best_of=5)
+    theirs = [fw_text(reference_model.transcribe(clip.audio, beam_size=5)[0]) for clip in corpus]
+    ours_wer, theirs_wer = wer(texts, [r.text for r in ours]), wer(texts, theirs)
+    print(f"beam 5: WER encdec {ours_wer:.2%}, faster-whisper {theirs_wer:.2%}")
+    assert ours_wer <= theirs_wer + 0.005
+    assert_all_blocks_free(tiny_en)

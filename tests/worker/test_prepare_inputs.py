@@ -1,4 +1,5 @@
-"""The seeds' worked examples, through the runner's own layout code, plus an encoder/decoder step."""
+"""The worked examples of docs/design.md ("Model runner") and the decoder-only one they grew
+from, through the runner's own layout code, plus an encoder/decoder step."""
 from __future__ import annotations
 
 import numpy as np
@@ -78,7 +79,7 @@ def test_encoder_decoder_step_metadata():
     assert mi.encoder_positions.tolist() == [0, 1, 2, 3, 4, 0, 1, 2]
     assert meta.encoder_seq_lens == [5, 3, 9]
     assert meta.encoder_seq_start_loc.tolist() == [0, 5, 8]
-    assert meta.num_encoder_tokens == 8 and meta.max_encoder_seq_len == 9
+    assert meta.num_encoder_tokens == 8 and max(meta.encoder_seq_lens) == 9
     assert meta.cross_slot_mapping.tolist() == [40, 41, 42, 43, 44, 52, 53, 54]
     assert meta.cross_block_tables.tolist() == [[10, 11, 0], [13, 0, 0], [20, 21, 22]]
     assert mi.logits_indices.tolist() == [1, 4, 5]

@@ -8,6 +8,10 @@
 - ENCODER_DECODER: in a prefill step the encoder's keys/values go into the cross cache by
   `cross_slot_mapping` and prefill queries attend to them directly; decode queries read the
   cross cache through `cross_block_tables` for `encoder_seq_lens` tokens.
+
+A relative position bias (T5) is added to ENCODER and DECODER scores: prefills take slices of one
+[heads, L, L] matrix per step (causal ones with -inf above the diagonal, in place of the causal
+mask), decode steps take its values by distance back from the query.
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ import torch.nn.functional as F
 
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.attention.metadata import AttentionMetadata, AttentionType
+from encdec.attention.position_bias import RelativePositionBias
 from encdec.kernels.cache_ops import reshape_and_cache
 from encdec.kernels.cpu_decode import paged_decode_attention
 from encdec.kernels.paged_attention import paged_attention
@@ -30,10 +35,12 @@ class TorchSDPABackend(AttentionBackend):
 
     def forward(self, query: torch.Tensor, key: Optional[torch.Tensor],
                 value: Optional[torch.Tensor], kv_cache: Optional[torch.Tensor],
-                meta: AttentionMetadata, attn_type: AttentionType, scale: float) -> torch.Tensor:
+                meta: AttentionMetadata, attn_type: AttentionType, scale: float,
+                position_bias: Optional[RelativePositionBias] = None) -> torch.Tensor:
         if attn_type == AttentionType.ENCODER:
             lens = _lens(meta, "encoder", meta.encoder_seq_lens[:meta.num_prefills])
-            return varlen_attention(query, key, value, lens, lens, False, scale)
+            bias = _prefill_bias(meta, attn_type, position_bias, lens)
+            return varlen_attention(query, key, value, lens, lens, False, scale, bias)
 
         num_prefill_tokens = meta.num_prefill_tokens
         out = torch.empty_like(query)
@@ -42,13 +49,14 @@ class TorchSDPABackend(AttentionBackend):
                 reshape_and_cache(key, value, kv_cache, meta.slot_mapping)
             if meta.num_prefills:
                 lens = _lens(meta, "decoder", meta.seq_lens[:meta.num_prefills])
+                bias = _prefill_bias(meta, attn_type, position_bias, lens)
                 out[:num_prefill_tokens] = varlen_attention(
                     query[:num_prefill_tokens], key[:num_prefill_tokens],
-                    value[:num_prefill_tokens], lens, lens, True, scale)
+                    value[:num_prefill_tokens], lens, lens, True, scale, bias)
             if meta.num_decode_tokens:
                 out[num_prefill_tokens:] = self._decode(
                     query[num_prefill_tokens:], kv_cache, meta, "self", meta.block_tables,
-                    meta.seq_lens, scale)
+                    meta.seq_lens, scale, _distance_bias(meta, position_bias))
             return out
 
         # ENCODER_DECODER
@@ -66,7 +74,8 @@ class TorchSDPABackend(AttentionBackend):
         return out
 
     def _decode(self, query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-                kind: str, block_tables: torch.Tensor, lens: list[int], scale: float) -> torch.Tensor:
+                kind: str, block_tables: torch.Tensor, lens: list[int], scale: float,
+                distance_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One query token per decode sequence, over its cached keys (self or cross table)."""
         key = ("torch_decode", kind)
         if key not in meta.backend_cache:
@@ -74,8 +83,9 @@ class TorchSDPABackend(AttentionBackend):
                                        np.asarray(lens[meta.num_prefills:], dtype=np.int64))
         tables, decode_lens = meta.backend_cache[key]
         if query.dtype == kv_cache.dtype == torch.float32 and query.device.type == "cpu":
-            return paged_decode_attention(query, kv_cache, tables, decode_lens, scale)
-        return paged_attention(query, kv_cache, tables, decode_lens, scale)
+            return paged_decode_attention(query, kv_cache, tables, decode_lens, scale, distance_bias)
+        return paged_attention(query, kv_cache, tables, decode_lens, scale,
+                               distance_bias=distance_bias)
 
 
 def _lens(meta: AttentionMetadata, kind: str, lens: list[int]) -> tuple[int, ...]:
@@ -86,35 +96,68 @@ def _lens(meta: AttentionMetadata, kind: str, lens: list[int]) -> tuple[int, ...
     return meta.backend_cache[key]
 
 
+def _prefill_bias(meta: AttentionMetadata, attn_type: AttentionType,
+                  position_bias: Optional[RelativePositionBias],
+                  lens: tuple[int, ...]) -> Optional[torch.Tensor]:
+    """The step's [heads, L, L] bias matrix for the prefills' `lens` (None without a bias)."""
+    if position_bias is None:
+        return None
+    key = ("torch_bias", attn_type)
+    if key not in meta.backend_cache:
+        meta.backend_cache[key] = position_bias.matrix(max(lens),
+                                                       causal=attn_type == AttentionType.DECODER)
+    return meta.backend_cache[key]
+
+
+def _distance_bias(meta: AttentionMetadata,
+                   position_bias: Optional[RelativePositionBias]) -> Optional[torch.Tensor]:
+    """The step's decode bias by distance back from the query (None without a bias)."""
+    if position_bias is None:
+        return None
+    key = ("torch_distance_bias",)
+    if key not in meta.backend_cache:
+        meta.backend_cache[key] = position_bias.by_distance()
+    return meta.backend_cache[key]
+
+
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: tuple[int, ...],
-                     kv_lens: tuple[int, ...], causal: bool, scale: float) -> torch.Tensor:
+                     kv_lens: tuple[int, ...], causal: bool, scale: float,
+                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Attention of each query sequence over its own key sequence, on unpadded vectors.
 
     q: [sum(q_lens), H, D]; k, v: [sum(kv_lens), H, D]. With `causal`, q_lens == kv_lens.
-    Sequences of one length run as one batched call, others one call per sequence.
+    `bias` ([H, >= max(q_lens), >= max(kv_lens)], causal masking included) is added to every
+    sequence's scores. Sequences of one length run as one batched call, others one call per
+    sequence.
     """
     num_heads, head_size = q.shape[1], q.shape[2]
-    attend = _causal_attention if causal else dense_attention
     if len(set(q_lens)) == 1 and len(set(kv_lens)) == 1:
         b, lq, lk = len(q_lens), q_lens[0], kv_lens[0]
         qb = q.view(b, lq, num_heads, head_size).transpose(1, 2)
         kb = k.view(b, lk, num_heads, head_size).transpose(1, 2)
         vb = v.view(b, lk, num_heads, head_size).transpose(1, 2)
-        return attend(qb, kb, vb, scale).transpose(1, 2).reshape(-1, num_heads, head_size)
+        out = _attend(qb, kb, vb, scale, causal, bias)
+        return out.transpose(1, 2).reshape(-1, num_heads, head_size)
     outs = []
     q_start = k_start = 0
     for lq, lk in zip(q_lens, kv_lens):
         qs = q[q_start:q_start + lq].transpose(0, 1)
         ks = k[k_start:k_start + lk].transpose(0, 1)
         vs = v[k_start:k_start + lk].transpose(0, 1)
-        outs.append(attend(qs, ks, vs, scale).transpose(0, 1))
+        outs.append(_attend(qs, ks, vs, scale, causal, bias).transpose(0, 1))
         q_start += lq
         k_start += lk
     return torch.cat(outs)
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[-2] > 1, scale=scale)
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
+            bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """Attention over [..., H, L, D] tensors; a `bias` carries the causal mask itself."""
+    if bias is not None:
+        return dense_attention(q, k, v, scale, bias[:, :q.shape[-2], :k.shape[-2]])
+    if causal:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[-2] > 1, scale=scale)
+    return dense_attention(q, k, v, scale)
 
 
 # dense_attention works in blocks of query rows of a few (batch, head) pairs whose scores fit in
@@ -123,11 +166,13 @@ _SCORE_BLOCK_BYTES = 1 << 20
 _ROW_CHUNK = 256
 
 
-def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Non-causal softmax(q k^T * scale) v over [..., L, D] tensors (e.g. [batch, heads, L, D]),
-    as matmuls over cache-sized blocks. On CPU this beats SDPA's flash kernel about twice for
-    encoder lengths of a few hundred tokens and more; blocking across (batch, head) pairs
-    matters most for many Whisper windows at once (24 windows: 46 -> 64-89 GFLOP/s here)."""
+def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+                    bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """softmax(q k^T * scale + bias) v over [..., heads, L, D] tensors (e.g. [batch, heads, L, D]),
+    as matmuls over cache-sized blocks; `bias` ([heads, q_len, k_len]) is optional. On CPU this
+    beats SDPA's flash kernel about twice for encoder lengths of a few hundred tokens and more;
+    blocking across (batch, head) pairs matters most for many Whisper windows at once (24
+    windows: 46 -> 64-89 GFLOP/s here)."""
     *lead, q_len, head_size = q.shape
     k_len = k.shape[-2]
     pairs = math.prod(lead)
@@ -137,9 +182,12 @@ def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: fl
     rows = min(q_len, _ROW_CHUNK)
     group = max(1, _SCORE_BLOCK_BYTES // (rows * k_len * queries.element_size()))
     out = torch.empty_like(queries)
+    heads = None if bias is None else torch.arange(pairs) % bias.shape[0]  # pair -> its head
     for p in range(0, pairs, group):
         keys_p, values_p = keys_t[p:p + group], values[p:p + group]
         for r in range(0, q_len, rows):
             scores = torch.matmul(queries[p:p + group, r:r + rows], keys_p)
+            if bias is not None:
+                scores += bias[heads[p:p + group], r:r + rows]
             torch.matmul(scores.softmax(-1), values_p, out=out[p:p + group, r:r + rows])
     return out.view(*lead, q_len, head_size)

@@ -17,6 +17,12 @@ layer reuses it:
   does not support the non-causal `BlockDiagonalPaddedKeysMask`.
 New keys/values go into the cache through `reshape_and_cache` (`slot_mapping` for self-attention,
 `cross_slot_mapping` for the encoder's keys in a prefill), as in the torch backend.
+
+A relative position bias (T5, ENCODER and DECODER attention) becomes an additive bias tensor, built
+once per step: prefills run one sequence at a time, each with its corner of one [1, H, L, L]
+tensor (causal masking included); decodes run as a batch of one-query sequences over their
+padded keys with a [num_seqs, H, 1, max_len] tensor (-inf on the padding). Tensor rows are
+allocated to a multiple of 8 elements and sliced, as xformers' kernels want them aligned.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import torch
 
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.attention.metadata import AttentionMetadata, AttentionType
+from encdec.attention.position_bias import RelativePositionBias
 
 if TYPE_CHECKING:
     from xformers.ops.fmha.attn_bias import AttentionBias
@@ -39,10 +46,15 @@ class XFormersBackend(AttentionBackend):
 
     def forward(self, query: torch.Tensor, key: Optional[torch.Tensor],
                 value: Optional[torch.Tensor], kv_cache: Optional[torch.Tensor],
-                meta: AttentionMetadata, attn_type: AttentionType, scale: float) -> torch.Tensor:
+                meta: AttentionMetadata, attn_type: AttentionType, scale: float,
+                position_bias: Optional[RelativePositionBias] = None) -> torch.Tensor:
         if attn_type == AttentionType.ENCODER:
-            return _attention(query, key, value, step_bias(meta, attn_type, PREFILL, query.device),
-                              scale)
+            if position_bias is not None:
+                bias = step_tensor_bias(meta, attn_type, PREFILL, position_bias, query.dtype)
+                return _per_sequence(query, key, value, meta.encoder_seq_lens[:meta.num_prefills],
+                                     bias, scale)
+            bias = step_bias(meta, attn_type, PREFILL, query.device)
+            return _attention(query[None], key[None], value[None], bias, scale)[0]
 
         num_prefill_tokens, p = meta.num_prefill_tokens, meta.num_prefills
         is_self = attn_type == AttentionType.DECODER
@@ -52,18 +64,29 @@ class XFormersBackend(AttentionBackend):
         out = torch.empty_like(query)
         if p:
             # Self-attention keys are the prefill tokens; cross keys are all encoder tokens.
-            k, v = key, value
+            q, k, v = query[:num_prefill_tokens], key, value
             if is_self:
                 k, v = key[:num_prefill_tokens], value[:num_prefill_tokens]
-            bias = step_bias(meta, attn_type, PREFILL, query.device)
-            out[:num_prefill_tokens] = _attention(query[:num_prefill_tokens], k, v, bias, scale)
+            if position_bias is not None:
+                bias = step_tensor_bias(meta, attn_type, PREFILL, position_bias, query.dtype)
+                out[:num_prefill_tokens] = _per_sequence(q, k, v, meta.seq_lens[:p], bias, scale)
+            else:
+                bias = step_bias(meta, attn_type, PREFILL, query.device)
+                out[:num_prefill_tokens] = _attention(q[None], k[None], v[None], bias, scale)[0]
         if meta.num_decode_tokens:
             tables = (meta.block_tables if is_self else meta.cross_block_tables)[p:]
             lens = (meta.seq_lens_tensor if is_self else meta.encoder_seq_lens_tensor)[p:]
             max_len = max((meta.seq_lens if is_self else meta.encoder_seq_lens)[p:])
-            k, v = (_flatten(t).to(query.dtype) for t in gather_kv(kv_cache, tables, lens, max_len))
-            bias = step_bias(meta, attn_type, DECODE, query.device)
-            out[num_prefill_tokens:] = _attention(query[num_prefill_tokens:], k, v, bias, scale)
+            k, v = (t.transpose(1, 2).to(query.dtype)
+                    for t in gather_kv(kv_cache, tables, lens, max_len))  # [seqs, max_len, H, D]
+            q = query[num_prefill_tokens:]
+            if position_bias is not None:
+                bias = step_tensor_bias(meta, attn_type, DECODE, position_bias, query.dtype)
+                out[num_prefill_tokens:] = _attention(q[:, None], k, v, bias, scale)[:, 0]
+            else:
+                bias = step_bias(meta, attn_type, DECODE, query.device)
+                out[num_prefill_tokens:] = _attention(q[None], _flatten(k), _flatten(v), bias,
+                                                      scale)[0]
         return out
 
 
@@ -97,16 +120,63 @@ def build_bias(meta: AttentionMetadata, attn_type: AttentionType, phase: str,
         q_seqlen=[1] * len(lens), kv_padding=max(lens), kv_seqlen=lens, device=device)
 
 
+def step_tensor_bias(meta: AttentionMetadata, attn_type: AttentionType, phase: str,
+                     position_bias: RelativePositionBias, dtype: torch.dtype) -> torch.Tensor:
+    """The step's relative position bias tensor for one attention type and phase: built on
+    first use, then cached."""
+    cache_key = ("xformers_tensor_bias", attn_type, phase)
+    if cache_key not in meta.backend_cache:
+        meta.backend_cache[cache_key] = build_tensor_bias(meta, attn_type, phase,
+                                                          position_bias).to(dtype)
+    return meta.backend_cache[cache_key]
+
+
+def build_tensor_bias(meta: AttentionMetadata, attn_type: AttentionType, phase: str,
+                      position_bias: RelativePositionBias) -> torch.Tensor:
+    """[1, H, L, L] over the prefills' longest sequence (PREFILL), or [num_decodes, H, 1, max_len]
+    with -inf past each sequence's length (DECODE); see the module docstring."""
+    p = meta.num_prefills
+    if phase == PREFILL:
+        lens = (meta.encoder_seq_lens if attn_type == AttentionType.ENCODER else meta.seq_lens)[:p]
+        matrix = position_bias.matrix(max(lens), causal=attn_type == AttentionType.DECODER)
+        return _aligned(matrix[None])
+    assert attn_type == AttentionType.DECODER, "only self-attention decodes with a position bias"
+    by_distance = position_bias.by_distance()
+    lens = torch.tensor(meta.seq_lens[p:], device=by_distance.device)
+    distance = (lens - 1)[:, None] - torch.arange(int(lens.max()), device=lens.device)
+    bias = by_distance[:, distance.clamp(min=0)].transpose(0, 1)  # [seqs, H, max_len]
+    return _aligned(bias.masked_fill((distance < 0)[:, None], float("-inf"))[:, :, None])
+
+
+def _aligned(bias: torch.Tensor) -> torch.Tensor:
+    """A copy of `bias` whose rows start at multiples of 8 elements (a slice of a wider tensor)."""
+    width = bias.shape[-1]
+    out = bias.new_empty(*bias.shape[:-1], -(-width // 8) * 8)
+    out[..., :width] = bias
+    return out[..., :width]
+
+
+def _per_sequence(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int],
+                  bias: torch.Tensor, scale: float) -> torch.Tensor:
+    """Square (prefill) attention one sequence at a time, each with the [:L, :L] corner of
+    `bias` ([1, H, >= L, >= L])."""
+    out = torch.empty_like(q)
+    start = 0
+    for n in lens:
+        s = slice(start, start + n)
+        out[s] = _attention(q[None, s], k[None, s], v[None, s], bias[:, :, :n, :n], scale)[0]
+        start += n
+    return out
+
+
 def _flatten(padded: torch.Tensor) -> torch.Tensor:
-    """gather_kv's [num_seqs, H, max_len, D] as one padded vector [num_seqs * max_len, H, D]."""
-    num_heads, head_size = padded.shape[1], padded.shape[3]
-    return padded.transpose(1, 2).reshape(-1, num_heads, head_size)
+    """[num_seqs, max_len, H, D] keys as one padded batch [1, num_seqs * max_len, H, D]."""
+    return padded.reshape(1, -1, padded.shape[2], padded.shape[3])
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: AttentionBias,
-               scale: float) -> torch.Tensor:
-    """xformers attention over one concatenated batch (B=1): [M, H, D] x [N, H, D] -> [M, H, D]."""
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               attn_bias: AttentionBias | torch.Tensor, scale: float) -> torch.Tensor:
+    """xformers attention: [B, M, H, D] x [B, N, H, D] -> [B, M, H, D]."""
     from xformers.ops import memory_efficient_attention_forward
 
-    return memory_efficient_attention_forward(q[None], k[None], v[None], attn_bias=attn_bias,
-                                              scale=scale)[0]
+    return memory_efficient_attention_forward(q, k, v, attn_bias=attn_bias, scale=scale)

@@ -1,0 +1,264 @@
+"""The HTTP server under 1, 8 and 32 concurrent clients, against what users run today.
+
+Two tasks, each against its own baseline, every server in its own process on loopback:
+
+* summarize: `encdec serve` (`/v1/summarize`) vs a plain FastAPI app around Hugging Face's
+  summarization pipeline (transformers 5 removed it: the app runs its steps, tokenize with
+  truncation, `generate()`, decode). One seeded random-weight checkpoint of the facebook/bart-base shape
+  (a 1000-token BPE vocabulary trained on the tests' corpus, DEEP_INIT_STDS weights), articles
+  of 150-400 tokens, exactly 64 generated tokens per summary (min = max), greedy.
+* transcribe: `encdec serve` (`/v1/audio/transcriptions`) vs a FastAPI app around
+  faster-whisper's `WhisperModel` (float32, beam_size=1, temperature fallback: its defaults
+  otherwise). The bundled tiny.en weights for both; espeak-ng clips of 4-12 s.
+
+The baselines serve one request at a time (a lock around the model), as such wrappers and
+whisper.cpp's server do. Each client sends its next request when the last one is answered;
+a level sends a bounded number of requests (6, 24, 64 at 1, 8, 32 clients). Reported:
+requests/s over the level's wall time and p50 / p95 latency.
+
+    python -m benchmarks.bench_serve [--threads 2] [--out benchmarks/results/serve.json]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from fastapi import File, Form, UploadFile  # at module level: the route's annotations name them
+
+from benchmarks.common import machine, markdown_table, write_json
+
+LEVELS = ((1, 6), (8, 24), (32, 64))  # (concurrent clients, requests)
+SUMMARY_TOKENS = 64  # bart-large-cnn summarizes in 56-142 tokens
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def make_checkpoint(out: Path) -> Path:
+    from tests.bart_checkpoints import BART_BASE, DEEP_INIT_STDS, make_bart_checkpoint
+
+    if not (out / "config.json").exists():
+        shape = {k: v for k, v in BART_BASE.items() if k != "vocab_size"}
+        make_bart_checkpoint(out, seed=0, init_stds=DEEP_INIT_STDS, **shape)
+    return out
+
+
+def make_articles(count: int) -> list[str]:
+    """Articles of 150-400 tokens built from the tests' corpus sentences."""
+    from tests.bart_checkpoints import CORPUS
+
+    rng = np.random.default_rng(0)
+    return [" ".join(rng.choice(CORPUS, size=int(rng.integers(8, 22)))) for _ in range(count)]
+
+
+def make_clips(folder: Path, count: int) -> list[Path]:
+    """Clips of 4-12 s: two to four sentences of the speech corpus."""
+    import soundfile
+
+    from tests.speech_corpus import CORPUS, speak
+
+    sentences = [speak(folder, f"s{i}", voice, speed, text) for i, (voice, speed, text) in enumerate(CORPUS)]
+    pause = np.zeros(16000 // 3, dtype=np.float32)
+    clips = []
+    for i in range(count):
+        picked = [sentences[(i * 3 + j * 7) % len(sentences)] for j in range(2 + i % 3)]
+        path = folder / f"clip{i}.wav"
+        soundfile.write(path, np.concatenate([np.concatenate([s, pause]) for s in picked]), 16000)
+        clips.append(path)
+    return clips
+
+
+def tiny_en_dir() -> str:
+    from encdec.weights.whisper_assets import resolve_whisper_model
+
+    return str(resolve_whisper_model("tiny.en").bin_parts[0].parent)
+
+
+# ----------------------------------------------------------------------------- baseline servers
+
+
+def baseline_app(kind: str, model: str, threads: int):
+    """A plain FastAPI app around one Hugging Face or faster-whisper model, one request at a time."""
+    import threading
+
+    import torch
+    from fastapi import FastAPI
+    from fastapi.concurrency import run_in_threadpool
+
+    torch.set_num_threads(threads)
+    lock = threading.Lock()
+    app = FastAPI()
+    if kind == "hf":
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        seq2seq = AutoModelForSeq2SeqLM.from_pretrained(model).eval()
+
+        @app.post("/v1/summarize")
+        def summarize(body: dict) -> dict:
+            # the steps of transformers 4's summarization pipeline (removed in transformers 5)
+            with lock, torch.inference_mode():
+                inputs = tokenizer(body["input"], truncation=True, return_tensors="pt")
+                ids = seq2seq.generate(**inputs, max_new_tokens=body["max_tokens"],
+                                       min_new_tokens=body["min_tokens"], num_beams=1, do_sample=False)
+            text = tokenizer.decode(ids[0], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            return {"summaries": [{"index": 0, "text": text}]}
+    else:
+        from faster_whisper import WhisperModel
+
+        whisper = WhisperModel(model, device="cpu", compute_type="float32", cpu_threads=threads)
+
+        def run(path: str) -> str:
+            with lock:
+                segments, _ = whisper.transcribe(path, beam_size=1, language="en")
+                return "".join(s.text for s in segments).strip()
+
+        @app.post("/v1/audio/transcriptions")
+        async def transcribe(file: UploadFile = File(...), model: str = Form(...)) -> dict:
+            with tempfile.NamedTemporaryFile(suffix=".wav") as tmp:
+                tmp.write(await file.read())
+                tmp.flush()
+                return {"text": await run_in_threadpool(run, tmp.name)}
+    return app
+
+
+def serve_baseline(kind: str, model: str, port: int, threads: int) -> None:
+    import uvicorn
+
+    uvicorn.run(baseline_app(kind, model, threads), host="127.0.0.1", port=port, log_level="warning")
+
+
+# ----------------------------------------------------------------------------- driving
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start(command: list[str], port: int, threads: int) -> subprocess.Popen:
+    import httpx
+
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads)}
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{command} exited: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/docs", timeout=2)
+            return proc
+        except httpx.TransportError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"{command} did not start")
+
+
+async def request(http, task: str, item, model: str) -> float:
+    start = time.perf_counter()
+    if task == "summarize":
+        response = await http.post("/v1/summarize", json={
+            "model": model, "input": item, "max_tokens": SUMMARY_TOKENS, "min_tokens": SUMMARY_TOKENS,
+            "num_beams": 1, "temperature": 0.0})
+    else:
+        response = await http.post("/v1/audio/transcriptions", data={"model": model},
+                                   files={"file": (item.name, item.read_bytes(), "audio/wav")})
+    response.raise_for_status()
+    return time.perf_counter() - start
+
+
+async def level(url: str, task: str, items: list, model: str, clients: int, count: int) -> dict:
+    """`count` requests from `clients` concurrent clients (each waits for its last answer)."""
+    import httpx
+
+    queue = list(range(count))
+    latencies = []
+
+    async def client(http) -> None:
+        while queue:
+            i = queue.pop()
+            latencies.append(await request(http, task, items[i % len(items)], model))
+
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=clients)) as http:
+        await request(http, task, items[0], model)  # warm-up, not counted
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(clients)))
+        wall = time.perf_counter() - start
+    cuts = statistics.quantiles(latencies, n=20)
+    return {"clients": clients, "requests": count, "wall_s": wall, "req_per_s": count / wall,
+            "p50_s": statistics.median(latencies), "p95_s": cuts[18]}
+
+
+def measure(name: str, command: list[str], port: int, task: str, items: list, model: str,
+            threads: int, log) -> list[dict]:
+    proc = start(command, port, threads)
+    try:
+        rows = []
+        for clients, count in LEVELS:
+            load = os.getloadavg()[0]
+            row = asyncio.run(level(f"http://127.0.0.1:{port}", task, items, model, clients, count))
+            row.update(system=name, task=task, load_before=load, load_after=os.getloadavg()[0])
+            log(f"{name} {task} x{clients}: {row['req_per_s']:.2f} req/s, p50 {row['p50_s']:.2f} s, "
+                f"p95 {row['p95_s']:.2f} s (load {load:.2f}->{row['load_after']:.2f})")
+            rows.append(row)
+        return rows
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.json")
+    parser.add_argument("--serve-baseline", choices=["hf", "fw"], help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_baseline:
+        serve_baseline(args.serve_baseline, args.model, args.port, args.threads)
+        return
+
+    work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
+    checkpoint = str(make_checkpoint(work / "bart"))
+    articles = make_articles(16)
+    clips = make_clips(work, 12)
+    me = [sys.executable, "-m", "benchmarks.bench_serve", "--threads", str(args.threads)]
+    rows = []
+    for task, items, model, baseline, name in (
+            ("summarize", articles, checkpoint, "hf", "hf-pipeline"),
+            ("transcribe", clips, "tiny.en", "fw", "faster-whisper")):
+        port = free_port()
+        rows += measure("encdec", [sys.executable, "-m", "encdec", "serve", "--model", model,
+                                   "--port", str(port), "--log-level", "warning"],
+                        port, task, items, model, args.threads, print)
+        port = free_port()
+        baseline_model = model if baseline == "hf" else tiny_en_dir()
+        rows += measure(name, [*me, "--serve-baseline", baseline, "--model", baseline_model,
+                               "--port", str(port)], port, task, items, model, args.threads, print)
+    table = markdown_table(
+        ["task", "system", "clients", "requests", "req/s", "p50 s", "p95 s", "load"],
+        [[r["task"], r["system"], r["clients"], r["requests"], r["req_per_s"], r["p50_s"], r["p95_s"],
+          f"{r['load_before']:.1f}-{r['load_after']:.1f}"] for r in rows])
+    print(table)
+    at32 = {(r["task"], r["system"]): r for r in rows if r["clients"] == 32}
+    for task, baseline in (("summarize", "hf-pipeline"), ("transcribe", "faster-whisper")):
+        ours, theirs = at32[(task, "encdec")], at32[(task, baseline)]
+        print(f"{task} at 32 clients: encdec {ours['req_per_s'] / theirs['req_per_s']:.2f}x the "
+              f"requests/s of {baseline}, p95 {ours['p95_s']:.2f} s vs {theirs['p95_s']:.2f} s")
+    write_json(args.out, {"machine": machine(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

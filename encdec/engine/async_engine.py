@@ -1,0 +1,241 @@
+"""AsyncLLMEngine: many asyncio callers, one engine loop, a stream of outputs per request.
+
+The `LLMEngine` is not thread-safe, so one background thread owns it: it takes new requests
+and aborts from an inbox between steps, runs `step()` while there is work, and hands each
+output to its request's asyncio queue on the caller's event loop (`call_soon_threadsafe`).
+The model's long tensor operations release the GIL, so the event loop stays responsive while
+the engine runs.
+
+* `generate()` adds the request (preprocessing, validation and tokenization happen on the
+  engine thread; a bad request raises its ValueError to its own caller only) and yields its
+  outputs; leaving the `async for` early, or cancelling the task, aborts the request and
+  frees its blocks.
+* `max_waiting_requests` bounds the requests not yet running (the inbox plus the scheduler's
+  waiting queue); past it `generate()` raises `EngineOverloaded` at once.
+* If a step raises, every request in flight gets `EngineDeadError` (caused by the step's
+  error), every request is aborted so all blocks are free, `is_healthy()` turns false and new
+  requests are refused with the reason.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Optional
+
+from encdec.engine.llm_engine import LLMEngine
+from encdec.outputs import RequestOutput
+from encdec.sampling.params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineOverloaded(RuntimeError):
+    """Too many requests are waiting; try again later (HTTP 503)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop failed; the engine takes no more requests."""
+
+
+@dataclass
+class RequestStream:
+    """Where a request's outputs go: a queue on its caller's event loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    added: asyncio.Future  # resolved once the engine took (or refused) the request
+
+    def put(self, item: Any) -> bool:
+        """Queue `item` for the caller; False if its event loop is gone."""
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the loop was closed
+            return False
+        return True
+
+    def resolve(self, error: Optional[BaseException]) -> None:
+        def settle() -> None:
+            if not self.added.done():
+                if error is None:
+                    self.added.set_result(None)
+                else:
+                    self.added.set_exception(error)
+        try:
+            self.loop.call_soon_threadsafe(settle)
+        except RuntimeError:  # the loop was closed
+            pass
+
+
+class AsyncLLMEngine:
+    """An `LLMEngine` served to asyncio callers; see the module docstring."""
+
+    def __init__(self, engine: LLMEngine, max_waiting_requests: Optional[int] = None):
+        if max_waiting_requests is not None and max_waiting_requests < 1:
+            raise ValueError(f"max_waiting_requests must be >= 1, got {max_waiting_requests}")
+        self.engine = engine
+        self.max_waiting_requests = max_waiting_requests
+        self._inbox: deque = deque()  # ("add", id, prompt, params, stream, cross_kv) | ("abort", id)
+        self._streams: dict[str, RequestStream] = {}  # owned by the engine thread
+        self._wakeup = threading.Event()
+        self._ids = itertools.count()
+        self._dead: Optional[BaseException] = None
+        self._stopping = False
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_model(cls, model: str, max_waiting_requests: Optional[int] = None,
+                   **engine_options: Any) -> "AsyncLLMEngine":
+        """Load `model` with `LLM`'s options (`LLMEngine.from_model`)."""
+        return cls(LLMEngine.from_model(model, **engine_options), max_waiting_requests)
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def model_config(self) -> Any:
+        return self.engine.model_config
+
+    def is_healthy(self) -> bool:
+        return self._dead is None
+
+    @property
+    def dead_error(self) -> Optional[BaseException]:
+        return self._dead
+
+    def num_waiting(self) -> int:
+        """Requests taken but not yet running (the inbox and the scheduler's waiting queue)."""
+        return sum(1 for item in list(self._inbox) if item[0] == "add") + len(self.engine.scheduler.waiting)
+
+    async def transcribe(self, inputs: Any, **options: Any) -> list:
+        """Whisper: `LLM.transcribe`'s call and result, its windows in this engine's batch
+        (`encdec.whisper.transcribe.transcribe_async`)."""
+        from encdec.whisper.transcribe import transcribe_async
+
+        return await transcribe_async(self, inputs, **options)
+
+    # -- requests ------------------------------------------------------------------------
+    async def generate(self, prompt: Any, sampling_params: SamplingParams,
+                       request_id: Optional[str] = None,
+                       return_cross_kv: bool = False) -> AsyncIterator[RequestOutput]:
+        """Add a request and yield its outputs until the last one (`finished` set);
+        `return_cross_kv` as for `LLMEngine.add_request`."""
+        request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
+        loop = asyncio.get_running_loop()
+        stream = RequestStream(loop, asyncio.Queue(), loop.create_future())
+        with self._lock:
+            self._check_accepting()
+            self._inbox.append(("add", request_id, prompt, sampling_params, stream, return_cross_kv))
+        self._ensure_running()
+        finished = refused = False
+        try:
+            try:
+                await stream.added
+            except ValueError:
+                refused = True
+                raise
+            while True:
+                item = await stream.queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+                if finished:
+                    return
+        finally:
+            if not (finished or refused):
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request wherever it is (done by the engine thread before its next step)."""
+        self._inbox.append(("abort", request_id))
+        self._wakeup.set()
+
+    def _check_accepting(self) -> None:
+        if self._dead is not None:
+            raise EngineDeadError(f"the engine stopped after an error and takes no more requests: "
+                                  f"{type(self._dead).__name__}: {self._dead}") from self._dead
+        if self._stopping:
+            raise EngineDeadError("the engine is shutting down")
+        if self.max_waiting_requests is not None and self.num_waiting() >= self.max_waiting_requests:
+            raise EngineOverloaded(f"{self.num_waiting()} requests are waiting "
+                                   f"(max_waiting_requests={self.max_waiting_requests}); try again later")
+
+    # -- the engine loop -------------------------------------------------------------------
+    def _ensure_running(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="encdec-engine", daemon=True)
+            self._thread.start()
+        self._wakeup.set()
+
+    def _run(self) -> None:
+        engine = self.engine
+        while not self._stopping:
+            self._drain_inbox()
+            if not engine.has_unfinished_requests():
+                self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            try:
+                outputs = engine.step()
+            except BaseException as err:  # the engine is in an unknown state: stop serving
+                self._fail_all(err)
+                return
+            for out in outputs:
+                stream = self._streams.get(out.request_id)
+                if stream is None:
+                    continue
+                delivered = stream.put(out)
+                if out.finished or not delivered:
+                    del self._streams[out.request_id]
+                    if not out.finished:  # its caller is gone
+                        engine.abort_request(out.request_id)
+        self._fail_all(EngineDeadError("the engine shut down"), dead=False)
+
+    def _drain_inbox(self) -> None:
+        while self._inbox:
+            item = self._inbox.popleft()
+            if item[0] == "abort":
+                self.engine.abort_request(item[1])
+                self._streams.pop(item[1], None)
+                continue
+            _, request_id, prompt, params, stream, return_cross_kv = item
+            try:
+                self.engine.add_request(request_id, prompt, params, return_cross_kv=return_cross_kv)
+            except Exception as err:  # the caller's request is bad: refuse it alone
+                stream.resolve(err)
+                continue
+            self._streams[request_id] = stream
+            stream.resolve(None)
+
+    def _fail_all(self, error: BaseException, dead: bool = True) -> None:
+        """Give every request in flight the error, abort them all, and stop taking work."""
+        if dead:
+            logger.exception("engine step failed; the engine stops", exc_info=error)
+            self._dead = error
+            failure: BaseException = EngineDeadError(f"engine step failed: {type(error).__name__}: {error}")
+            failure.__cause__ = error
+        else:
+            failure = error
+        with self._lock:
+            pending = [item for item in self._inbox if item[0] == "add"]
+            self._inbox.clear()
+        for item in pending:
+            item[4].resolve(failure)
+        for request_id, stream in list(self._streams.items()):
+            self.engine.abort_request(request_id)
+            stream.put(failure)
+        self._streams.clear()
+        self.engine.abort_all()
+
+    async def shutdown(self) -> None:
+        """Stop the loop: requests in flight end with EngineDeadError, their blocks freed."""
+        self._stopping = True
+        self._wakeup.set()
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)

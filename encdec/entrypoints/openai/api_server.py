@@ -1,0 +1,157 @@
+"""The FastAPI app (`build_app`) and `encdec serve` (`run_server`).
+
+Models load before the server listens: one that fails stops start-up with its name in the
+message. On SIGTERM (or Ctrl-C) the server answers new requests with 503, lets those in
+flight finish for up to `--shutdown-timeout` seconds, then cancels the rest (their engine
+requests are aborted, every block freed) and stops the engines. A second signal stops at once.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import time
+from importlib.metadata import version
+from types import FrameType
+from typing import Optional
+
+import uvicorn
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from encdec.entrypoints.openai.errors import OpenAIError, add_error_handlers, bad_request
+from encdec.entrypoints.openai.metrics import ServerMetrics
+from encdec.entrypoints.openai.middleware import ServerState, ServingMiddleware
+from encdec.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse, ModelCard,
+                                                ModelList, SummarizeRequest, SummarizeResponse)
+from encdec.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from encdec.entrypoints.openai.serving_models import ServedModels, load_models
+from encdec.entrypoints.openai.serving_summarize import OpenAIServingSummarize
+from encdec.entrypoints.openai.serving_transcription import OpenAIServingTranscription
+
+logger = logging.getLogger("encdec.server")
+CANCEL_AFTER_DRAIN_SECONDS = 1.0  # uvicorn's wait before it cancels what is left
+
+
+async def require_json(request: Request) -> None:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";")[0].strip().lower() != "application/json":
+        raise bad_request(f"Content-Type must be application/json, got {content_type or 'none'!r}")
+
+
+def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] = None,
+              max_upload_mb: float = 25, max_audio_seconds: float = 3600) -> FastAPI:
+    metrics = ServerMetrics(models)
+    completions = OpenAIServingCompletion(models, metrics)
+    summarize = OpenAIServingSummarize(models, metrics)
+    audio = OpenAIServingTranscription(models, metrics, int(max_upload_mb * 1024 * 1024),
+                                       max_audio_seconds)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        await asyncio.gather(*(m.engine.shutdown() for m in models))
+
+    app = FastAPI(title="encdec", version=version("encdec"), lifespan=lifespan)
+    add_error_handlers(app)
+    app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key)
+    json_body = [Depends(require_json)]
+
+    @app.get("/health")
+    async def health() -> Response:
+        dead = [m.name for m in models if not m.engine.is_healthy()]
+        if dead:
+            return OpenAIError(503, f"engine stopped after an error: {dead}", code="engine_dead").response()
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/version")
+    async def show_version() -> dict:
+        return {"version": version("encdec")}
+
+    @app.get("/metrics")
+    async def show_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def list_models() -> ModelList:
+        return models.list()
+
+    @app.get("/v1/models/{model_id:path}", response_model=ModelCard)
+    async def show_model(model_id: str) -> ModelCard:
+        return models.card(model_id)
+
+    @app.post("/v1/completions", dependencies=json_body, response_model=CompletionResponse)
+    async def create_completion(body: CompletionRequest, request: Request) -> Response:
+        return await completions.create(body, request)
+
+    @app.post("/v1/summarize", dependencies=json_body, response_model=SummarizeResponse)
+    async def create_summary(body: SummarizeRequest, request: Request) -> Response:
+        return await summarize.create(body, request)
+
+    @app.post("/v1/audio/transcriptions")
+    async def create_transcription(request: Request) -> Response:
+        return await audio.create(request, "transcribe")
+
+    @app.post("/v1/audio/translations")
+    async def create_translation(request: Request) -> Response:
+        return await audio.create(request, "translate")
+
+    return app
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn, with a graceful shutdown that keeps answering (503) while requests drain."""
+
+    def __init__(self, config: uvicorn.Config, state: ServerState, shutdown_timeout: float):
+        super().__init__(config)
+        self.state, self.shutdown_timeout = state, shutdown_timeout
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self.drain: Optional[asyncio.Task] = None
+
+    async def serve(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
+        if self.state.draining or self.loop is None:
+            super().handle_exit(sig, frame)
+            return
+        self.state.draining = True
+        self.loop.call_soon_threadsafe(self._start_drain, sig)
+
+    def _start_drain(self, sig: int) -> None:
+        self.drain = asyncio.ensure_future(self._drain(sig))
+
+    async def _drain(self, sig: int) -> None:
+        logger.info("%s: refusing new requests; waiting up to %g s for %d in flight",
+                    signal.Signals(sig).name, self.shutdown_timeout, self.state.inflight)
+        deadline = time.monotonic() + self.shutdown_timeout
+        while self.state.inflight > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        if self.state.inflight:
+            logger.warning("aborting %d requests still in flight", self.state.inflight)
+        super().handle_exit(sig, None)
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """`encdec serve`: load the models (ModelLoadError if one fails), then serve until a signal."""
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine_options = dict(dtype=args.dtype, device=args.device, block_size=args.block_size,
+                          num_gpu_blocks=args.num_gpu_blocks, kv_cache_space=args.kv_cache_space,
+                          swap_space=args.swap_space, max_num_seqs=args.max_num_seqs,
+                          max_num_batched_tokens=args.max_num_batched_tokens,
+                          preemption_mode=args.preemption_mode, seed=args.seed,
+                          attention_backend=args.attention_backend, tune_malloc=args.tune_malloc)
+    served = ServedModels(load_models(args.models, args.served_model_names,
+                                      args.max_waiting_requests, engine_options))
+    state = ServerState()
+    app = build_app(served, state, args.api_key, args.max_upload_mb, args.max_audio_seconds)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
+                            log_level=args.log_level, access_log=False,
+                            timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS)
+    DrainingServer(config, state, args.shutdown_timeout).run()
+    return 0

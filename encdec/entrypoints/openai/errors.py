@@ -1,0 +1,108 @@
+"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, and their handlers.
+
+Bad input is a 400 (401, 404, 413, 429 where OpenAI uses them) naming the field in `param`;
+500 is only for real faults (the serving middleware answers those that escape a route). The
+official client retries 429 and 5xx by default.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+
+from encdec.engine.async_engine import EngineDeadError, EngineOverloaded
+
+logger = logging.getLogger("encdec.server")
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
+         500: "internal_error", 503: "service_unavailable"}
+RETRY_AFTER_SECONDS = 1
+
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left before its response
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before its response was ready."""
+
+
+class OpenAIError(Exception):
+    """An error the client gets as `status` with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None,
+                 code: Optional[str] = None, headers: Optional[dict[str, str]] = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def bad_request(message: str, param: Optional[str] = None) -> OpenAIError:
+    return OpenAIError(400, message, param)
+
+
+def value_error(err: ValueError, params: dict[str, str], default: Optional[str] = None) -> OpenAIError:
+    """A 400 for a ValueError of the engine or SamplingParams; `param` is the API field its
+    message starts with (`params` maps internal names such as beam_width to API names)."""
+    message = str(err)
+    first = re.match(r"[A-Za-z_]+", message)
+    name = first.group(0) if first else ""
+    return bad_request(message, params.get(name, default))
+
+
+def validation_error(err: ValidationError | RequestValidationError, prefix: str = "") -> OpenAIError:
+    """A 400 for the first failed field of a request body or form."""
+    first = err.errors()[0]
+    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
+    param = ".".join(loc) or None
+    if first.get("type") == "json_invalid":
+        return bad_request(f"{prefix}the body is not valid JSON: {first.get('msg')}")
+    if first.get("type") == "extra_forbidden":
+        return bad_request(f"{prefix}unknown field {param!r}", param)
+    if first.get("type") == "missing":
+        return bad_request(f"{prefix}{param!r} is required", param)
+    return bad_request(f"{prefix}{param}: {first.get('msg')}" if param else first.get("msg", ""), param)
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error leaves the server in OpenAI's shape."""
+
+    @app.exception_handler(OpenAIError)
+    async def on_openai_error(request: Request, err: OpenAIError) -> JSONResponse:
+        return err.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+        return validation_error(err).response()
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, err: HTTPException) -> JSONResponse:
+        return OpenAIError(err.status_code, str(err.detail), headers=err.headers).response()
+
+    @app.exception_handler(EngineOverloaded)
+    async def on_overloaded(request: Request, err: EngineOverloaded) -> JSONResponse:
+        return OpenAIError(429, str(err), code="engine_overloaded",
+                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)}).response()
+
+    @app.exception_handler(EngineDeadError)
+    async def on_engine_dead(request: Request, err: EngineDeadError) -> JSONResponse:
+        logger.error("request %s: %s", request.state.request_id, err)
+        return OpenAIError(500, str(err), code="engine_dead").response()
+
+    @app.exception_handler(ClientDisconnected)
+    async def on_client_gone(request: Request, err: ClientDisconnected) -> Response:
+        logger.info("request %s: the client disconnected; its work was aborted", request.state.request_id)
+        return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -1,0 +1,77 @@
+"""Prometheus metrics at `/metrics`: traffic counted as it happens, engine state read at scrape.
+
+Engine gauges read public engine state only (scheduler queues, block manager counts) from the
+event loop while the engine thread runs; each read is one atomic length or count.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from encdec.entrypoints.openai.serving_models import ServedModels
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+class EngineCollector:
+    """Requests running / waiting / swapped, KV blocks in use and preemptions, per model."""
+
+    def __init__(self, models: ServedModels):
+        self.models = models
+
+    def collect(self) -> Iterator[Metric]:
+        gauges = {name: GaugeMetricFamily(f"encdec_{name}", help_, labels=labels) for name, help_, labels in (
+            ("num_requests_running", "Requests decoding now.", ["model"]),
+            ("num_requests_waiting", "Requests queued, not yet running.", ["model"]),
+            ("num_requests_swapped", "Requests preempted to swap space.", ["model"]),
+            ("kv_blocks_in_use", "KV cache blocks held by requests (device and swap), by "
+                                 "attention kind.", ["model", "attention"]),
+            ("kv_swap_blocks_in_use", "Swap-space KV blocks held by requests.", ["model"]),
+            ("kv_blocks_total", "KV cache blocks on the device.", ["model"]),
+        )}
+        preemptions = CounterMetricFamily("encdec_num_preemptions", "Requests preempted.",
+                                          labels=["model"])
+        for served in self.models:
+            engine = served.engine.engine
+            scheduler, blocks = engine.scheduler, engine.block_manager
+            name = [served.name]
+            gauges["num_requests_running"].add_metric(name, len(scheduler.running))
+            gauges["num_requests_waiting"].add_metric(name, served.engine.num_waiting())
+            gauges["num_requests_swapped"].add_metric(name, len(scheduler.swapped))
+            device_used = blocks.num_total_gpu_blocks - blocks.get_num_free_gpu_blocks()
+            swap_used = blocks.num_total_cpu_blocks - blocks.get_num_free_cpu_blocks()
+            cross = sum(len(table) for table in list(blocks.cross_block_tables.values()))
+            gauges["kv_blocks_in_use"].add_metric([served.name, "self"], device_used + swap_used - cross)
+            gauges["kv_blocks_in_use"].add_metric([served.name, "cross"], cross)
+            gauges["kv_swap_blocks_in_use"].add_metric(name, swap_used)
+            gauges["kv_blocks_total"].add_metric(name, blocks.num_total_gpu_blocks)
+            preemptions.add_metric(name, engine.stats.num_preemptions)
+        yield from gauges.values()
+        yield preemptions
+
+
+class ServerMetrics:
+    """The server's own registry (not the process-wide default one)."""
+
+    def __init__(self, models: ServedModels):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("encdec_http_requests", "HTTP requests by endpoint and status.",
+                                ["endpoint", "status"], registry=self.registry)
+        self.latency = Histogram("encdec_http_request_duration_seconds",
+                                 "Time from request to the end of the response, by endpoint.",
+                                 ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.first_token = Histogram("encdec_time_to_first_token_seconds",
+                                     "Time from request to the first generated token.",
+                                     ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter("encdec_prompt_tokens", "Prompt tokens (encoder and decoder).",
+                                     ["model"], registry=self.registry)
+        self.generation_tokens = Counter("encdec_generation_tokens", "Generated tokens.",
+                                         ["model"], registry=self.registry)
+        self.audio_seconds = Counter("encdec_audio_seconds", "Seconds of audio transcribed.",
+                                     ["model"], registry=self.registry)
+        self.registry.register(EngineCollector(models))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

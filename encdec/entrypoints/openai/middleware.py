@@ -1,0 +1,92 @@
+"""Per HTTP request: an id, the API key, refusal while shutting down, metrics and a log line.
+
+A plain ASGI middleware (it sees streamed responses to their end). The request id is the
+client's `x-request-id` when it sends a usable one, else a new one; it goes back in the
+`x-request-id` header and into every log line about the request.
+"""
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from encdec.entrypoints.openai.errors import OpenAIError
+from encdec.entrypoints.openai.metrics import ServerMetrics
+
+logger = logging.getLogger("encdec.server")
+OPEN_PATHS = ("/health",)  # answered without an API key
+UNCOUNTED_PATHS = ("/health", "/metrics")  # not requests in flight for a graceful shutdown
+CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+@dataclass
+class ServerState:
+    draining: bool = False  # shutting down: new requests get 503
+    inflight: int = 0
+
+
+class ServingMiddleware:
+    def __init__(self, app: ASGIApp, state: ServerState, metrics: ServerMetrics,
+                 api_key: Optional[str]):
+        self.app, self.state, self.metrics = app, state, metrics
+        self.api_key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        given = headers.get("x-request-id", "")
+        request_id = given if CLIENT_REQUEST_ID.match(given) else uuid.uuid4().hex
+        start = time.monotonic()
+        scope.setdefault("state", {}).update(request_id=request_id, start_time=start)
+        status = 500
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status, started
+            if message["type"] == "http.response.start":
+                status, started = message["status"], True
+                MutableHeaders(scope=message)["x-request-id"] = request_id
+            await send(message)
+
+        path = scope["path"]
+        counted = path not in UNCOUNTED_PATHS
+        self.state.inflight += counted
+        try:
+            refusal = self._refusal(path, headers)
+            if refusal is not None:
+                await refusal.response()(scope, receive, send_with_id)
+            else:
+                await self.app(scope, receive, send_with_id)
+        except Exception as err:  # a real fault: the client still gets OpenAI's shape
+            logger.exception("request %s: %s %s failed", request_id, scope["method"], path, exc_info=err)
+            if not started:
+                await OpenAIError(500, f"internal error: {type(err).__name__}: {err}").response()(
+                    scope, receive, send_with_id)
+        finally:
+            self.state.inflight -= counted
+            route = scope.get("route")
+            endpoint = getattr(route, "path", "unmatched")
+            seconds = time.monotonic() - start
+            self.metrics.requests.labels(endpoint, str(status)).inc()
+            self.metrics.latency.labels(endpoint).observe(seconds)
+            logger.info("request %s: %s %s -> %d in %.3f s", request_id, scope["method"], path,
+                        status, seconds)
+
+    def _refusal(self, path: str, headers: Headers) -> Optional[OpenAIError]:
+        if self.api_key is not None and path not in OPEN_PATHS:
+            scheme, _, key = headers.get("authorization", "").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key):
+                return OpenAIError(401, "missing or wrong API key: send Authorization: Bearer KEY",
+                                   code="invalid_api_key")
+        if self.state.draining:
+            return OpenAIError(503, "the server is shutting down", code="shutting_down")
+        return None

@@ -1,0 +1,200 @@
+"""Request and response bodies: OpenAI's names and shapes, plus encdec's `/v1/summarize`.
+
+Requests forbid unknown fields, so a misspelt option is a 400 naming it, not silently ignored.
+"""
+from __future__ import annotations
+
+import time
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class OpenAIBaseModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def unix_time() -> int:
+    return int(time.time())
+
+
+# ----------------------------------------------------------------------------- shared
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class StreamOptions(OpenAIBaseModel):
+    include_usage: bool = False
+
+
+# ----------------------------------------------------------------------------- completions
+
+
+class CompletionRequest(OpenAIBaseModel):
+    """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
+    `decoder_prompt`, `top_k`, `min_tokens`, `repetition_penalty`, `stop_token_ids`."""
+
+    model: str
+    prompt: Union[list[int], list[list[int]], str, list[str]]
+    decoder_prompt: Optional[Union[str, list[int]]] = None
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=128)
+    best_of: Optional[int] = Field(None, ge=1, le=20)
+    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[int] = None
+    logprobs: Optional[int] = Field(None, ge=0, le=5)
+    logit_bias: Optional[dict[str, float]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    echo: bool = False
+    suffix: Optional[str] = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    user: Optional[str] = None
+    top_k: Optional[int] = None
+    min_tokens: Optional[int] = Field(None, ge=0)
+    repetition_penalty: Optional[float] = Field(None, gt=0.0)
+    stop_token_ids: list[int] = Field(default_factory=list)
+
+
+class CompletionLogProbs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: Optional[CompletionLogProbs] = None
+    finish_reason: Optional[str] = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=unix_time)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Optional[UsageInfo] = None
+
+
+# ----------------------------------------------------------------------------- summarize
+
+
+class SummarizeRequest(OpenAIBaseModel):
+    """Unset decoding fields take the checkpoint's generation config."""
+
+    model: str
+    input: Union[str, list[str]]
+    max_tokens: Optional[int] = Field(None, ge=1)
+    min_tokens: Optional[int] = Field(None, ge=0)
+    num_beams: Optional[int] = Field(None, ge=1)
+    length_penalty: Optional[float] = None
+    no_repeat_ngram_size: Optional[int] = Field(None, ge=0)
+    temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    seed: Optional[int] = None
+    truncate: bool = True
+    stream: bool = False
+
+
+class Summary(BaseModel):
+    index: int
+    text: str
+    finish_reason: Optional[str] = None
+    input_tokens: Optional[int] = None
+    truncated_tokens: Optional[int] = None
+
+
+class SummarizeResponse(BaseModel):
+    id: str
+    object: Literal["summary", "summary.chunk"] = "summary"
+    created: int = Field(default_factory=unix_time)
+    model: str
+    summaries: list[Summary]
+    usage: Optional[UsageInfo] = None
+
+
+# ----------------------------------------------------------------------------- audio
+
+ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
+
+
+class TranslationRequest(OpenAIBaseModel):
+    """The form fields of `/v1/audio/translations` besides `file`."""
+
+    model: str
+    prompt: Optional[str] = None
+    response_format: ResponseFormat = "json"
+    temperature: float = Field(0.0, ge=0.0, le=1.0)
+
+
+class TranscriptionRequest(TranslationRequest):
+    """The form fields of `/v1/audio/transcriptions` besides `file`."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    language: Optional[str] = None
+    timestamp_granularities: list[Literal["word", "segment"]] = Field(
+        default_factory=lambda: ["segment"], alias="timestamp_granularities[]")
+    stream: bool = False
+
+
+class TranscriptionSegment(BaseModel):
+    id: int
+    seek: int
+    start: float
+    end: float
+    text: str
+    tokens: list[int]
+    temperature: float
+    avg_logprob: float
+    compression_ratio: float
+    no_speech_prob: float
+
+
+class TranscriptionUsage(BaseModel):
+    type: Literal["duration"] = "duration"
+    seconds: float
+
+
+class TranscriptionVerbose(BaseModel):
+    task: Literal["transcribe", "translate"]
+    language: str
+    duration: float
+    text: str
+    segments: list[TranscriptionSegment]
+    usage: TranscriptionUsage
+
+
+class TranscriptionDelta(BaseModel):
+    type: Literal["transcript.text.delta"] = "transcript.text.delta"
+    delta: str
+
+
+class TranscriptionDone(BaseModel):
+    type: Literal["transcript.text.done"] = "transcript.text.done"
+    text: str
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "encdec"
+    root: str  # the checkpoint it serves
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

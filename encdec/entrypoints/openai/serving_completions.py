@@ -1,0 +1,184 @@
+"""`POST /v1/completions`: OpenAI's completions API on an encoder/decoder model.
+
+`prompt` (text, texts, token ids or lists of them) goes to the encoder, one engine request per
+prompt, all in the engine's one batch; the extra field `decoder_prompt` starts the decoder.
+Choice `i * n + k` is completion k of prompt i. `best_of` > n samples best_of completions and
+returns the n likeliest. Stop strings are cut out of the text (the request is aborted once
+every completion has met one); a streamed completion holds back text that could start one.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any, AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from encdec.entrypoints.openai.errors import bad_request
+from encdec.entrypoints.openai.metrics import ServerMetrics
+from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
+                                                CompletionRequest, CompletionResponse)
+from encdec.entrypoints.openai.sampling_extras import LogitBias, StopStrings, logit_bias
+from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, bad_input, random_id
+from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
+from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
+                                                 merge_async_iterators, sse)
+from encdec.outputs import CompletionOutput, RequestOutput
+from encdec.sampling.params import RequestOutputKind, SamplingParams
+
+ENGINE_NAMES = {"encoder_prompt": "prompt", "beam_width": "n"}
+
+
+def sampling_params(body: CompletionRequest, vocab_size: int) -> SamplingParams:
+    """The engine's settings for every prompt of `body` (unset ones: the checkpoint's config)."""
+    for name, unsupported in (("echo", body.echo), ("suffix", body.suffix is not None),
+                              ("frequency_penalty", body.frequency_penalty != 0.0),
+                              ("presence_penalty", body.presence_penalty != 0.0)):
+        if unsupported:
+            raise bad_request(f"{name} is not supported by encoder/decoder completions", name)
+    best_of = body.best_of or body.n
+    if best_of < body.n:
+        raise bad_request(f"best_of={best_of} must be >= n={body.n}", "best_of")
+    if body.stream and best_of > body.n:
+        raise bad_request("best_of > n cannot be streamed", "best_of")
+    processors = [LogitBias(logit_bias(body.logit_bias, vocab_size))] if body.logit_bias else []
+    with bad_input(CompletionRequest, ENGINE_NAMES, None):
+        return SamplingParams(
+            n=best_of, max_tokens=body.max_tokens, min_tokens=body.min_tokens,
+            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+            # the engine gives the chosen token's logprob with the top ones: ask for one at least
+            logprobs=None if body.logprobs is None else max(body.logprobs, 1),
+            repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
+            logits_processors=processors, output_kind=RequestOutputKind.DELTA)
+
+
+class OpenAIServingCompletion:
+    def __init__(self, models: ServedModels, metrics: ServerMetrics):
+        self.models, self.metrics = models, metrics
+
+    async def create(self, body: CompletionRequest, request: Request) -> Response:
+        served = self.models.get(body.model, whisper=False)
+        params = sampling_params(body, served.engine.model_config.vocab_size)
+        prompts = await encoder_prompts(served, body)
+        response_id = random_id("cmpl")
+        counter = OutputCounter(self.metrics, served.name, request)
+        stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
+        streams = [self._outputs(served, prompt, params, f"{response_id}-{i}", StopStrings(stops, body.stream))
+                   for i, prompt in enumerate(prompts)]
+        merged = merge_async_iterators(*streams)
+        with bad_input(CompletionRequest, ENGINE_NAMES, "prompt"):
+            if body.stream:
+                return await event_stream(request, self._chunks(served, body, response_id, merged, counter))
+            choices = await cancel_on_disconnect(request, self._collect(merged, counter, len(prompts), params.n))
+        return JSONResponse(CompletionResponse(
+            id=response_id, model=body.model,
+            choices=self._choices(served, body, choices),
+            usage=counter.usage()).model_dump(exclude_none=True))
+
+    @staticmethod
+    async def _outputs(served: ServedModel, prompt: Any, params: SamplingParams, engine_id: str,
+                       stops: StopStrings) -> AsyncIterator[tuple[RequestOutput, list[CompletionOutput]]]:
+        """Each engine output with its completions' deltas after the stop strings; aborts the
+        request once every completion has stopped."""
+        async with contextlib.aclosing(served.engine.generate(prompt, params, engine_id)) as outputs:
+            async for out in outputs:
+                yield out, [d for d in map(stops.cut, out.outputs) if d is not None]
+                if len(stops.stopped) == params.n:
+                    return
+
+    @staticmethod
+    async def _collect(merged, counter: OutputCounter, num_prompts: int, n: int) -> list[list[Generated]]:
+        generated = [[Generated() for _ in range(n)] for _ in range(num_prompts)]
+        async for i, (out, deltas) in merged:
+            counter.count(out)
+            for delta in deltas:
+                generated[i][delta.index].add(delta)
+        return generated
+
+    @staticmethod
+    def _choices(served: ServedModel, body: CompletionRequest,
+                 generated: list[list[Generated]]) -> list[CompletionChoice]:
+        choices = []
+        for completions in generated:
+            if len(completions) > body.n:  # best_of: the likeliest n
+                completions = sorted(completions, key=lambda g: g.cumulative_logprob, reverse=True)[:body.n]
+            for g in completions:
+                logprobs = (None if body.logprobs is None else
+                            completion_logprobs(served.engine.tokenizer, g.token_ids, g.logprobs, body.logprobs, 0))
+                choices.append(CompletionChoice(index=len(choices), text=g.text, logprobs=logprobs,
+                                                finish_reason=g.finish_reason))
+        return choices
+
+    @staticmethod
+    async def _chunks(served: ServedModel, body: CompletionRequest, response_id: str, merged,
+                      counter: OutputCounter) -> AsyncIterator[str]:
+        tokenizer = served.engine.tokenizer
+        offsets: dict[int, int] = {}
+        async for i, (out, deltas) in merged:
+            counter.count(out)
+            choices = []
+            for delta in deltas:
+                index = i * body.n + delta.index
+                logprobs = None
+                if body.logprobs is not None:
+                    logprobs = completion_logprobs(tokenizer, delta.token_ids, delta.logprobs or [],
+                                                   body.logprobs, offsets.get(index, 0))
+                offsets[index] = offsets.get(index, 0) + len(delta.text)
+                choices.append(CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
+                                                finish_reason=delta.finish_reason))
+            if choices:
+                yield sse(CompletionResponse(id=response_id, model=body.model, choices=choices))
+        if body.stream_options and body.stream_options.include_usage:
+            yield sse(CompletionResponse(id=response_id, model=body.model, choices=[], usage=counter.usage()))
+        yield DONE
+
+
+async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[Any]:
+    """The engine prompts of `body`: text tokenized here (off the event loop), every prompt
+    checked against the encoder's limit and the vocabulary before it reaches the engine."""
+    prompt = body.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompt = [prompt]
+    if not prompt:
+        raise bad_request("prompt is empty", "prompt")
+    engine = served.engine
+    texts = [p for p in prompt if isinstance(p, str)]
+    if any(not t for t in texts):
+        raise bad_request("prompt contains an empty string", "prompt")
+    if texts and engine.tokenizer is None:
+        raise bad_request("this model has no tokenizer: send token ids", "prompt")
+    encoded = iter(await asyncio.get_running_loop().run_in_executor(
+        None, lambda: engine.tokenizer(texts)["input_ids"]) if texts else [])
+    limit, vocab = engine.model_config.max_encoder_len, engine.model_config.vocab_size
+    prompts = []
+    for i, p in enumerate(prompt):
+        ids = next(encoded) if isinstance(p, str) else p
+        if not ids or len(ids) > limit:
+            raise bad_request(f"prompt {i} has {len(ids)} tokens; the model takes 1 to {limit}", "prompt")
+        if any(not 0 <= t < vocab for t in ids):
+            raise bad_request(f"prompt {i} has token ids outside the vocabulary [0, {vocab})", "prompt")
+        tokens = {"prompt_token_ids": list(ids)}
+        prompts.append(tokens if body.decoder_prompt is None else
+                       {"encoder_prompt": tokens, "decoder_prompt": decoder_prompt(body.decoder_prompt)})
+    return prompts
+
+
+def decoder_prompt(prompt: Any) -> Any:
+    return prompt if isinstance(prompt, str) else {"prompt_token_ids": prompt}
+
+
+def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]],
+                        top: int, offset: int) -> CompletionLogProbs:
+    """OpenAI's logprobs of some generated tokens: each token's text and log-probability, the
+    `top` likeliest alternatives, and where each token starts in the text (from `offset`)."""
+    result = CompletionLogProbs()
+    for token, candidates in zip(token_ids, logprobs):
+        text = tokenizer.decode([token])
+        result.tokens.append(text)
+        result.token_logprobs.append(candidates[token])
+        best = sorted(candidates.items(), key=lambda kv: kv[1], reverse=True)[:top]
+        result.top_logprobs.append({tokenizer.decode([t]): lp for t, lp in best})
+        result.text_offset.append(offset)
+        offset += len(text)
+    return result

@@ -1,0 +1,75 @@
+"""What the text endpoints share: ids, engine outputs added up, ValueErrors as 400s."""
+from __future__ import annotations
+
+import contextlib
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Iterator, Optional
+
+from fastapi import Request
+from pydantic import BaseModel
+
+from encdec.entrypoints.openai.errors import value_error
+from encdec.entrypoints.openai.metrics import ServerMetrics
+from encdec.entrypoints.openai.protocol import UsageInfo
+from encdec.outputs import CompletionOutput, RequestOutput
+
+
+def random_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+@contextlib.contextmanager
+def bad_input(request_model: type[BaseModel], aliases: dict[str, str], default: Optional[str]) -> Iterator[None]:
+    """ValueErrors of the engine or SamplingParams (bad input) become 400s whose `param` is the
+    request field the message starts with (`aliases`: engine names to field names)."""
+    try:
+        yield
+    except ValueError as err:
+        names = {name: name for name in request_model.model_fields}
+        raise value_error(err, {**names, **aliases}, default) from err
+
+
+@dataclass
+class Generated:
+    """One completion added up from DELTA outputs."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float]] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    finish_reason: Optional[str] = None
+
+    def add(self, delta: CompletionOutput) -> None:
+        self.text += delta.text
+        self.token_ids += delta.token_ids
+        self.logprobs += delta.logprobs or []
+        self.cumulative_logprob = delta.cumulative_logprob
+        self.finish_reason = delta.finish_reason
+
+
+class OutputCounter:
+    """Counts a request's tokens into the metrics as its outputs arrive; observes the time to
+    the first output of each engine request."""
+
+    def __init__(self, metrics: ServerMetrics, model: str, request: Request):
+        self.metrics, self.model = metrics, model
+        self.start = request.state.start_time
+        self.seen: set[str] = set()
+        self.prompt_tokens = self.completion_tokens = 0
+
+    def count(self, output: RequestOutput) -> None:
+        if output.request_id not in self.seen:
+            self.seen.add(output.request_id)
+            self.metrics.first_token.labels(self.model).observe(time.monotonic() - self.start)
+            prompt = len(output.encoder_prompt_token_ids) + len(output.prompt_token_ids)
+            self.prompt_tokens += prompt
+            self.metrics.prompt_tokens.labels(self.model).inc(prompt)
+        generated = sum(len(c.token_ids) for c in output.outputs)
+        self.completion_tokens += generated
+        self.metrics.generation_tokens.labels(self.model).inc(generated)
+
+    def usage(self) -> UsageInfo:
+        return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+                         total_tokens=self.prompt_tokens + self.completion_tokens)

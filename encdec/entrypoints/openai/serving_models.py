@@ -1,0 +1,81 @@
+"""The served models: one `AsyncLLMEngine` each, looked up by the name a request gives."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from encdec.engine.async_engine import AsyncLLMEngine
+from encdec.entrypoints.openai.errors import OpenAIError, bad_request
+from encdec.entrypoints.openai.protocol import ModelCard, ModelList, unix_time
+
+logger = logging.getLogger("encdec.server")
+
+
+class ModelLoadError(RuntimeError):
+    """A model named on the command line could not be loaded."""
+
+
+@dataclass
+class ServedModel:
+    name: str
+    path: str
+    engine: AsyncLLMEngine
+    created: int = field(default_factory=unix_time)
+
+    @property
+    def is_whisper(self) -> bool:
+        return getattr(self.engine.model_config.hf_config, "model_type", None) == "whisper"
+
+    def card(self) -> ModelCard:
+        return ModelCard(id=self.name, created=self.created, root=self.path)
+
+
+class ServedModels:
+    def __init__(self, models: Sequence[ServedModel]):
+        self.by_name = {m.name: m for m in models}
+
+    def __iter__(self):
+        return iter(self.by_name.values())
+
+    def get(self, name: str, whisper: bool) -> ServedModel:
+        """The model `name` for an endpoint that needs a Whisper (or a text) model."""
+        served = self.by_name.get(name)
+        if served is None:
+            raise OpenAIError(404, f"The model `{name}` does not exist; this server serves "
+                              f"{sorted(self.by_name)}", "model", "model_not_found")
+        if served.is_whisper != whisper:
+            needed = "a Whisper model" if whisper else "a text (BART-family) model"
+            raise bad_request(f"model {name!r} cannot serve this endpoint: it needs {needed}", "model")
+        if not served.engine.is_healthy():
+            raise OpenAIError(503, f"model {name!r} stopped after an error: "
+                              f"{served.engine.dead_error}", "model", "engine_dead")
+        return served
+
+    def card(self, name: str) -> ModelCard:
+        if name not in self.by_name:
+            raise OpenAIError(404, f"The model `{name}` does not exist", "model", "model_not_found")
+        return self.by_name[name].card()
+
+    def list(self) -> ModelList:
+        return ModelList(data=[m.card() for m in self])
+
+
+def load_models(models: Sequence[str], names: Sequence[str], max_waiting_requests: Any,
+                engine_options: dict[str, Any]) -> list[ServedModel]:
+    """One engine per model, each with its own cache; a model that fails stops start-up."""
+    if names and len(names) != len(models):
+        raise ModelLoadError(f"--served-model-name was given {len(names)} times for "
+                             f"{len(models)} --model(s): give one name per model, or none")
+    names = list(names) or list(models)
+    if len(set(names)) != len(names):
+        raise ModelLoadError(f"served model names must differ, got {names}")
+    served = []
+    for path, name in zip(models, names):
+        logger.info("loading model %r as %r", path, name)
+        try:
+            engine = AsyncLLMEngine.from_model(path, max_waiting_requests, **engine_options)
+        except Exception as err:
+            raise ModelLoadError(f"cannot load model {path!r}: {type(err).__name__}: {err}") from err
+        served.append(ServedModel(name, path, engine))
+    return served

@@ -1,0 +1,96 @@
+"""`POST /v1/summarize`: summaries of one or more articles, one engine request each.
+
+Articles are truncated to the encoder's positions (and each summary says how many tokens were
+cut) unless `truncate` is false; unset decoding fields take the checkpoint's generation config
+(`encdec.entrypoints.summaries`). `stream: true` sends SSE chunks of text deltas per index,
+then a usage chunk and `data: [DONE]`.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from encdec.entrypoints.openai.errors import bad_request
+from encdec.entrypoints.openai.metrics import ServerMetrics
+from encdec.entrypoints.openai.protocol import SummarizeRequest, SummarizeResponse, Summary
+from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, bad_input, random_id
+from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
+from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
+                                                 merge_async_iterators, sse)
+from encdec.entrypoints.summaries import OPTION_NAMES, Article, prepare_article, summary_params
+from encdec.sampling.params import RequestOutputKind
+
+
+class OpenAIServingSummarize:
+    def __init__(self, models: ServedModels, metrics: ServerMetrics):
+        self.models, self.metrics = models, metrics
+
+    async def create(self, body: SummarizeRequest, request: Request) -> Response:
+        served = self.models.get(body.model, whisper=False)
+        articles = await self._articles(served, body)
+        with bad_input(SummarizeRequest, OPTION_NAMES, "input"):
+            params = summary_params(
+                served.engine.engine.generation_defaults, max_tokens=body.max_tokens,
+                min_tokens=body.min_tokens, num_beams=body.num_beams, length_penalty=body.length_penalty,
+                no_repeat_ngram_size=body.no_repeat_ngram_size, temperature=body.temperature,
+                seed=body.seed, output_kind=RequestOutputKind.DELTA)
+            response_id = random_id("sum")
+            counter = OutputCounter(self.metrics, served.name, request)
+            merged = merge_async_iterators(*(
+                served.engine.generate({"prompt_token_ids": a.token_ids}, params, f"{response_id}-{i}")
+                for i, a in enumerate(articles)))
+            if body.stream:
+                return await event_stream(request, self._chunks(body, response_id, articles, merged, counter))
+            generated = await cancel_on_disconnect(request, self._collect(merged, counter, len(articles)))
+        summaries = [summary(i, g.text, g.finish_reason, a) for i, (g, a) in enumerate(zip(generated, articles))]
+        return JSONResponse(SummarizeResponse(id=response_id, model=body.model, summaries=summaries,
+                                              usage=counter.usage()).model_dump(exclude_none=True))
+
+    @staticmethod
+    async def _articles(served: ServedModel, body: SummarizeRequest) -> list[Article]:
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if not texts:
+            raise bad_request("input is empty: give a text or a list of texts", "input")
+        engine = served.engine
+        if engine.tokenizer is None:
+            raise bad_request(f"model {served.name!r} has no tokenizer to read text", "model")
+
+        def prepare() -> list[Article]:
+            return [prepare_article(text, engine.tokenizer, engine.model_config.hf_config,
+                                    engine.model_config.max_encoder_len, body.truncate) for text in texts]
+
+        with bad_input(SummarizeRequest, {}, "input"):
+            return await asyncio.get_running_loop().run_in_executor(None, prepare)
+
+    @staticmethod
+    async def _collect(merged, counter: OutputCounter, num_articles: int) -> list[Generated]:
+        generated = [Generated() for _ in range(num_articles)]
+        async for i, out in merged:
+            counter.count(out)
+            for delta in out.outputs:
+                generated[i].add(delta)
+        return generated
+
+    @staticmethod
+    async def _chunks(body: SummarizeRequest, response_id: str, articles: list[Article], merged,
+                      counter: OutputCounter) -> AsyncIterator[str]:
+        async for i, out in merged:
+            counter.count(out)
+            summaries = [summary(i, d.text, d.finish_reason, articles[i]) for d in out.outputs]
+            if summaries:
+                yield sse(SummarizeResponse(id=response_id, object="summary.chunk", model=body.model,
+                                            summaries=summaries))
+        yield sse(SummarizeResponse(id=response_id, object="summary.chunk", model=body.model,
+                                    summaries=[], usage=counter.usage()))
+        yield DONE
+
+
+def summary(index: int, text: str, finish_reason, article: Article) -> Summary:
+    """A summary (or a streamed piece of one); the last piece says how the input was read."""
+    done = finish_reason is not None
+    return Summary(index=index, text=text, finish_reason=finish_reason,
+                   input_tokens=len(article.token_ids) if done else None,
+                   truncated_tokens=article.truncated_tokens if done else None)

@@ -1,0 +1,101 @@
+"""Async plumbing shared by the endpoints: merged engine streams, SSE, client disconnects.
+
+A client that goes away cancels the work it asked for: the engine requests behind a
+cancelled `AsyncLLMEngine.generate` are aborted and their blocks freed.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import AsyncIterator, Awaitable, TypeVar
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+from encdec.engine.async_engine import EngineDeadError
+from encdec.entrypoints.openai.errors import ClientDisconnected, OpenAIError
+
+logger = logging.getLogger("encdec.server")
+T = TypeVar("T")
+DONE = "data: [DONE]\n\n"
+
+
+def sse(data: BaseModel | dict) -> str:
+    """One server-sent event: `data: {json}` and a blank line."""
+    text = data.model_dump_json(exclude_none=True) if isinstance(data, BaseModel) else json.dumps(data)
+    return f"data: {text}\n\n"
+
+
+async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncIterator[tuple[int, T]]:
+    """`(index, item)` from several async iterators as items come; an error in one, or
+    closing the merge, cancels the others."""
+    pending = {asyncio.ensure_future(anext(it)): i for i, it in enumerate(iterators)}
+    try:
+        while pending:
+            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                index = pending.pop(task)
+                try:
+                    item = task.result()
+                except StopAsyncIteration:
+                    continue
+                pending[asyncio.ensure_future(anext(iterators[index]))] = index
+                yield index, item
+    finally:
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def wait_for_disconnect(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """`await work`, cancelled (and ClientDisconnected raised) if the client leaves first."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.ensure_future(wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, watch):
+            if not pending.done():
+                pending.cancel()
+        await asyncio.gather(task, watch, return_exceptions=True)
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
+
+
+def error_event(err: BaseException, request_id: str) -> str:
+    """An error inside a stream that has already started (the client raises it as APIError)."""
+    if isinstance(err, OpenAIError):
+        return sse(err.body())
+    if isinstance(err, ValueError):
+        return sse(OpenAIError(400, str(err)).body())
+    if not isinstance(err, EngineDeadError):
+        logger.exception("request %s: stream failed", request_id, exc_info=err)
+    return sse(OpenAIError(500, f"{type(err).__name__}: {err}").body())
+
+
+async def event_stream(request: Request, events: AsyncIterator[str]) -> StreamingResponse:
+    """An SSE response of `events`. The first event is awaited here, so errors before it (bad
+    input, a full queue) are plain HTTP errors; later ones become an error event."""
+    first = await cancel_on_disconnect(request, anext(events))
+    request_id = request.state.request_id
+
+    async def body() -> AsyncIterator[str]:
+        yield first
+        try:
+            async for event in events:
+                yield event
+        except Exception as err:  # the status line is sent: report it in the stream
+            yield error_event(err, request_id)
+        finally:
+            await events.aclose()
+
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache"})

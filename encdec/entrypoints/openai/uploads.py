@@ -1,0 +1,125 @@
+"""Audio uploads: the size limit checked while the body streams in, decoding off the event loop.
+
+The declared Content-Length is checked first; then a counting reader stops the body as soon as
+it passes the limit, so an upload is never read whole before the check. The rest of an
+oversized body is read and dropped (up to the limit again) so that the client, still sending,
+gets to read the 413 instead of a reset connection.
+"""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import soundfile
+from fastapi import Request
+from starlette.datastructures import FormData, UploadFile
+
+from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.entrypoints.openai.errors import OpenAIError, bad_request
+
+MAX_FORM_FIELDS = 16
+
+
+class UploadTooLarge(Exception):
+    pass
+
+
+def too_large(max_bytes: int) -> OpenAIError:
+    return OpenAIError(413, f"the upload is larger than the server's limit of {max_bytes} bytes "
+                            f"(--max-upload-mb)", "file", "upload_too_large")
+
+
+async def discard_body(request: Request, max_bytes: int) -> None:
+    """Read and drop what the client is still sending, up to `max_bytes`."""
+    dropped = 0
+    while dropped <= max_bytes:
+        message = await request.receive()
+        dropped += len(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+
+
+async def read_form(request: Request, max_bytes: int) -> FormData:
+    """The multipart form of `request`, refused with a 413 past `max_bytes`."""
+    content_type = request.headers.get("content-type", "")
+    if not content_type.startswith("multipart/form-data"):
+        raise bad_request(f"Content-Type must be multipart/form-data, got {content_type or 'none'!r}")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        await discard_body(request, max_bytes)
+        raise too_large(max_bytes)
+    received = 0
+
+    async def counting_receive():
+        nonlocal received
+        message = await request.receive()
+        received += len(message.get("body", b""))
+        if received > max_bytes:
+            raise UploadTooLarge()
+        return message
+
+    try:
+        return await Request(request.scope, counting_receive).form(
+            max_files=1, max_fields=MAX_FORM_FIELDS)
+    except UploadTooLarge:
+        await discard_body(request, max_bytes)
+        raise too_large(max_bytes) from None
+
+
+def form_fields(form: FormData) -> tuple[UploadFile, dict]:
+    """The uploaded `file`, and the other fields (lists for the bracketed `name[]` keys)."""
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise bad_request("'file' is required: upload the audio as a file part", "file")
+    fields: dict = {}
+    for key in form.keys():
+        values = form.getlist(key)
+        if key == "file":
+            continue
+        if any(not isinstance(v, str) for v in values):
+            raise bad_request(f"{key!r} must be a text field, not a file", key)
+        if key.endswith("[]"):
+            fields[key] = values
+        elif len(values) > 1:
+            raise bad_request(f"{key!r} is given {len(values)} times", key)
+        else:
+            fields[key] = values[0]
+    return upload, fields
+
+
+def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
+    """The upload as a 16 kHz waveform; a 400 (param `file`) if it is empty, not audio, or
+    longer than `max_seconds` (checked from the header first where the format has one)."""
+    name = upload.filename or "file"
+    if upload.size == 0:
+        raise bad_request(f"{name}: the file is empty", "file")
+    with tempfile.NamedTemporaryFile(suffix=Path(name).suffix[:16]) as copy:
+        upload.file.seek(0)
+        shutil.copyfileobj(upload.file, copy)
+        copy.flush()
+        try:
+            declared = soundfile.info(copy.name).duration
+        except Exception:  # no header soundfile reads: decode and count
+            declared = 0.0
+        if declared > max_seconds:
+            raise too_long(name, declared, max_seconds)
+        try:
+            audio = load_audio(copy.name)
+        except ValueError as err:
+            reason = str(err).replace(f"{copy.name}: ", "").replace(copy.name, name)
+            raise bad_request(f"{name}: cannot decode the audio: {reason}", "file") from None
+    if len(audio) / SAMPLE_RATE > max_seconds:
+        raise too_long(name, len(audio) / SAMPLE_RATE, max_seconds)
+    return audio
+
+
+def too_long(name: str, seconds: float, max_seconds: float) -> OpenAIError:
+    return bad_request(f"{name}: the audio is {seconds:.1f} s long, more than the server's limit "
+                       f"of {max_seconds:g} s (--max-audio-seconds)", "file")
+
+
+async def decode_upload_async(upload: UploadFile, max_seconds: float) -> np.ndarray:
+    return await asyncio.get_running_loop().run_in_executor(None, decode_upload, upload, max_seconds)

@@ -1,0 +1,76 @@
+"""Summarization inputs and decoding settings, shared by `encdec summarize` and `/v1/summarize`.
+
+An article longer than the encoder's positions is cut to fit, as Hugging Face's tokenizer does
+with `truncation=True` (the closing special token kept), unless truncation is refused. A
+checkpoint whose config has `task_specific_params["summarization"]["prefix"]` (T5: "summarize: ")
+gets it in front of every article.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from encdec.generation_config import GenerationDefaults
+from encdec.sampling.params import RequestOutputKind, SamplingParams
+
+DEFAULT_MAX_TOKENS = 128  # summaries of a checkpoint without any generation config
+# SamplingParams names that the summarization options spell differently
+OPTION_NAMES = {"beam_width": "num_beams", "use_beam_search": "num_beams"}
+
+
+class ArticleTooLong(ValueError):
+    """An article over the encoder's limit, with truncation refused."""
+
+
+@dataclass
+class Article:
+    token_ids: list[int]
+    truncated_tokens: int  # how many tokens were cut off the end
+
+
+def summary_prefix(hf_config: Any) -> str:
+    task_params = getattr(hf_config, "task_specific_params", None) or {}
+    return (task_params.get("summarization") or {}).get("prefix") or ""
+
+
+def prepare_article(text: str, tokenizer: Any, hf_config: Any, max_tokens: int,
+                    truncate: bool = True) -> Article:
+    """The encoder token ids of one article, cut to `max_tokens` unless `truncate` is False
+    (then ArticleTooLong names the limit)."""
+    if not text.strip():
+        raise ValueError("the text to summarize is empty")
+    text = summary_prefix(hf_config) + text
+    ids = tokenizer(text)["input_ids"]
+    if len(ids) <= max_tokens:
+        return Article(ids, 0)
+    if not truncate:
+        raise ArticleTooLong(f"the text has {len(ids)} tokens, more than the model's limit of "
+                             f"{max_tokens} input tokens")
+    kept = tokenizer(text, truncation=True, max_length=max_tokens)["input_ids"]
+    return Article(kept, len(ids) - len(kept))
+
+
+def summary_params(defaults: GenerationDefaults, max_tokens: Optional[int] = None,
+                   min_tokens: Optional[int] = None, num_beams: Optional[int] = None,
+                   length_penalty: Optional[float] = None,
+                   no_repeat_ngram_size: Optional[int] = None, temperature: Optional[float] = None,
+                   seed: Optional[int] = None,
+                   output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY) -> SamplingParams:
+    """Decoding settings for summaries: what is unset comes from the checkpoint's generation
+    config (so a bart-large-cnn directory decodes like Hugging Face's summarization pipeline).
+    A set `temperature` asks for greedy or sampled decoding, still with the config's length
+    limits and `no_repeat_ngram_size`; a checkpoint without a config decodes greedily, at most
+    128 tokens."""
+    if not defaults.found:
+        temperature = 0.0 if temperature is None else temperature
+        max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+    elif temperature is not None:  # the engine then ignores the config: keep its lengths here
+        config = defaults.values
+        max_tokens = max_tokens or config.get("max_new_tokens") or config.get("max_length")
+        min_tokens = min_tokens if min_tokens is not None else config.get("min_new_tokens")
+        if no_repeat_ngram_size is None:
+            no_repeat_ngram_size = config.get("no_repeat_ngram_size")
+    beams = {} if num_beams is None else dict(beam_width=num_beams, use_beam_search=num_beams > 1)
+    return SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, length_penalty=length_penalty,
+                          no_repeat_ngram_size=no_repeat_ngram_size, temperature=temperature,
+                          seed=seed, output_kind=output_kind, **beams)

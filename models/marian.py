@@ -1,0 +1,30 @@
+"""Marian (Helsinki-NLP opus-mt): BART without `layernorm_embedding`, with static sinusoidal
+positions and, where the checkpoint has them (`share_encoder_decoder_embeddings` false), separate
+source and target vocabularies. The decoder starts with the pad token.
+
+A checkpoint translates one language pair, or into several target languages chosen by a token
+such as `>>fr<<` in front of the source text.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from encdec.models.bart import BartForConditionalGeneration, BartVariant
+from encdec.models.registry import TranslationInputs
+
+
+class MarianMTModel(BartForConditionalGeneration):
+    variant = BartVariant(layernorm_embedding=False, sinusoidal_positions=True)
+
+
+def marian_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: Optional[str],
+                       target_lang: Optional[str]) -> TranslationInputs:
+    """The language pair is the checkpoint's; a multilingual target takes `>>{target_lang}<<`."""
+    codes = getattr(tokenizer, "supported_language_codes", None) or []
+    if codes:
+        token = f">>{target_lang}<<"
+        if token not in codes:
+            raise ValueError(f"this Marian model translates into several languages: give the "
+                             f"target language, one of {sorted(c[2:-2] for c in codes)}")
+        text = f"{token} {text}"
+    return TranslationInputs(tokenizer(text)["input_ids"])

@@ -1,0 +1,235 @@
+"""AsyncLLMEngine: concurrent streaming callers on one event loop, cancellation, overload, faults.
+
+Every request's result through the async engine must equal the offline `LLM.generate` result
+for the same prompt and params (seeded sampling draws from the request's own generator, so the
+batch it shares does not matter), and every block must be free once the callers are done.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from encdec import (LLM, AsyncLLMEngine, EngineDeadError, EngineOverloaded, RequestOutputKind,
+                    SamplingParams)
+from tests.bart_checkpoints import make_bart_checkpoint
+from tests.conftest import assert_all_blocks_free
+from tests.multibyte_tokenizers import MULTILINGUAL, byte_level_bpe, sentencepiece_bpe
+from tests.whisper.conftest import (Clip, corpus, speech_dir,  # noqa: F401 (fixtures)
+                                    tiny_en_assets)
+
+DELTA = RequestOutputKind.DELTA
+
+
+@pytest.fixture(scope="module", params=["byte-level-bpe", "sentencepiece"])
+def multibyte_bart(request, tmp_path_factory):
+    """A tiny random BART whose tokenizer knows accents, CJK and emoji."""
+    folder = tmp_path_factory.mktemp(f"bart_{request.param}")
+    tokenizer = (byte_level_bpe(folder / "_bpe") if request.param == "byte-level-bpe"
+                 else sentencepiece_bpe())
+    return str(make_bart_checkpoint(folder, seed=3, tokenizer=tokenizer))
+
+
+def engine_blocks_free(engine) -> None:
+    bm = engine.block_manager
+    bm.check_invariants()
+    assert not engine.has_unfinished_requests()
+    assert bm.get_num_free_gpu_blocks() == bm.num_total_gpu_blocks
+    assert bm.get_num_free_cpu_blocks() == bm.num_total_cpu_blocks
+
+
+async def until_idle(engine, timeout: float = 30.0) -> None:
+    """Wait for the engine thread to take in every abort and finish what is left."""
+    deadline = time.monotonic() + timeout
+    while engine.has_unfinished_requests() and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.05)
+
+
+def test_32_streams_of_deltas_equal_the_offline_results(multibyte_bart):
+    offline = LLM(model=multibyte_bart, num_gpu_blocks=400, block_size=8)
+    prompts = [MULTILINGUAL[i % len(MULTILINGUAL)] for i in range(32)]
+    params = [SamplingParams(temperature=1.0, seed=100 + i, max_tokens=8 + i % 17, ignore_eos=True)
+              for i in range(32)]
+    expected = offline.generate(prompts, params, use_tqdm=False)
+    engine = AsyncLLMEngine.from_model(multibyte_bart, num_gpu_blocks=400, block_size=8)
+
+    async def consume(i):
+        ids, text = [], ""
+        async for out in engine.generate(prompts[i], SamplingParams(
+                temperature=1.0, seed=100 + i, max_tokens=8 + i % 17, ignore_eos=True, output_kind=DELTA)):
+            (completion,) = out.outputs
+            ids += completion.token_ids
+            text += completion.text
+        return ids, text
+
+    async def main():
+        results = await asyncio.gather(*(consume(i) for i in range(32)))
+        await engine.shutdown()
+        return results
+
+    results = asyncio.run(main())
+    multibyte = 0
+    for (ids, text), want in zip(results, expected):
+        assert ids == want.outputs[0].token_ids
+        assert text == want.outputs[0].text
+        multibyte += any(ord(c) > 127 for c in text)
+    assert multibyte >= 16  # the outputs do hold accented letters, CJK or emoji
+    engine_blocks_free(engine.engine)
+
+
+def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), max_waiting_requests=2, num_gpu_blocks=200)
+
+    async def collect(prompt, params):
+        return [out async for out in engine.generate(prompt, params)]
+
+    async def main():
+        good = asyncio.ensure_future(collect("The rain in spain", SamplingParams(temperature=0, max_tokens=4)))
+        with pytest.raises(ValueError, match="stop_token_ids"):
+            await collect("Hello", SamplingParams(max_tokens=4, stop_token_ids=[10**6]))
+        with pytest.raises(ValueError, match="SamplingParams"):
+            await collect("Hello", "greedy")
+        outputs = await good
+        assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 4
+        # a burst past max_waiting_requests: the ones over the bound are refused at once
+        results = await asyncio.gather(*(collect("A burst", SamplingParams(temperature=0, max_tokens=2))
+                                          for _ in range(6)), return_exceptions=True)
+        refused = [r for r in results if isinstance(r, EngineOverloaded)]
+        assert refused and len(refused) + sum(isinstance(r, list) for r in results) == 6
+        await engine.shutdown()
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
+def test_a_failing_forward_pass_fails_every_request_and_kills_the_engine(tiny_bart_dir):
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
+    runner = engine.engine.model_runner
+    real = runner.execute_model
+    calls = 0
+
+    def flaky(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if calls == 4:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return real(*args, **kwargs)
+
+    runner.execute_model = flaky
+
+    async def consume(i):
+        return [out async for out in engine.generate(f"Request {i}", SamplingParams(temperature=0, max_tokens=20))]
+
+    async def main():
+        results = await asyncio.gather(*(consume(i) for i in range(8)), return_exceptions=True)
+        assert all(isinstance(r, EngineDeadError) for r in results), results
+        assert all("illegal memory access" in str(r) for r in results)
+        assert not engine.is_healthy()
+        with pytest.raises(EngineDeadError, match="illegal memory access"):
+            await consume(99)
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
+@pytest.fixture(scope="module")
+def tiny_en_offline(tiny_en_assets):
+    from tests.whisper.conftest import make_llm
+
+    return make_llm("tiny.en", 20 * 110)
+
+
+def mixed_params(i: int) -> SamplingParams:
+    """Greedy, seeded sampling with n=2, and beam search, in turn; outputs streamed as deltas."""
+    kind = i % 3
+    if kind == 0:
+        return SamplingParams(temperature=0.0, max_tokens=10 + i % 23, output_kind=DELTA)
+    if kind == 1:
+        return SamplingParams(temperature=0.8, seed=i, n=2, max_tokens=10 + i % 19, output_kind=DELTA)
+    return SamplingParams(use_beam_search=True, beam_width=3, temperature=0.0, max_tokens=12,
+                          output_kind=DELTA)
+
+
+def test_64_consumers_with_cancellations_keep_results_blocks_and_the_event_loop(
+        tiny_bart_dir, tiny_en_offline, corpus):
+    prompts = [f"Request {i}: the rain in spain falls mainly on the plain {i} times." for i in range(56)]
+    offline = LLM(model=str(tiny_bart_dir), num_gpu_blocks=1000, block_size=8)
+    expected = offline.generate(prompts, [mixed_params(i) for i in range(56)], use_tqdm=False)
+    clips = corpus[:8]
+    expected_text = [t.text for t in tiny_en_offline.transcribe([c.pair for c in clips])]
+
+    bart = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=70, block_size=8,
+                                     swap_space=0.05, preemption_mode="swap", max_num_seqs=24)
+    whisper = AsyncLLMEngine.from_model("tiny.en", num_gpu_blocks=8 * 110, swap_space=0.05)
+    states: dict[int, str] = {}  # consumer -> where its request was when it was cancelled
+
+    async def consume(i):
+        ids: dict[int, list[int]] = {}
+        async for out in bart.generate(prompts[i], mixed_params(i), request_id=f"r{i}"):
+            for c in out.outputs:
+                ids.setdefault(c.index, []).extend(c.token_ids)
+        return [ids[k] for k in sorted(ids)]
+
+    def where(i: int) -> str:
+        scheduler = bart.engine.scheduler
+        for name in ("waiting", "running", "swapped"):
+            if any(g.request_id == f"r{i}" for g in list(getattr(scheduler, name))):
+                return name
+        return "elsewhere"
+
+    async def canceller(tasks):
+        """Cancel 3 consumers while waiting (the last ones queued), 3 while running (the first
+        ones admitted) and the first 4 seen swapped out: 10 in all."""
+        wanted = {**{i: "waiting" for i in (53, 54, 55)}, **{i: "running" for i in (0, 1, 2)}}
+        while len(states) < 10 and not all(t.done() for t in tasks):
+            for i, task in enumerate(tasks):
+                state = where(i)
+                if i in states or task.done() or state == "elsewhere":
+                    continue
+                if wanted.get(i) == state or (state == "swapped" and sum(
+                        s == "swapped" for s in states.values()) < 4 and i not in wanted):
+                    states[i] = state
+                    task.cancel()
+            await asyncio.sleep(0.002)
+
+    lateness = []
+
+    async def ticker(stop):
+        while not stop.is_set():
+            start = time.monotonic()
+            await asyncio.sleep(0.01)
+            lateness.append(time.monotonic() - start - 0.01)
+
+    async def main():
+        stop = asyncio.Event()
+        tick = asyncio.ensure_future(ticker(stop))
+        tasks = [asyncio.ensure_future(consume(i)) for i in range(56)]
+        transcripts = [asyncio.ensure_future(whisper.transcribe([clip.pair])) for clip in clips]
+        await canceller(tasks)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        texts = [t[0].text for t in await asyncio.gather(*transcripts)]
+        await until_idle(bart.engine)
+        stop.set()
+        await tick
+        await bart.shutdown()
+        await whisper.shutdown()
+        return results, texts
+
+    results, texts = asyncio.run(main())
+    assert texts == expected_text
+    for i, (result, want) in enumerate(zip(results, expected)):
+        if i in states and isinstance(result, asyncio.CancelledError):
+            continue
+        assert result == [c.token_ids for c in want.outputs], i
+    cancelled = sum(isinstance(results[i], asyncio.CancelledError) for i in states)
+    print(f"cancelled while {sorted(states.values())} ({cancelled} before they finished); swaps "
+          f"{bart.engine.stats.num_swap_outs}; ticker late by {1000 * max(lateness):.1f} ms at most "
+          f"over {len(lateness)} ticks")
+    assert sorted(states.values()) == ["running"] * 3 + ["swapped"] * 4 + ["waiting"] * 3
+    assert cancelled >= 8
+    assert bart.engine.stats.num_swap_outs > 0
+    assert max(lateness) < 0.05
+    engine_blocks_free(bart.engine)
+    engine_blocks_free(whisper.engine)

@@ -1,0 +1,108 @@
+"""`encdec serve` in a subprocess on a free 127.0.0.1 port, for the server tests.
+
+`RemoteServer` starts it, waits for `/health` (failing fast, with the server's log, if the
+process exits), hands out `openai` clients with `max_retries=0`, reads `/metrics`, and stops
+the process. Nothing but loopback is used.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import httpx
+import openai
+from prometheus_client.parser import text_string_to_metric_families
+
+API_KEY = "test-key"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RemoteServer:
+    def __init__(self, args: list[str], api_key: Optional[str] = None, startup_timeout: float = 180):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.api_key = api_key
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="encdec-serve-", suffix=".log", delete=False)
+        env = {**os.environ, "ENCDEC_API_KEY": api_key or ""}
+        if not api_key:
+            env.pop("ENCDEC_API_KEY")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "encdec", "serve", *args, "--port", str(self.port)],
+            stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[2])
+        self._wait_healthy(startup_timeout)
+
+    def _wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"encdec serve exited with {self.proc.returncode}:\n{self.output()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"encdec serve was not healthy within {timeout} s:\n{self.output()}")
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def client(self, **options) -> openai.OpenAI:
+        options = {"api_key": self.api_key or "none", "max_retries": 0, "timeout": 120, **options}
+        return openai.OpenAI(base_url=f"{self.url}/v1", **options)
+
+    def http(self, **options) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=120, **options)
+
+    def metrics(self) -> dict[tuple[str, tuple], float]:
+        """`{(sample name, sorted labels): value}` of /metrics."""
+        text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def engine_load(self) -> dict[tuple[str, tuple], float]:
+        """The non-zero gauges of requests in the engines and of KV blocks in use."""
+        names = ("encdec_kv_blocks_in_use", "encdec_kv_swap_blocks_in_use", "encdec_num_requests_running",
+                 "encdec_num_requests_waiting", "encdec_num_requests_swapped")
+        return {key: value for key, value in self.metrics().items() if key[0] in names and value}
+
+    def wait_all_blocks_free(self, timeout: float = 15) -> None:
+        """Every engine idle and every KV block free (aborts land between engine steps)."""
+        deadline = time.monotonic() + timeout
+        while (busy := self.engine_load()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not busy, f"engines still hold requests or blocks: {busy}"
+
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmRSS")
+
+    def output(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        os.unlink(self.log.name)

@@ -1,0 +1,178 @@
+"""`encdec serve` end to end with the official `openai` client and httpx: every endpoint gives
+what the offline `LLM` gives for the same inputs and seeds, and every block is free after.
+
+One server for the module: a seeded random tiny BART ("bart"), Whisper tiny.en and base.
+"""
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from encdec import LLM, SamplingParams
+from encdec.whisper.writers import write_srt, write_vtt
+from tests.entrypoints.conftest import SAMPLE
+from tests.entrypoints.remote_server import RemoteServer
+
+ARTICLES = ["The rain in spain falls mainly on the plain.",
+            "Continuous batching lets new requests join while others are still being decoded."]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bart_dir):
+    remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
+                           "--model", "tiny.en", "--served-model-name", "tiny.en",
+                           "--model", "base", "--served-model-name", "base",
+                           "--num-gpu-blocks", "2200", "--swap-space", "0.05"])
+    yield remote
+    remote.stop()
+
+
+@pytest.fixture(scope="module")
+def bart(tiny_bart_dir):
+    return LLM(str(tiny_bart_dir), num_gpu_blocks=512, swap_space=0.05)
+
+
+@pytest.fixture(scope="module")
+def tiny_en():
+    return LLM("tiny.en", num_gpu_blocks=2200, swap_space=0.05)
+
+
+@pytest.fixture(scope="module")
+def hello(tiny_en):
+    """What the offline LLM makes of the sample."""
+    return tiny_en.transcribe(str(SAMPLE))[0]
+
+
+@pytest.fixture(autouse=True)
+def blocks_free_after(server):
+    yield
+    server.wait_all_blocks_free()
+
+
+def offline_texts(llm: LLM, prompts, params: SamplingParams) -> list[str]:
+    return [c.text for out in llm.generate(prompts, params, use_tqdm=False) for c in out.outputs]
+
+
+def test_models(server):
+    client = server.client()
+    assert [m.id for m in client.models.list().data] == ["bart", "tiny.en", "base"]
+    assert client.models.retrieve("tiny.en").id == "tiny.en"
+    assert server.http().get("/version").json()["version"]
+
+
+def test_completions_plain_and_token_ids(server, bart):
+    ids = bart.get_tokenizer()(ARTICLES[0])["input_ids"]
+    result = server.client().completions.create(model="bart", prompt=[*ARTICLES], max_tokens=12,
+                                                temperature=0.0)
+    assert [c.index for c in result.choices] == [0, 1]
+    expected = offline_texts(bart, ARTICLES, SamplingParams(temperature=0.0, max_tokens=12))
+    assert [c.text for c in result.choices] == expected
+    assert result.usage.completion_tokens > 0
+    by_ids = server.client().completions.create(model="bart", prompt=[ids], max_tokens=12, temperature=0.0)
+    assert by_ids.choices[0].text == expected[0]
+
+
+def test_completions_n2_seeded(server, bart):
+    result = server.client().completions.create(model="bart", prompt=ARTICLES[1], n=2, seed=7,
+                                                temperature=1.0, max_tokens=10, logprobs=2)
+    expected = offline_texts(bart, ARTICLES[1], SamplingParams(n=2, seed=7, temperature=1.0, max_tokens=10))
+    assert [c.text for c in result.choices] == expected
+    logprobs = result.choices[0].logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) > 0
+    assert all(len(top) <= 3 for top in logprobs.top_logprobs)
+
+
+def test_completions_streamed_with_usage(server, bart):
+    chunks = list(server.client().completions.create(
+        model="bart", prompt=ARTICLES, max_tokens=12, temperature=0.0, stream=True,
+        stream_options={"include_usage": True}))
+    texts = ["", ""]
+    for chunk in chunks[:-1]:
+        assert chunk.object == "text_completion" and chunk.usage is None
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == offline_texts(bart, ARTICLES, SamplingParams(temperature=0.0, max_tokens=12))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+
+
+def test_completions_stop_string(server, bart):
+    full = offline_texts(bart, ARTICLES[0], SamplingParams(temperature=0.0, max_tokens=12))[0]
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    result = server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=12,
+                                                temperature=0.0, stop=[stop])
+    assert result.choices[0].text == full[:full.index(stop)]
+    assert result.choices[0].finish_reason == "stop"
+
+
+def test_summarize_plain_and_streamed(server, bart):
+    long_article = " ".join([ARTICLES[1]] * 40)  # over the tiny model's 256 positions
+    body = {"model": "bart", "input": [ARTICLES[0], long_article], "max_tokens": 10}
+    with server.http() as http:
+        plain = http.post("/v1/summarize", json=body)
+        assert plain.status_code == 200, plain.text
+        streamed = http.post("/v1/summarize", json={**body, "stream": True})
+    result = plain.json()
+    assert result["object"] == "summary"
+    tokenizer = bart.get_tokenizer()
+    truncated = tokenizer(long_article, truncation=True, max_length=256)["input_ids"]
+    expected = offline_texts(bart, [ARTICLES[0], {"prompt_token_ids": truncated}], SamplingParams(max_tokens=10))
+    assert [s["text"] for s in result["summaries"]] == expected
+    full = len(tokenizer(long_article)["input_ids"])
+    assert [(s["input_tokens"], s["truncated_tokens"]) for s in result["summaries"]] == [
+        (len(tokenizer(ARTICLES[0])["input_ids"]), 0), (256, full - 256)]
+
+    events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    texts = ["", ""]
+    for chunk in chunks[:-1]:
+        for piece in chunk["summaries"]:
+            texts[piece["index"]] += piece["text"]
+    assert texts == expected
+    assert chunks[-1]["usage"] == result["usage"]
+
+
+@pytest.mark.parametrize("response_format", ["json", "text", "srt", "vtt", "verbose_json"])
+def test_transcription_formats(server, hello, response_format):
+    expected = hello
+    with open(SAMPLE, "rb") as audio:
+        result = server.client().audio.transcriptions.create(model="tiny.en", file=audio,
+                                                             response_format=response_format)
+    if response_format == "json":
+        assert result.text == expected.text
+    elif response_format == "text":
+        assert result.strip() == expected.text
+    elif response_format in ("srt", "vtt"):
+        out = io.StringIO()
+        (write_srt if response_format == "srt" else write_vtt)(expected, out)
+        assert result == out.getvalue()
+    else:
+        assert (result.task, result.language, result.text) == ("transcribe", "english", expected.text)
+        assert result.duration == pytest.approx(expected.duration)
+        assert [(s.id, s.seek, s.start, s.end, s.text, s.tokens, s.temperature) for s in result.segments] == [
+            (i, s.seek, s.start, s.end, s.text, s.tokens, s.temperature) for i, s in enumerate(expected.segments)]
+        for got, want in zip(result.segments, expected.segments):
+            assert got.avg_logprob == pytest.approx(want.avg_logprob, abs=1e-4)
+            assert got.compression_ratio == pytest.approx(want.compression_ratio)
+            assert got.no_speech_prob == pytest.approx(want.no_speech_prob, abs=1e-4)
+
+
+def test_streamed_transcription_events(server, tiny_en, long_wav):
+    expected = tiny_en.transcribe(str(long_wav))[0]
+    with open(long_wav, "rb") as audio:
+        events = list(server.client().audio.transcriptions.create(model="tiny.en", file=audio, stream=True))
+    deltas, done = events[:-1], events[-1]
+    assert len(deltas) >= 2 and all(e.type == "transcript.text.delta" for e in deltas)
+    assert done.type == "transcript.text.done" and done.text == expected.text
+    assert "".join(e.delta for e in deltas).strip() == expected.text
+
+
+def test_translation(server):
+    expected = LLM("base", num_gpu_blocks=220, swap_space=0.05).transcribe(str(SAMPLE), task="translate")[0]
+    with open(SAMPLE, "rb") as audio:
+        result = server.client().audio.translations.create(model="base", file=audio,
+                                                           response_format="verbose_json")
+    assert (result.text, result.language) == (expected.text, "english")
+    assert [s.text for s in result.segments] == [s.text for s in expected.segments]

@@ -1,0 +1,267 @@
+"""Bad input, limits, keys, overload, disconnects and shutdown: each answer has the right status,
+OpenAI's error shape and `param`; the server keeps serving and every block is free after."""
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+
+from encdec import LLM, SamplingParams
+from encdec.engine.async_engine import AsyncLLMEngine
+from encdec.entrypoints.openai.api_server import build_app
+from encdec.entrypoints.openai.middleware import ServerState
+from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
+from tests.entrypoints.conftest import SAMPLE
+from tests.entrypoints.remote_server import API_KEY, RemoteServer
+
+TEXT = "The rain in spain falls mainly on the plain."
+MAX_UPLOAD_MB = 1
+LONG = {"min_tokens": 150, "max_tokens": 150, "temperature": 0.0}  # about a second of decoding
+
+
+@pytest.fixture(scope="module")
+def server(tiny_bart_dir):
+    remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
+                           "--model", "tiny.en", "--served-model-name", "tiny.en",
+                           "--num-gpu-blocks", "2200", "--swap-space", "0.05",
+                           "--max-upload-mb", str(MAX_UPLOAD_MB), "--max-audio-seconds", "5",
+                           "--max-num-seqs", "5", "--max-waiting-requests", "2"], api_key=API_KEY)
+    yield remote
+    remote.stop()
+
+
+def wav_bytes(seconds: float) -> bytes:
+    out = io.BytesIO()
+    noise = np.random.default_rng(0).normal(0, 0.1, int(16000 * seconds)).astype(np.float32)
+    soundfile.write(out, noise, 16000, format="WAV")
+    return out.getvalue()
+
+
+def assert_error(response: httpx.Response, status: int, param) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["x-request-id"]
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    assert error["param"] == param, error
+    return error
+
+
+JSON_CASES = [  # (path, body or raw text, status, param)
+    ("/v1/completions", '{"model": "bart", "prompt": ', 400, None),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 0}, 400, "n"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "nope", "prompt": TEXT}, 404, "model"),
+    ("/v1/completions", {"model": "tiny.en", "prompt": TEXT}, 400, "model"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "maxtokens": 5}, 400, "maxtokens"),
+    ("/v1/completions", {"model": "bart", "prompt": [[5] * 300]}, 400, "prompt"),
+    ("/v1/completions", {"model": "bart", "prompt": [99999]}, 400, "prompt"),
+    ("/v1/completions", {"model": "bart", "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2}, 400, "n"),  # greedy n=2
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2, "best_of": 1}, 400, "best_of"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "echo": True}, 400, "echo"),
+    ("/v1/summarize", {"model": "bart", "input": []}, 400, "input"),
+    ("/v1/summarize", {"model": "bart", "input": " "}, 400, "input"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT * 40, "truncate": False}, 400, "input"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "min_tokens": 9, "max_tokens": 3}, 400, "min_tokens"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "temperature": -1}, 400, "temperature"),
+]
+
+
+def test_bad_json_requests(server):
+    with server.http() as http:
+        for path, body, status, param in JSON_CASES:
+            if isinstance(body, str):
+                response = http.post(path, content=body, headers={"Content-Type": "application/json"})
+            else:
+                response = http.post(path, json=body)
+            assert_error(response, status, param)
+        wrong_type = http.post("/v1/completions", content=json.dumps({"model": "bart", "prompt": TEXT}),
+                               headers={"Content-Type": "text/plain"})
+        assert "application/json" in assert_error(wrong_type, 400, None)["message"]
+        too_long = http.post("/v1/summarize", json={"model": "bart", "input": TEXT * 40, "truncate": False})
+        assert "256" in too_long.json()["error"]["message"]
+
+
+AUDIO_CASES = [  # (files, form fields, status, param)
+    ({"file": ("empty.wav", b"", "audio/wav")}, {}, 400, "file"),
+    ({"file": ("notes.wav", b"just some text, not audio\n" * 20, "audio/wav")}, {}, 400, "file"),
+    ({"file": ("long.wav", wav_bytes(6.0), "audio/wav")}, {}, 400, "file"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"response_format": "xml"}, 400, "response_format"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"timestamp_granularities[]": "word"},
+     400, "timestamp_granularities[]"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"language": "fr"}, 400, "language"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"temperature": "3"}, 400, "temperature"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"stream": "true", "response_format": "srt"},
+     400, "stream"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"model": "bart"}, 400, "model"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"colour": "blue"}, 400, "colour"),
+    ({"other": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {}, 400, "file"),
+    ({"file": ("big.wav", b"\0" * (MAX_UPLOAD_MB * 1024 * 1024 + 1), "audio/wav")}, {}, 413, "file"),
+]
+
+
+def test_bad_audio_requests(server):
+    with server.http() as http:
+        for files, fields, status, param in AUDIO_CASES:
+            response = http.post("/v1/audio/transcriptions", files=files, data={"model": "tiny.en", **fields})
+            assert_error(response, status, param)
+        as_json = http.post("/v1/audio/transcriptions", json={"model": "tiny.en"})
+        assert "multipart/form-data" in assert_error(as_json, 400, None)["message"]
+        translation = http.post("/v1/audio/translations", data={"model": "tiny.en"},
+                                files={"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")})
+        assert "English-only" in assert_error(translation, 400, "model")["message"]
+
+
+def test_upload_limit_without_content_length(server):
+    """A chunked upload is cut off by the counting reader once it passes the limit."""
+    boundary = "xyz"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\ntiny.en\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+            "Content-Type: audio/wav\r\n\r\n").encode()
+    sent = []
+
+    def body():
+        yield head
+        for _ in range(3 * MAX_UPLOAD_MB * 16):  # 3x the limit, 64 KiB at a time
+            sent.append(1)
+            yield b"\0" * 65536
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    with server.http() as http:
+        response = http.post("/v1/audio/transcriptions", content=body(),
+                             headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert_error(response, 413, "file")
+
+
+def test_api_key(server):
+    assert httpx.get(f"{server.url}/health").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+        assert_error(httpx.get(f"{server.url}/v1/models", headers=headers), 401, None)
+    with pytest.raises(openai.AuthenticationError):
+        server.client(api_key="wrong").models.list()
+
+
+def test_openai_client_errors(server):
+    client = server.client()
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt=TEXT)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("nope")
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model="bart", prompt=TEXT, max_tokens=-1)
+    assert caught.value.body["param"] == "max_tokens"
+
+
+def test_overloaded_queue_answers_429(server):
+    async def burst():
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120) as http:
+            body = {"model": "bart", "prompt": TEXT, **LONG}
+            return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(12)))
+
+    responses = asyncio.run(burst())
+    statuses = sorted(r.status_code for r in responses)
+    assert 429 in statuses and set(statuses) <= {200, 429}, statuses
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.headers["retry-after"] == "1"
+    assert_error(refused, 429, None)
+
+
+def generated_tokens(server) -> float:
+    return server.metrics().get(("encdec_generation_tokens_total", (("model", "bart"),)), 0.0)
+
+
+def test_disconnects_abort_their_requests(server):
+    # two prompts of 250 tokens (no more: max_waiting_requests=2): over a second of decoding
+    body = {"model": "bart", "prompt": [TEXT] * 2, "min_tokens": 250, "max_tokens": 250, "temperature": 0}
+    whole = 2 * 250
+    before = generated_tokens(server)
+    with pytest.raises(httpx.ReadTimeout):  # not streamed: the client gives up waiting
+        httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers, timeout=0.3)
+    with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True},
+                      headers=server.headers, timeout=30) as response:
+        next(response.iter_lines())  # streamed: leave after the first event
+    server.wait_all_blocks_free()
+    assert generated_tokens(server) - before < 2 * whole  # both were cut short
+    assert server.metrics()[("encdec_http_requests_total",
+                             (("endpoint", "/v1/completions"), ("status", "499")))] >= 1
+
+
+def test_still_serving_after_errors(server, tiny_bart_dir):
+    expected = LLM(str(tiny_bart_dir), num_gpu_blocks=256).generate(
+        TEXT, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)[0].outputs[0].text
+    result = server.client().completions.create(model="bart", prompt=TEXT, max_tokens=8, temperature=0)
+    assert result.choices[0].text == expected
+    server.wait_all_blocks_free()
+
+
+def test_sigterm_drains_then_exits(tiny_bart_dir):
+    """Requests in flight finish; one that comes meanwhile gets 503; then the process ends."""
+    remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
+                           "--num-gpu-blocks", "256", "--max-num-seqs", "1"])
+    body = {"model": "bart", "prompt": TEXT, "stream": True, **LONG}
+
+    async def drain() -> tuple[list[list[str]], httpx.Response]:
+        async with httpx.AsyncClient(base_url=remote.url, timeout=60) as http:
+            async def stream() -> list[str]:
+                async with http.stream("POST", "/v1/completions", json=body) as response:
+                    return [line async for line in response.aiter_lines() if line.startswith("data: ")]
+
+            streams = [asyncio.ensure_future(stream()) for _ in range(3)]
+            while sum(v for (name, _), v in remote.metrics().items() if name in (
+                    "encdec_num_requests_running", "encdec_num_requests_waiting")) < 3:
+                await asyncio.sleep(0.02)
+            remote.proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.2)
+            refused = await http.get("/v1/models")
+            return await asyncio.gather(*streams), refused
+
+    try:
+        events, refused = asyncio.run(drain())
+        assert_error(refused, 503, None)
+        assert all(e[-1] == "data: [DONE]" and '"finish_reason":"length"' in e[-2] for e in events)
+        assert remote.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert "refusing new requests" in remote.output()
+    finally:
+        remote.stop()
+
+
+def test_model_that_fails_to_load_stops_start_up(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--model", str(tmp_path / "missing")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert f"encdec: error: cannot load model '{tmp_path / 'missing'}'" in done.stderr
+
+
+def test_dead_engine_makes_health_503(tiny_bart_dir, monkeypatch):
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=64)
+    app = build_app(ServedModels([ServedModel("bart", str(tiny_bart_dir), engine)]), ServerState())
+
+    def broken_step():
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(engine.engine, "step", broken_step)
+
+    async def run():
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            failed = await http.post("/v1/completions", json={"model": "bart", "prompt": TEXT})
+            health = await http.get("/health")
+            refused = await http.post("/v1/completions", json={"model": "bart", "prompt": TEXT})
+        await engine.shutdown()
+        return failed, health, refused
+
+    failed, health, refused = asyncio.run(run())
+    assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_dead"
+    assert_error(health, 503, None)
+    assert_error(refused, 503, "model")

@@ -1,0 +1,60 @@
+"""VAD: Silero VAD's speech regions become what is transcribed, and times map back."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from encdec.audio import SAMPLE_RATE
+from encdec.whisper.vad import FRAME, SpeechMap, VadOptions, speech_regions
+from tests.conftest import assert_all_blocks_free
+from tests.speech_corpus import sentence_coverage
+
+pytest.importorskip("silero_vad")
+
+
+def frames(pattern: str) -> np.ndarray:
+    """'0' = 0.1, '1' = 0.9, one character per 512-sample frame."""
+    return np.array([0.9 if c == "1" else 0.1 for c in pattern], dtype=np.float32)
+
+
+def test_regions_follow_thresholds_gaps_and_padding():
+    probs = frames("0000111100000000001110000")
+    n = len(probs) * FRAME
+    options = VadOptions(min_silence_duration_ms=0, speech_pad_ms=0)
+    assert speech_regions(probs, n, options) == [(4 * FRAME, 8 * FRAME), (18 * FRAME, 21 * FRAME)]
+    # a gap shorter than min_silence joins the regions; padding stays inside the audio
+    joined = VadOptions(min_silence_duration_ms=1000, speech_pad_ms=100)
+    assert speech_regions(probs, n, joined) == [(4 * FRAME - 1600, 21 * FRAME + 1600)]
+    assert speech_regions(probs, n, VadOptions(min_speech_duration_ms=100, speech_pad_ms=0,
+                                               min_silence_duration_ms=0)) == [(4 * FRAME, 8 * FRAME)]
+    long = VadOptions(max_speech_duration_s=2 * FRAME / SAMPLE_RATE, speech_pad_ms=0, min_silence_duration_ms=0)
+    assert all(e - s <= 2 * FRAME for s, e in speech_regions(frames("0111111110"), 10 * FRAME, long))
+
+
+def test_speech_map_times_go_back_to_the_input():
+    speech = SpeechMap.__new__(SpeechMap)
+    speech.regions = [(16000, 32000), (80000, 96000)]  # 1-2 s and 5-6 s
+    speech.joined_starts = np.array([0, 16000])
+    assert speech.to_original(0.5) == 1.5
+    assert speech.to_original(1.0) == 5.0 and speech.to_original(1.0, is_end=True) == 2.0
+    assert speech.to_original(1.75, is_end=True) == 5.75
+
+
+def test_vad_drops_the_gap_and_keeps_the_second_sentence_in_place(tiny_en, corpus):
+    first, second = corpus[0], corpus[3]
+    rng = np.random.default_rng(0)
+    gap = np.concatenate([np.zeros(8 * SAMPLE_RATE), rng.normal(0, 0.03, 4 * SAMPLE_RATE),
+                          np.zeros(8 * SAMPLE_RATE)]).astype(np.float32)  # 20 s of silence and noise
+    audio = np.concatenate([first.audio, gap, second.audio])
+    gap_start, second_start = len(first.audio) / SAMPLE_RATE, (len(first.audio) + len(gap)) / SAMPLE_RATE
+    (plain,) = tiny_en.transcribe((audio, SAMPLE_RATE))
+    (filtered,) = tiny_en.transcribe((audio, SAMPLE_RATE), vad_filter=True)
+    in_gap = [s.text for s in plain.segments if s.start > gap_start + 0.5 and s.end < second_start - 0.5]
+    print(f"without VAD, in the gap: {in_gap or 'nothing'}; with VAD: "
+          f"{[(round(s.start, 2), round(s.end, 2), s.text) for s in filtered.segments]}")
+    assert not [s for s in filtered.segments if s.start > gap_start + 0.5 and s.end < second_start - 0.5]
+    assert min(sentence_coverage([first.text, second.text], filtered.text)) >= 0.5
+    later = [s for s in filtered.segments if s.start > gap_start]
+    assert later and abs(later[0].start - second_start) <= 0.3
+    assert filtered.duration == pytest.approx(len(audio) / SAMPLE_RATE)
+    assert_all_blocks_free(tiny_en)
