@@ -1,12 +1,14 @@
-"""BART greedy throughput: encdec vs Hugging Face `generate()` (static batches) vs CTranslate2.
+"""Greedy throughput of BART or T5: encdec vs Hugging Face `generate()` (static batches) vs
+CTranslate2.
 
-One seeded random-weight checkpoint of the full facebook/bart-base shape; one deterministic
-workload (long-tailed document lengths, per-request max_tokens, EOS ignored so every engine
-produces the same number of tokens). Hugging Face runs static batches of 16 sorted by length
-(its best case) and generates up to each batch's largest max_tokens; CTranslate2 runs the
-same checkpoint converted by its own converter, float32, greedy, same batches.
+One seeded random-weight checkpoint of a full published shape (`--family bart`: facebook/bart-base;
+`--family t5`: google-t5/t5-small with its 32128-id vocabulary); one deterministic workload
+(long-tailed document lengths, per-request max_tokens, EOS ignored so every engine produces the
+same number of tokens). Hugging Face runs static batches of 16 sorted by length (its best case)
+and generates up to each batch's largest max_tokens; CTranslate2 runs the same checkpoint
+converted by its own converter, float32, greedy, same batches.
 
-    python -m benchmarks.bench_bart [--num-docs 64] [--rounds 2] [--threads 2]
+    python -m benchmarks.bench_bart [--family t5] [--num-docs 64] [--rounds 2] [--threads 2]
 """
 from __future__ import annotations
 
@@ -14,24 +16,31 @@ import argparse
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from benchmarks.common import (interleaved, machine, markdown_table, median, run_isolated,
-                               write_json)
+from benchmarks.common import (ENCDEC_COMPUTE, interleaved, machine, markdown_table, median,
+                               prefix_agreement, run_isolated, write_json)
 
 DECODER_PROMPT = [2, 0]
 HF_BATCH = 16
+T5_VOCAB_SIZE = 32128
 
 
-def make_workload(num_docs: int, seed: int, vocab_size: int) -> list[dict]:
-    """Long-tailed lengths in [100, 1000] tokens and max_tokens in [32, 128]."""
+def make_workload(num_docs: int, seed: int, vocab_size: int, max_len: int = 1000,
+                  encoder_bos: tuple[int, ...] = (0,), eos: int = 2,
+                  first_id: int = 4) -> list[dict]:
+    """Long-tailed lengths in [100, max_len] tokens (`encoder_bos`, random ids from `first_id`
+    below the vocabulary's last, `eos`) and max_tokens in [32, 128]."""
     rng = np.random.default_rng(seed)
-    lengths = np.clip((rng.pareto(1.2, num_docs) + 1) * 100, 100, 1000).astype(int)
+    lengths = np.clip((rng.pareto(1.2, num_docs) + 1) * 100, 100, max_len).astype(int)
     max_tokens = rng.integers(32, 129, num_docs)
-    return [{"ids": [0] + rng.integers(4, vocab_size - 1, n - 2).tolist() + [2], "max_tokens": int(m)}
-            for n, m in zip(lengths, max_tokens)]
+    body = len(encoder_bos) + 1
+    return [{"ids": [*encoder_bos, *rng.integers(first_id, vocab_size - 1, n - body).tolist(), eos],
+             "max_tokens": int(m)} for n, m in zip(lengths, max_tokens)]
 
 
 def make_checkpoint(out: Path, seed: int) -> Path:
@@ -65,8 +74,44 @@ def make_checkpoint(out: Path, seed: int) -> Path:
     return out
 
 
-def convert_ct2(model_dir: Path, out: Path) -> Path:
-    """CTranslate2's own converter, on a copy whose config names BART's post-LN layout."""
+def make_t5_checkpoint(out: Path, seed: int) -> Path:
+    """Random google-t5/t5-small (6 + 6 layers, tied LM head) with the parity tests' weight stds
+    and SentencePiece tokenizer; the vocabulary is t5-small's 32128 ids (CTranslate2 names the
+    ids past the tokenizer's pieces <extra_id_N>, so the tokenizer has no sentinels of its own)."""
+    from tests.family_checkpoints import make_family_checkpoint, t5_tokenizer
+
+    if (out / "config.json").exists():
+        return out
+    tokenizer = t5_tokenizer(out / "_spm", extra_ids=0)
+    return make_family_checkpoint("t5", out, seed=seed, full=True, tokenizer=tokenizer,
+                                  vocab_size=T5_VOCAB_SIZE)
+
+
+@dataclass(frozen=True)
+class Family:
+    """What the engines need to know of a model family's checkpoint."""
+
+    checkpoint: str  # its folder name in --work-dir
+    make_checkpoint: Callable[[Path, int], Path]
+    workload: dict  # make_workload's settings
+    decoder_prompt: list[int]  # the decoder start token, then any forced prefix
+    pad_id: int
+    ct2_config: dict  # config.json changes CTranslate2's converter needs
+
+
+FAMILIES = {
+    "bart": Family("bart-base-deep", make_checkpoint, dict(vocab_size=50265), DECODER_PROMPT,
+                   pad_id=1, ct2_config=dict(normalize_before=False, add_final_layer_norm=False)),
+    # T5 has no absolute positions and was trained on (and encdec limits inputs to) 512 tokens
+    "t5": Family("t5-small", make_t5_checkpoint,
+                 dict(vocab_size=T5_VOCAB_SIZE, max_len=512, encoder_bos=(), eos=1, first_id=3),
+                 [0], pad_id=0, ct2_config={}),
+}
+
+
+def convert_ct2(model_dir: Path, out: Path, config_changes: dict) -> Path:
+    """CTranslate2's own converter, on a copy of the checkpoint with `config_changes` (BART's
+    post-LN layout)."""
     if (out / "model.bin").exists():
         return out
     import ctranslate2
@@ -74,7 +119,7 @@ def convert_ct2(model_dir: Path, out: Path) -> Path:
     staging = out.with_name(out.name + "-src")
     shutil.copytree(model_dir, staging, dirs_exist_ok=True)
     config = json.loads((staging / "config.json").read_text())
-    config.update(normalize_before=False, add_final_layer_norm=False)
+    config.update(config_changes)
     (staging / "config.json").write_text(json.dumps(config))
     ctranslate2.converters.TransformersConverter(str(staging)).convert(str(out), force=True)
     shutil.rmtree(staging)
@@ -86,10 +131,10 @@ def static_batches(workload: list[dict]) -> list[list[int]]:
     return [order[i:i + HF_BATCH] for i in range(0, len(order), HF_BATCH)]
 
 
-def run_encdec(model_dir: str, workload: list[dict], threads: int) -> dict:
+def run_encdec(model_dir: str, workload: list[dict], compute: str, threads: int) -> dict:
     from encdec import LLM, SamplingParams, TokensPrompt
 
-    llm = LLM(model=model_dir)
+    llm = LLM(model=model_dir, **ENCDEC_COMPUTE[compute])
     prompts = [TokensPrompt(prompt_token_ids=w["ids"]) for w in workload]
     params = [SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], ignore_eos=True)
               for w in workload]
@@ -100,17 +145,18 @@ def run_encdec(model_dir: str, workload: list[dict], threads: int) -> dict:
             "steps": llm.llm_engine.stats.num_steps}
 
 
-def run_hf(model_dir: str, workload: list[dict], threads: int) -> dict:
+def run_hf(model_dir: str, workload: list[dict], family: str, threads: int) -> dict:
     import torch
-    from transformers import BartForConditionalGeneration
+    from transformers import AutoModelForSeq2SeqLM
 
-    model = BartForConditionalGeneration.from_pretrained(model_dir).eval()
+    decoder_prompt, pad_id = FAMILIES[family].decoder_prompt, FAMILIES[family].pad_id
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
     tokens: list = [None] * len(workload)
     start = time.perf_counter()
     with torch.inference_mode():
         for batch in static_batches(workload):
             width = max(len(workload[i]["ids"]) for i in batch)
-            ids = torch.full((len(batch), width), 1)
+            ids = torch.full((len(batch), width), pad_id)
             mask = torch.zeros((len(batch), width), dtype=torch.long)
             for row, i in enumerate(batch):
                 n = len(workload[i]["ids"])
@@ -118,56 +164,73 @@ def run_hf(model_dir: str, workload: list[dict], threads: int) -> dict:
                 mask[row, :n] = 1
             new = max(workload[i]["max_tokens"] for i in batch)
             out = model.generate(
-                ids, attention_mask=mask, decoder_input_ids=torch.tensor([DECODER_PROMPT] * len(batch)),
+                ids, attention_mask=mask, decoder_input_ids=torch.tensor([decoder_prompt] * len(batch)),
                 do_sample=False, num_beams=1, max_new_tokens=new, min_length=0, eos_token_id=None,
-                forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0, pad_token_id=1)
+                forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0,
+                pad_token_id=pad_id)
             for row, i in enumerate(batch):
-                tokens[i] = out[row, len(DECODER_PROMPT):len(DECODER_PROMPT) + workload[i]["max_tokens"]].tolist()
+                first = len(decoder_prompt)
+                tokens[i] = out[row, first:first + workload[i]["max_tokens"]].tolist()
     return {"seconds": time.perf_counter() - start, "tokens": tokens}
 
 
-def run_ct2(ct2_dir: str, workload: list[dict], threads: int) -> dict:
+def run_ct2(ct2_dir: str, workload: list[dict], family: str, compute_type: str,
+            threads: int) -> dict:
+    """CTranslate2 starts the decoder with the start token of its config itself; the rest of
+    the decoder prompt (BART's <s>) is a target prefix, dropped from its outputs."""
     import ctranslate2
 
-    translator = ctranslate2.Translator(ct2_dir, device="cpu", compute_type="float32",
+    translator = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=compute_type,
                                         intra_threads=threads)
-    names = [f"w{i}" for i in range(4, 50264)]
-    to_tok = {i + 4: t for i, t in enumerate(names)} | {0: "<s>", 1: "<pad>", 2: "</s>", 3: "<unk>", 50264: "<mask>"}
-    to_id = {t: i for i, t in to_tok.items()}
+    names = json.loads((Path(ct2_dir) / "shared_vocabulary.json").read_text())
+    to_id = {name: i for i, name in enumerate(names)}
+    prefix = [names[i] for i in FAMILIES[family].decoder_prompt[1:]]
     tokens: list = [None] * len(workload)
     start = time.perf_counter()
     for batch in static_batches(workload):
         new = max(workload[i]["max_tokens"] for i in batch)
         results = translator.translate_batch(
-            [[to_tok[t] for t in workload[i]["ids"]] for i in batch],
-            target_prefix=[["<s>"]] * len(batch), beam_size=1,
-            max_decoding_length=new + 1, end_token=[], max_input_length=0)
+            [[names[t] for t in workload[i]["ids"]] for i in batch],
+            target_prefix=[prefix] * len(batch) if prefix else None, beam_size=1,
+            max_decoding_length=new + len(prefix), end_token=[], max_input_length=0)
         for i, res in zip(batch, results):
-            hyp = [to_id[t] for t in res.hypotheses[0]][1:]  # drops the <s> prefix (CT2 adds </s> itself)
+            hyp = [to_id[t] for t in res.hypotheses[0]][len(prefix):]
             tokens[i] = hyp[:workload[i]["max_tokens"]]
     return {"seconds": time.perf_counter() - start, "tokens": tokens}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="bart")
     parser.add_argument("--num-docs", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench")
-    parser.add_argument("--engines", default="encdec,hf,ct2")
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/bart.json"))
+    parser.add_argument("--engines", default="encdec,hf,ct2",
+                        help="of encdec, encdec-bf16, encdec-int8, hf, ct2, ct2-int8")
+    parser.add_argument("--json", type=Path, help="default: benchmarks/results/FAMILY.json")
     args = parser.parse_args(argv)
+    args.json = args.json or Path(f"benchmarks/results/{args.family}.json")
 
-    model_dir = make_checkpoint(args.work_dir / f"bart-base-deep-{args.seed}", args.seed)
-    workload = make_workload(args.num_docs, args.seed, 50265)
+    family = FAMILIES[args.family]
+    model_dir = family.make_checkpoint(args.work_dir / f"{family.checkpoint}-{args.seed}", args.seed)
+    workload = make_workload(args.num_docs, args.seed, **family.workload)
     runners = {
-        "encdec": lambda: run_isolated(run_encdec, str(model_dir), workload, args.threads),
-        "hf": lambda: run_isolated(run_hf, str(model_dir), workload, args.threads),
+        "encdec": lambda: run_isolated(run_encdec, str(model_dir), workload, "float32",
+                                       args.threads),
+        "encdec-bf16": lambda: run_isolated(run_encdec, str(model_dir), workload, "bfloat16",
+                                            args.threads),
+        "encdec-int8": lambda: run_isolated(run_encdec, str(model_dir), workload, "int8",
+                                            args.threads),
+        "hf": lambda: run_isolated(run_hf, str(model_dir), workload, args.family, args.threads),
     }
     if "ct2" in args.engines:
-        ct2_dir = convert_ct2(model_dir, args.work_dir / f"bart-base-deep-{args.seed}-ct2")
-        runners["ct2"] = lambda: run_isolated(run_ct2, str(ct2_dir), workload, args.threads)
+        ct2_dir = convert_ct2(model_dir, args.work_dir / f"{family.checkpoint}-{args.seed}-ct2",
+                              family.ct2_config)
+        for name, compute_type in (("ct2", "float32"), ("ct2-int8", "int8")):
+            runners[name] = lambda c=compute_type: run_isolated(run_ct2, str(ct2_dir), workload,
+                                                                args.family, c, args.threads)
     runners = {k: v for k, v in runners.items() if k in args.engines.split(",")}
     runs = interleaved(runners, args.rounds)
 
@@ -181,20 +244,27 @@ def main(argv=None) -> int:
         summary[name] = {"seconds": secs, "tokens_per_s": generated / secs,
                          "requests_per_s": len(workload) / secs,
                          "peak_rss_mb": median(rs, "peak_rss_mb"), "agreement_with_encdec": agree,
+                         "prefix_agreement_with_encdec": (
+                             prefix_agreement(rs[0]["tokens"], reference)
+                             if reference is not None else float("nan")),
                          "all_seconds": [r["seconds"] for r in rs],
                          "load": [(r["load_before"], r["load_after"]) for r in rs]}
         rows.append([name, secs, generated / secs, len(workload) / secs, summary[name]["peak_rss_mb"],
-                     f"{agree:.0%}"])
+                     f"{agree:.0%}", f"{summary[name]['prefix_agreement_with_encdec']:.1%}"])
     for name in summary:
         if name != "encdec" and "encdec" in summary:
             summary[name]["encdec_speedup"] = summary["encdec"]["tokens_per_s"] / summary[name]["tokens_per_s"]
     table = markdown_table(["engine", "wall s (median)", "gen tok/s", "req/s", "peak RSS MB",
-                            "ids = encdec"], rows)
+                            "ids = encdec", "tokens before divergence"], rows)
     ratios = ", ".join(f"encdec / {n}: {s['encdec_speedup']:.2f}x" for n, s in summary.items()
                        if "encdec_speedup" in s)
+    ratios += "".join(f", {ours} / {theirs}: "
+                      f"{summary[ours]['tokens_per_s'] / summary[theirs]['tokens_per_s']:.2f}x"
+                      for ours, theirs in (("encdec-bf16", "ct2-int8"), ("encdec-int8", "ct2-int8"))
+                      if ours in summary and theirs in summary)
     variety = (float(np.median([len(set(t)) for t in reference])) if reference is not None
                else float("nan"))
-    print(f"\n{args.num_docs} documents, {generated} generated tokens, {args.rounds} rounds, "
+    print(f"\n{args.family}: {args.num_docs} documents, {generated} generated tokens, {args.rounds} rounds, "
           f"{args.threads} threads; distinct tokens per output (median): {variety:g}"
           f"\n\n{table}\n\n{ratios}")
     write_json(args.json, {"machine": machine(), "args": vars(args) | {"work_dir": str(args.work_dir),

@@ -6,9 +6,13 @@ for every engine. In one run, interleaved: encdec (all clips in one continuous b
 long clips also with `condition_on_previous_text=False`, every window at once);
 faster-whisper `WhisperModel` float32 and int8, sequential, beam_size=1; faster-whisper
 `BatchedInferencePipeline` (batch 8, float32); Hugging Face transformers Whisper built from
-the same weights (greedy, batches of 8; short clips only).
+the same weights (greedy, batches of 8; short clips only). On the short clips also openai-whisper's
+CLI defaults (beam 5, best_of 5, temperature fallback): encdec against faster-whisper
+`WhisperModel` float32 with its own defaults (the same), each row's speedup against encdec in
+the same configuration.
 
     python -m benchmarks.bench_whisper [--rounds 3] [--long-rounds 2] [--threads 2]
+    python -m benchmarks.bench_whisper --engines encdec-beam5,fw-beam5 --rounds 1  # one row pair
 """
 from __future__ import annotations
 
@@ -18,10 +22,19 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import interleaved, machine, markdown_table, median, run_isolated, write_json
+from benchmarks.common import (ENCDEC_COMPUTE, interleaved, machine, markdown_table, median,
+                               run_isolated, write_json)
 from tests.speech_corpus import CORPUS, long_clips, speak, wer
 
 SAMPLE_RATE = 16000
+OPENAI_DEFAULTS = "openai-whisper defaults (beam 5, best_of 5, fallback)"
+# Engines decoding otherwise than greedily (beam 1), and the encdec engine in the same
+# configuration that their speedup is measured against (default: "encdec").
+DECODING = {"encdec-beam5": OPENAI_DEFAULTS, "fw-beam5": OPENAI_DEFAULTS}
+BASELINE = {"encdec-beam5": "encdec-beam5", "fw-beam5": "encdec-beam5"}
+# encdec's lower-precision runs and the faster-whisper run each is measured against
+LOW_PRECISION_PAIRS = (("encdec-int8", "fw-int8"), ("encdec-bf16", "fw-fp32"))
+SHORT_ONLY = ("hf", "encdec-beam5", "fw-beam5")
 
 
 def build_corpus(folder: Path) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
@@ -54,16 +67,34 @@ def _tiny_en_dir() -> str:
     return str(resolve_whisper_model("tiny.en").bin_parts[0].parent)
 
 
-def run_encdec(paths: list[str], condition: bool, threads: int) -> dict:
+def run_encdec(paths: list[str], condition: bool, threads: int,
+               beam_size: int | None = None, compute: str = "float32") -> dict:
     from encdec import LLM
 
-    llm = LLM(model="tiny.en")
+    llm = LLM(model="tiny.en", **ENCDEC_COMPUTE[compute])
     start = time.perf_counter()
-    results = llm.transcribe(paths, language="en", condition_on_previous_text=condition)
+    results = llm.transcribe(paths, language="en", condition_on_previous_text=condition,
+                             beam_size=beam_size)
     return {"seconds": time.perf_counter() - start, "texts": [r.text for r in results]}
 
 
-def run_faster_whisper(paths: list[str], compute_type: str, batched: bool, threads: int) -> dict:
+def run_encdec_compute(paths: list[str], compute: str, threads: int) -> dict:
+    """encdec as `run_encdec` (conditioning on previous text), in bfloat16 or on int8 weights."""
+    return run_encdec(paths, True, threads, compute=compute)
+
+
+def run_encdec_beam5(paths: list[str], threads: int) -> dict:
+    """encdec with openai-whisper's defaults: beam 5, best_of 5, temperature fallback."""
+    return run_encdec(paths, True, threads, beam_size=5)
+
+
+def run_faster_whisper_beam5(paths: list[str], threads: int) -> dict:
+    """faster-whisper `WhisperModel` with its defaults: beam 5, temperature fallback."""
+    return run_faster_whisper(paths, "float32", False, threads, beam_size=5)
+
+
+def run_faster_whisper(paths: list[str], compute_type: str, batched: bool, threads: int,
+                       beam_size: int = 1) -> dict:
     from faster_whisper import BatchedInferencePipeline, WhisperModel
 
     model = WhisperModel(_tiny_en_dir(), device="cpu", compute_type=compute_type, cpu_threads=threads)
@@ -74,7 +105,7 @@ def run_faster_whisper(paths: list[str], compute_type: str, batched: bool, threa
         if pipeline is not None:
             segments, _ = pipeline.transcribe(path, language="en", beam_size=1, batch_size=8)
         else:
-            segments, _ = model.transcribe(path, language="en", beam_size=1)
+            segments, _ = model.transcribe(path, language="en", beam_size=beam_size)
         texts.append(" ".join(s.text.strip() for s in segments))
     return {"seconds": time.perf_counter() - start, "texts": texts}
 
@@ -111,7 +142,8 @@ def main(argv=None) -> int:
     parser.add_argument("--long-rounds", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "speech")
-    parser.add_argument("--engines", default="encdec,encdec-parallel,fw-fp32,fw-int8,fw-batched,hf")
+    parser.add_argument("--engines", default="encdec,encdec-parallel,fw-fp32,fw-int8,fw-batched,hf,"
+                                              "encdec-beam5,fw-beam5")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/whisper.json"))
     args = parser.parse_args(argv)
 
@@ -122,29 +154,38 @@ def main(argv=None) -> int:
     engines = {
         "encdec": lambda p: run_isolated(run_encdec, p, True, t),
         "encdec-parallel": lambda p: run_isolated(run_encdec, p, False, t),
+        "encdec-bf16": lambda p: run_isolated(run_encdec_compute, p, "bfloat16", t),
+        "encdec-int8": lambda p: run_isolated(run_encdec_compute, p, "int8", t),
         "fw-fp32": lambda p: run_isolated(run_faster_whisper, p, "float32", False, t),
         "fw-int8": lambda p: run_isolated(run_faster_whisper, p, "int8", False, t),
         "fw-batched": lambda p: run_isolated(run_faster_whisper, p, "float32", True, t),
         "hf": lambda p: run_isolated(run_hf, p, t),
+        "encdec-beam5": lambda p: run_isolated(run_encdec_beam5, p, t),  # the thread count last
+        "fw-beam5": lambda p: run_isolated(run_faster_whisper_beam5, p, t),
     }
     engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
     results = {}
     for label, corpus, rounds, names in (
             ("short", clips, args.rounds, [k for k in engines if k != "encdec-parallel"]),
-            ("long", long, args.long_rounds, [k for k in engines if k != "hf"])):
+            ("long", long, args.long_rounds, [k for k in engines if k not in SHORT_ONLY])):
         paths, refs = [str(p) for p, _ in corpus], [text for _, text in corpus]
         audio_seconds = sum(sf.info(p).duration for p in paths)
         runs = interleaved({k: (lambda f=engines[k]: f(paths)) for k in names}, rounds)
         results[label] = summarize(runs, refs, audio_seconds)
         print(f"\n{label}: {len(paths)} clips, {audio_seconds:.0f} s of audio; {rounds} rounds, {t} threads\n\n"
               f"{table(results[label])}")
+        speed = {name: s["audio_s_per_s"] for name, s in results[label].items()}
+        for ours, theirs in LOW_PRECISION_PAIRS:
+            if ours in speed and theirs in speed:
+                print(f"{ours} / {theirs}: {speed[ours] / speed[theirs]:.2f}x")
     write_json(args.json, {"machine": machine(), "args": {k: str(v) for k, v in vars(args).items()},
                            "results": results})
     return 0
 
 
 def summarize(runs: dict, refs: list[str], audio_seconds: float) -> dict:
-    """Per engine: median seconds, audio seconds per second, WER, peak RSS, speedup of encdec."""
+    """Per engine: median seconds, audio seconds per second, WER, peak RSS, and the speedup of
+    encdec in the same decoding configuration (`BASELINE`)."""
     summary = {}
     for name, engine_runs in runs.items():
         secs = median(engine_runs, "seconds")
@@ -153,17 +194,19 @@ def summarize(runs: dict, refs: list[str], audio_seconds: float) -> dict:
                          "peak_rss_mb": median(engine_runs, "peak_rss_mb"),
                          "all_seconds": [r["seconds"] for r in engine_runs],
                          "load": [(r["load_before"], r["load_after"]) for r in engine_runs]}
-    for s in summary.values():
-        s["encdec_speedup"] = (summary["encdec"]["audio_s_per_s"] / s["audio_s_per_s"]
-                               if "encdec" in summary else None)
+    for name, s in summary.items():
+        baseline = summary.get(BASELINE.get(name, "encdec"))
+        s["encdec_speedup"] = baseline["audio_s_per_s"] / s["audio_s_per_s"] if baseline else None
     return summary
 
 
 def table(summary: dict) -> str:
-    rows = [[name, s["seconds"], s["audio_s_per_s"], f"{100 * s['wer']:.1f}%", s["peak_rss_mb"],
-             f"{s['encdec_speedup']:.2f}x" if s["encdec_speedup"] else "-"] for name, s in summary.items()]
-    return markdown_table(["engine", "wall s (median)", "audio s / s", "WER", "peak RSS MB",
-                           "encdec speedup"], rows)
+    rows = [[name, DECODING.get(name, "greedy"), s["seconds"], s["audio_s_per_s"],
+             f"{100 * s['wer']:.1f}%", s["peak_rss_mb"],
+             f"{s['encdec_speedup']:.2f}x" if s["encdec_speedup"] else "-"]
+            for name, s in summary.items()]
+    return markdown_table(["engine", "decoding", "wall s (median)", "audio s / s", "WER",
+                           "peak RSS MB", "encdec speedup"], rows)
 
 
 if __name__ == "__main__":

@@ -86,3 +86,21 @@ def markdown_table(headers: list[str], rows: list[list[Any]]) -> str:
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2))
+
+
+# encdec's LLM options per compute type (faster-whisper's and CTranslate2's names)
+ENCDEC_COMPUTE = {"float32": {}, "bfloat16": {"dtype": "bfloat16"},
+                  "int8": {"quantization": "int8"}}
+
+
+def prefix_agreement(outputs: list[list[int]], reference: list[list[int]]) -> float:
+    """The share of the reference's tokens that `outputs` repeats before its first divergence
+    from it, over all requests: greedy decoding agrees exactly up to the first differing
+    token, and what follows depends on it."""
+    agreed = 0
+    for ours, theirs in zip(outputs, reference):
+        n = 0
+        while n < min(len(ours), len(theirs)) and ours[n] == theirs[n]:
+            n += 1
+        agreed += n
+    return agreed / max(1, sum(len(r) for r in reference))

@@ -78,6 +78,8 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
 
 
 def _read_file(path: Path) -> tuple[np.ndarray, int]:
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not an audio file")
     if not path.is_file():
         raise AudioFileNotFoundError(f"audio file not found: {path}")
     if path.stat().st_size == 0:

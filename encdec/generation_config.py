@@ -2,7 +2,8 @@
 
 `generation_config.json` wins when it exists; otherwise the generation fields of `config.json`
 (older checkpoints such as facebook/bart-large-cnn keep them there). Keys the file does not set
-take Hugging Face's defaults (greedy, max_length 20, ...), as `generate()` would.
+take Hugging Face's defaults (greedy, max_length 20, ...), as `generate()` would. Speech models
+(Whisper) decode greedily up to the decoder's length instead, file or no file (`for_speech`).
 
 `resolve_sampling_params` turns a request's `SamplingParams` into concrete values. The config
 fills the fields the request left unset, unless the request set `temperature`: that asks for
@@ -37,17 +38,25 @@ HF_DEFAULTS = dict(do_sample=False, num_beams=1, temperature=1.0, top_k=50, top_
 
 @dataclass(frozen=True)
 class GenerationDefaults:
-    """The generation fields a checkpoint sets; `found` is False when it has none at all."""
+    """The generation fields a checkpoint sets; `found` is False when it has none at all.
+    `fallback` holds the values of the fields it leaves unset."""
 
     values: dict[str, Any] = field(default_factory=dict)
     found: bool = False
+    fallback: dict[str, Any] = field(default_factory=lambda: HF_DEFAULTS)
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], found: bool = True) -> "GenerationDefaults":
         return cls({k: config[k] for k in GENERATION_FIELDS if config.get(k) is not None}, found)
 
     def get(self, name: str) -> Any:
-        return self.values.get(name, HF_DEFAULTS[name])
+        return self.values.get(name, self.fallback[name])
+
+    def for_speech(self, max_decoder_len: int) -> "GenerationDefaults":
+        """A speech model's defaults: unset fields decode greedily up to the decoder's length (as
+        openai-whisper does), and they apply even when the checkpoint has no config at all."""
+        return dataclasses.replace(self, found=True,
+                                   fallback={**HF_DEFAULTS, "max_length": max_decoder_len})
 
     def applies_to(self, params: SamplingParams) -> bool:
         return self.found and params.temperature is None

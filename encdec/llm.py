@@ -20,19 +20,24 @@ class LLM:
     from `num_gpu_blocks` or the `kv_cache_space` budget (GiB); `swap_space` (GiB) sizes the
     swap pool used when requests are preempted by swapping. `tune_malloc` (CPU) lets the
     engine keep freed activation memory in the C heap for reuse, a process-wide setting
-    (`encdec.worker.cpu_memory`; also off with ENCDEC_KEEP_FREED_MEMORY=0).
+    (`encdec.worker.cpu_memory`; also off with ENCDEC_KEEP_FREED_MEMORY=0). `quantization="int8"`
+    (CPU, float32) runs the layers' linears on int8 weights, as faster-whisper's
+    `compute_type="int8"` (`encdec.models.quantization`); `dtype="bfloat16"` runs weights,
+    activations and the KV cache in bfloat16.
     """
 
     def __init__(self, model: str, dtype: str = "auto", device: Optional[str] = None,
                  block_size: int = 16, num_gpu_blocks: Optional[int] = None,
                  kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
-                 seed: int = 0, attention_backend: Optional[str] = None, tune_malloc: bool = True):
+                 seed: int = 0, attention_backend: Optional[str] = None, tune_malloc: bool = True,
+                 quantization: Optional[str] = None):
         self.llm_engine = LLMEngine.from_model(
             model, dtype=dtype, device=device, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
             kv_cache_space=kv_cache_space, swap_space=swap_space, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, preemption_mode=preemption_mode,
-            seed=seed, attention_backend=attention_backend, tune_malloc=tune_malloc)
+            seed=seed, attention_backend=attention_backend, tune_malloc=tune_malloc,
+            quantization=quantization)
         self._request_counter = itertools.count()
 
     def get_tokenizer(self):

@@ -14,8 +14,10 @@ the kernel runs on the calling thread.
 An optional `distance_bias[h, d]` is added to the score of the key d positions before the query
 (T5's relative position bias, by distance back from the query: `encdec.attention.position_bias`).
 
-Float32 only (NumPy has no bfloat16); callers use the torch reference for other dtypes.
-Numba compiles on first use and caches the machine code on disk.
+The cache is float32 or bfloat16 (read as its uint16 bits: NumPy has no bfloat16; a bfloat16 is
+the high half of a float32, so each element widens with one shift); scores, softmax and sums are
+float32 either way. Callers use the torch reference for other dtypes. Numba compiles on first use
+(once per cache dtype) and caches the machine code on disk.
 """
 from __future__ import annotations
 
@@ -25,6 +27,22 @@ import os
 import numba
 import numpy as np
 import torch
+from numba import types
+from numba.extending import overload
+
+_CACHE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _widen(x):
+    """A cache element as float32 (inside compiled code only)."""
+    raise NotImplementedError
+
+
+@overload(_widen, inline="always")
+def _widen_compiled(x):
+    if isinstance(x, types.Float):
+        return lambda x: np.float32(x)
+    return lambda x: np.uint32(np.uint32(x) << 16).view(np.float32)  # bfloat16 bits
 
 
 @numba.njit(nogil=True, fastmath=True, cache=True)
@@ -39,7 +57,7 @@ def _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, d
         for h in range(num_heads):
             dot = np.float32(0)
             for d in range(head_size):
-                dot += query[i, h, d] * keys[slot, h, d]
+                dot += query[i, h, d] * _widen(keys[slot, h, d])
             probs[h, pos] = dot * scale
     if distance_bias.shape[1]:
         for h in range(num_heads):
@@ -59,7 +77,7 @@ def _attend(i, query, keys, values, block_tables, seq_lens, block_size, scale, d
         for h in range(num_heads):
             p = probs[h, pos]
             for d in range(head_size):
-                acc[h, d] += p * values[slot, h, d]
+                acc[h, d] += p * _widen(values[slot, h, d])
     out[i] = acc
 
 
@@ -115,13 +133,14 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
                            distance_bias: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q K^T * scale + bias) V for one query token per sequence, over the first
     `seq_lens[i]` tokens of sequence i's blocks. query: [num_seqs, num_heads, head_size];
-    kv_cache: [2, num_blocks, block_size, num_heads, head_size], contiguous, on the CPU.
+    kv_cache: [2, num_blocks, block_size, num_heads, head_size], contiguous, on the CPU; both
+    float32 or bfloat16, the result float32.
     `scale` defaults to head_size ** -0.5. `distance_bias` ([num_heads, >= max(seq_lens)],
     float32) adds `distance_bias[h, d]` to the key d positions before the query (the query is
     the sequence's last token).
     """
-    if query.dtype != torch.float32 or kv_cache.dtype != torch.float32:
-        raise ValueError(f"paged_decode_attention needs a float32 query and cache, "
+    if query.dtype not in _CACHE_DTYPES or kv_cache.dtype not in _CACHE_DTYPES:
+        raise ValueError(f"paged_decode_attention needs a float32 or bfloat16 query and cache, "
                          f"got {query.dtype} and {kv_cache.dtype}")
     lens = np.asarray(seq_lens, dtype=np.int64)
     if (lens < 1).any():
@@ -136,9 +155,9 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
             raise ValueError(f"distance_bias must be float32 [{num_heads}, >= max(seq_lens)], got "
                              f"{distance_bias.dtype} {tuple(distance_bias.shape)}")
         bias = distance_bias.detach().contiguous().numpy()
-    q = query.detach().contiguous().numpy()
-    keys = kv_cache[0].detach().view(-1, num_heads, head_size).numpy()
-    values = kv_cache[1].detach().view(-1, num_heads, head_size).numpy()
+    q = query.detach().float().contiguous().numpy()
+    keys = _as_numpy(kv_cache[0].detach().view(-1, num_heads, head_size))
+    values = _as_numpy(kv_cache[1].detach().view(-1, num_heads, head_size))
     out = np.empty_like(q)
     args = (q, keys, values, block_tables.to(torch.int32).numpy(), lens, block_size,
             np.float32(scale), bias, out)
@@ -150,3 +169,8 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
     else:
         _decode_serial(*args)
     return torch.from_numpy(out)
+
+
+def _as_numpy(t: torch.Tensor) -> np.ndarray:
+    """A view of `t`; bfloat16 as its uint16 bits."""
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import numpy as np
 import torch
@@ -215,17 +215,26 @@ class SinusoidalPositions(nn.Module):
         return F.embedding(positions, self.weight)
 
 
+def convert_linears(modules: Iterable[nn.Module],
+                    convert: Callable[[nn.Linear, str], nn.Module]) -> None:
+    """Swap every nn.Linear among `modules` and their descendants for `convert(linear,
+    activation)`: a feed-forward block's fc1 gets its activation to fuse (and the block no
+    longer applies it), every other linear "none". Call after the weights are loaded."""
+    for top in modules:
+        for module in list(top.modules()):
+            if isinstance(module, FeedForward) and isinstance(module.fc1, nn.Linear) \
+                    and can_fuse(module.activation):
+                module.fc1 = convert(module.fc1, module.activation)
+                module.act = nn.Identity()
+        for module in list(top.modules()):
+            for name, child in module.named_children():
+                if isinstance(child, nn.Linear):
+                    setattr(module, name, convert(child, "none"))
+
+
 def pack_linears(model: nn.Module) -> None:
-    """Swap every nn.Linear for a oneDNN `PackedLinear` (float32 CPU), fusing each
-    feed-forward block's activation into its fc1. Call after the weights are loaded."""
-    for module in list(model.modules()):
-        if isinstance(module, FeedForward) and can_fuse(module.activation):
-            module.fc1 = PackedLinear.from_linear(module.fc1, module.activation)
-            module.act = nn.Identity()
-    for module in list(model.modules()):
-        for name, child in module.named_children():
-            if isinstance(child, nn.Linear):
-                setattr(module, name, PackedLinear.from_linear(child))
+    """Swap every nn.Linear for a oneDNN `PackedLinear` (float32 or bfloat16 on the CPU)."""
+    convert_linears([model], PackedLinear.from_linear)
 
 
 # HF keeps fc1/fc2 directly on the layer; here they live in the shared FeedForward `ffn`.

@@ -58,6 +58,12 @@ INIT_STDS = {"relative_attention_bias": 1.0, "decoder_self_attention": 0.4,
              "feed_forward": 0.02}
 FAMILY_INIT_STDS = {"pegasus": dict(INIT_STDS, embeddings=0.02),
                     "flan-t5": dict(INIT_STDS, feed_forward=0.1, cross_attention=0.3)}
+# T5 v1.0 at full depth (6 + 6 layers): with INIT_STDS, float32 rounding alone moves its
+# log-probabilities by 0.1 (Hugging Face's float32 against its float64), so greedy paths part
+# anywhere. A quieter decoder self-attention, T5's own embedding std (its tied head is rescaled
+# by d_model ** -0.5) and a stronger feed-forward keep that under 1e-4 and outputs varied.
+FULL_SHAPE_INIT_STDS = {"t5": dict(INIT_STDS, decoder_self_attention=0.05, embeddings=1.0,
+                                   feed_forward=0.2)}
 TWO_LAYERS = {"t5": dict(num_layers=2, num_decoder_layers=2),
               "bart": dict(encoder_layers=2, decoder_layers=2)}
 
@@ -75,13 +81,13 @@ def train_sentencepiece(vocab_size: int, texts: list[str] = TEXTS, byte_fallback
     return model.getvalue()
 
 
-def t5_tokenizer(folder: Path):
-    """T5's: pad 0, eos 1, unk 2, ten <extra_id_N> sentinels at the end."""
+def t5_tokenizer(folder: Path, extra_ids: int = 10):
+    """T5's: pad 0, eos 1, unk 2, `extra_ids` <extra_id_N> sentinels at the end."""
     from transformers import T5Tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "spiece.model").write_bytes(train_sentencepiece(400, pad_id=0, eos_id=1, unk_id=2, bos_id=-1))
-    return T5Tokenizer.from_pretrained(str(folder), extra_ids=10)
+    return T5Tokenizer.from_pretrained(str(folder), extra_ids=extra_ids)
 
 
 def pegasus_tokenizer(folder: Path):
@@ -185,9 +191,12 @@ def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0, full: bool
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     with torch.no_grad():
+        stds = FAMILY_INIT_STDS.get(family, INIT_STDS)
+        if full:
+            stds = FULL_SHAPE_INIT_STDS.get(family, stds)
         for name, param in model.named_parameters():
             if param.dim() == 2 and param.requires_grad:  # not the static sinusoidal tables
-                param.normal_(0.0, init_std(name, FAMILY_INIT_STDS.get(family, INIT_STDS)))
+                param.normal_(0.0, init_std(name, stds))
         if hasattr(model, "final_logits_bias"):  # non-zero: checks that it is loaded and applied
             model.final_logits_bias.normal_(0.0, 0.05)
     model.save_pretrained(str(out_dir))

@@ -42,7 +42,7 @@ def select_backend_name(device: torch.device, requested: Optional[str] = None) -
                          f"runs on {device.type!r}; use attention_backend='torch'")
     if name == "xformers" and importlib.util.find_spec("xformers") is None:
         raise ValueError("the xformers attention backend was requested but xformers is not "
-                         "installed (pip install 'encdec[xformers]')")
+                         "installed (pip install xformers)")
     if name == "xformers" and xformers_failure(device):
         raise ValueError(f"the xformers attention backend was requested but its kernels do not "
                          f"run on {device}: {xformers_failure(device)}")

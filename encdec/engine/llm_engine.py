@@ -80,11 +80,12 @@ class LLMEngine:
                    kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
                    max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
                    seed: int = 0, attention_backend: Optional[str] = None,
-                   tune_malloc: bool = True) -> "LLMEngine":
+                   tune_malloc: bool = True, quantization: Optional[str] = None) -> "LLMEngine":
         """Load `model` (a local checkpoint directory or a Whisper alias) and size the engine;
         the options are `LLM`'s."""
         device_config = DeviceConfig.create(device)
-        loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend)
+        loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend,
+                            quantization)
         cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                    kv_cache_space=kv_cache_space, swap_space=swap_space)
         scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
@@ -94,8 +95,11 @@ class LLMEngine:
         if max_num_batched_tokens < needed:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "
                              f"request can need ({needed}: encoder + decoder positions)")
-        return cls(loaded, cache_config, scheduler_config, device_config, seed,
-                   load_generation_defaults(model), tune_malloc)
+        defaults = load_generation_defaults(model)
+        if loaded.audio_processor is not None:
+            defaults = defaults.for_speech(loaded.model_config.max_decoder_len)
+        return cls(loaded, cache_config, scheduler_config, device_config, seed, defaults,
+                   tune_malloc)
 
     @property
     def block_manager(self):

@@ -1,5 +1,6 @@
-"""The `encdec` command line: `transcribe` audio with Whisper, `summarize` text with BART,
-`serve` models over HTTP (`encdec.entrypoints.openai`).
+"""The `encdec` command line: `transcribe` audio with Whisper, `summarize` text with BART-family
+checkpoints, `translate` (`encdec.entrypoints.translate_cli`), `serve` models over HTTP
+(`encdec.entrypoints.openai`), `batch` jobs on Ray (`encdec.entrypoints.ray`).
 
 `bench NAME` runs a benchmark script of the source checkout.
 """
@@ -13,21 +14,31 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
+from encdec import __version__
 from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.entrypoints.ray.batch_cli import add_batch
+from encdec.entrypoints.ray.serve import add_ray_options
 from encdec.entrypoints.summaries import Article, ArticleTooLong, prepare_article, summary_params
+from encdec.entrypoints.translate_cli import add_translate
+from encdec.entrypoints.transcribe_args import add_transcribe_arguments, checked_options, number
 from encdec.llm import LLM
+from encdec.models.quantization import QUANTIZATION_METHODS
+from encdec.weights.loader import check_model, checkpoint_dir_problem
+from encdec.whisper.languages import english_only_warning, requested_language
 from encdec.whisper.transcript import Transcription
-from encdec.whisper.writers import FORMATS, format_timestamp, output_basename, write_result
+from encdec.whisper.writers import format_timestamp, output_basename, write_result
 
 PROG = "encdec"
 
 TRANSCRIBE_EPILOG = """\
 output: each file's transcript goes to stdout, with one "[MM:SS.mmm --> MM:SS.mmm] text" line per
-segment (plain text with --no-timestamps); with several files each transcript follows a
-"==> FILE <==" line. Files are written only when --output-format or --output-dir is given:
---output-format alone writes into the current directory, --output-dir alone writes every format.
+segment (plain text with --no-timestamps; nothing with --verbose False); with several files
+each transcript follows a "==> FILE <==" line. Files are written only when --output_format or
+--output_dir is given: --output_format alone writes into the current directory, --output_dir
+alone writes openai-whisper's five formats (all).
 Progress (seconds of audio done) goes to stderr. A file that cannot be read or transcribed gets
 one "encdec: error: FILE: reason" line on stderr; the other files still finish, and the exit
 status is 1 if any file failed, 0 otherwise.
@@ -55,7 +66,8 @@ def file_error(name: str, err: BaseException) -> None:
 
 def load_llm(args: argparse.Namespace) -> LLM:
     """The model named by --model / --dtype / --device (tests swap this for a cached one)."""
-    return LLM(model=args.model, dtype=args.dtype, device=args.device)
+    return LLM(model=args.model, dtype=args.dtype, device=args.device,
+               quantization=args.quantization)
 
 
 def load_inputs(files: Sequence[str]) -> tuple[list[tuple[str, np.ndarray]], int]:
@@ -90,8 +102,7 @@ def transcribe_batch(llm: LLM, batch: list[tuple[str, np.ndarray]], args: argpar
     try:
         results = llm.transcribe([(audio, SAMPLE_RATE) for _, audio in batch],
                                  language=None if args.language == "auto" else args.language,
-                                 task=args.task, timestamps=args.timestamps,
-                                 initial_prompt=args.initial_prompt, on_progress=on_progress)
+                                 task=args.task, on_progress=on_progress, **args.transcribe_options)
     except ValueError as err:
         if len(batch) > 1:
             return [r for item in batch for r in transcribe_batch(llm, [item], args, on_progress)]
@@ -114,12 +125,13 @@ def transcript_lines(result: Transcription, timestamps: bool) -> list[str]:
 def report(result: Transcription, args: argparse.Namespace, with_header: bool) -> bool:
     """Print one transcript and write its files; False if writing failed."""
     header = [f"==> {result.source} <=="] if with_header else []
-    for line in header + transcript_lines(result, args.timestamps):
+    lines = header + transcript_lines(result, args.timestamps) if args.verbose else []
+    for line in lines:
         tqdm.write(line, file=sys.stdout)
     if args.output_format is None:
         return True
     try:
-        write_result(result, args.output_dir, args.output_format)
+        write_result(result, args.output_dir, args.output_format, options=args.writer_options)
     except OSError as err:
         file_error(result.source, err)
         return False
@@ -135,6 +147,17 @@ def resolve_outputs(args: argparse.Namespace) -> None:
 
 
 def run_transcribe(args: argparse.Namespace) -> int:
+    try:
+        args.language = requested_language(args.language, "--language")
+        check_model(args.model, "--model")
+    except ValueError as err:
+        error(str(err))
+        return 2
+    try:
+        args.transcribe_options, args.writer_options = checked_options(args)
+    except ValueError as err:
+        error(str(err))
+        return 2
     resolve_outputs(args)
     inputs, failed = load_inputs(args.files)
     if args.output_format is not None:
@@ -147,11 +170,18 @@ def run_transcribe(args: argparse.Namespace) -> int:
             return 1
     if not inputs:
         return 1
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         llm = load_llm(args)
     except (ValueError, OSError) as err:
         error(f"cannot load model {args.model!r}: {err}")
         return 1
+    warning = english_only_warning(llm.llm_engine.model_config.special_tokens, args.model,
+                                   args.language)
+    if warning:
+        tqdm.write(f"{PROG}: warning: {warning}", file=sys.stderr)
+        args.language = "en"
     return 1 if failed + transcribe_all(llm, inputs, args) else 0
 
 
@@ -229,23 +259,44 @@ def articles(llm: LLM, texts: list[tuple[str, str]], truncate: bool) -> tuple[li
     return kept, failed
 
 
-def run_summarize(args: argparse.Namespace) -> int:
+def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple[str, str]], int]:
+    """The checkpoint of `encdec summarize | translate` and the texts; `(None, [], status)` when
+    the command cannot go on (the reason already on stderr)."""
+    problem = checkpoint_dir_problem(Path(args.model).expanduser())
+    if problem:
+        error(f"--model {args.model}: {problem} ({args.command} takes a local Hugging Face "
+              f"checkpoint directory)")
+        return None, [], 2
     texts, failed = read_texts(args)
     if not texts:
         if not failed:
-            error("summarize: give at least one TEXT or --file")
-        return 1 if failed else 2
+            error(f"{args.command}: give at least one TEXT or --file")
+        return None, [], 1 if failed else 2
     try:
-        llm = LLM(model=args.model, dtype=args.dtype, device=args.device)
+        llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
+                  quantization=args.quantization)
     except (ValueError, OSError) as err:
         error(f"cannot load model {args.model!r}: {err}")
-        return 1
+        return None, [], 1
+    return llm, texts, failed
+
+
+def decoding_params(llm: LLM, args: argparse.Namespace):
+    """SamplingParams from the decoding options of `summarize` / `translate` over the
+    checkpoint's generation config (ValueError for a bad value)."""
+    return summary_params(llm.llm_engine.generation_defaults, max_tokens=args.max_tokens,
+                          min_tokens=args.min_tokens, num_beams=args.num_beams,
+                          length_penalty=args.length_penalty,
+                          no_repeat_ngram_size=args.no_repeat_ngram_size,
+                          temperature=args.temperature, seed=args.seed)
+
+
+def run_summarize(args: argparse.Namespace) -> int:
+    llm, texts, failed = load_text_model(args)
+    if llm is None:
+        return failed
     try:
-        params = summary_params(llm.llm_engine.generation_defaults, max_tokens=args.max_tokens,
-                                min_tokens=args.min_tokens, num_beams=args.num_beams,
-                                length_penalty=args.length_penalty,
-                                no_repeat_ngram_size=args.no_repeat_ngram_size,
-                                temperature=args.temperature, seed=args.seed)
+        params = decoding_params(llm, args)
     except ValueError as err:
         error(option_wording(err))
         return 2
@@ -269,6 +320,14 @@ def run_serve(args: argparse.Namespace) -> int:
     from encdec.entrypoints.openai.api_server import run_server
     from encdec.entrypoints.openai.serving_models import ModelLoadError
 
+    if args.ray:
+        from encdec.entrypoints.ray.serve import run_ray_server
+        try:
+            return run_ray_server(args)
+        except ImportError as err:
+            error(f"serve --ray needs Ray ({err}): pip install 'ray[data,serve]' (or, in the "
+                  f"encdec checkout: pip install -e '.[ray]')")
+            return 1
     try:
         return run_server(args)
     except ModelLoadError as err:
@@ -311,36 +370,37 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto",
                         choices=["auto", "float32", "float16", "bfloat16"],
                         help="weight and activation dtype (default: auto, float32)")
+    parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
+                        help="int8: int8 weights for the layers' linears, float32 activations "
+                             "(faster-whisper's compute_type int8; CPU, dtype float32)")
     parser.add_argument("--device", default=None,
                         help="cpu or cuda[:N] (default: cuda if available, else cpu)")
 
 
 def add_transcribe(subparsers) -> None:
     p = subparsers.add_parser("transcribe", help="transcribe audio files with Whisper",
-                              description="Transcribe audio files with Whisper.",
+                              description="Transcribe audio files with Whisper. Options take "
+                                          "openai-whisper's spellings (--beam_size, "
+                                          "--output_format, booleans as True/False) and "
+                                          "defaults (beam 5, temperature fallback).",
                               epilog=TRANSCRIBE_EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("files", nargs="+", metavar="FILE", help="audio files (any format librosa reads)")
-    p.add_argument("--model", default="tiny.en",
+    g = p.add_argument_group("model and input")
+    g.add_argument("files", nargs="+", metavar="FILE", help="audio files (any format librosa reads)")
+    g.add_argument("--model", default="tiny.en",
                    help="tiny.en or base (bundled), or a local Whisper checkpoint directory "
                         "(default: tiny.en)")
-    p.add_argument("--language", default="auto",
-                   help="language code such as en, or auto to detect it (default: auto; "
-                        "English-only models always use en)")
-    p.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
+    g.add_argument("--language", default=None,
+                   help="language code or name such as en or English, or auto to detect it "
+                        "(default: auto; English-only models use en)")
+    g.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
                    help="translate turns speech into English text (multilingual models only)")
-    p.add_argument("--output-format", choices=[*FORMATS, "all"], default=None,
-                   help="also write FILE's transcript as BASENAME.EXT into the output directory "
-                        "(default: no files; all when only --output-dir is given)")
-    p.add_argument("--output-dir", default=None,
-                   help="directory for the output files (default: current directory)")
-    p.add_argument("--batch-size", type=positive_int, default=8,
+    g.add_argument("--batch_size", "--batch-size", type=number(int, 1), default=8,
                    help="files per batch; all windows of a batch decode together (default: 8)")
-    p.add_argument("--initial-prompt", default=None,
-                   help="text that conditions the first window (spelling, names, style)")
-    p.add_argument("--timestamps", action=argparse.BooleanOptionalAction, default=True,
-                   help="predict segment timestamps (default: on)")
-    add_model_options(p)
+    g.add_argument("--threads", type=number(int, 0), default=0,
+                   help="CPU threads for torch; 0: torch's default (default: 0)")
+    add_model_options(g)
+    add_transcribe_arguments(p)
     p.set_defaults(handler=run_transcribe)
 
 
@@ -385,8 +445,9 @@ def add_decoding_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_summarize(subparsers) -> None:
-    p = subparsers.add_parser("summarize", help="summarize text with a BART checkpoint",
-                              description="Summarize texts with a BART checkpoint, decoding as its "
+    p = subparsers.add_parser("summarize", help="summarize text with a BART, PEGASUS or T5 checkpoint",
+                              description="Summarize texts with a BART, PEGASUS or T5 checkpoint, "
+                                          "decoding as its "
                                           "generation config says unless options say otherwise; "
                                           "one summary per line on stdout, TEXTs first, then "
                                           "--files.")
@@ -394,7 +455,7 @@ def add_summarize(subparsers) -> None:
     p.add_argument("--file", dest="files", action="append", default=[], metavar="F",
                    help="read a text from F (- for stdin); may be repeated")
     p.add_argument("--model", required=True, metavar="DIR",
-                   help="local Hugging Face BART checkpoint directory")
+                   help="local Hugging Face checkpoint directory (BART, PEGASUS, T5, ...)")
     add_decoding_options(p)
     add_model_options(p)
     p.set_defaults(handler=run_summarize)
@@ -452,6 +513,7 @@ def add_serve(subparsers) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level (default: info)")
     add_engine_options(p)
+    add_ray_options(p)
     p.set_defaults(handler=run_serve)
 
 
@@ -468,13 +530,16 @@ def add_bench(subparsers) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Inference runtime for encoder/decoder transformers "
-                               "(BART, Whisper) with continuous batching.",
+                               "(BART, T5, Marian, Whisper, ...) with continuous batching.",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=16))
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     subparsers = parser.add_subparsers(dest="command", title="commands", required=True)
     add_transcribe(subparsers)
     add_summarize(subparsers)
+    add_translate(subparsers)
     add_serve(subparsers)
     add_bench(subparsers)
+    add_batch(subparsers)
     return parser
 
 

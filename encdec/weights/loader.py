@@ -18,6 +18,8 @@ from encdec.attention.selector import get_attn_backend
 from encdec.config import ModelConfig
 from encdec.kernels.cpu_linear import packed_linear_supported
 from encdec.models.layers import pack_linears
+from encdec.models.quantization import (check_quantization, float32_output_projection,
+                                       quantize_model)
 from encdec.models.registry import get_ct2_converter, get_model_family
 from encdec.weights.ct2 import ct2_tensors, open_ct2_model
 from encdec.weights.whisper_assets import (ALIASES, WhisperAssets, assets_from_parts,
@@ -38,13 +40,17 @@ class LoadedModel:
 
 
 def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]],
-                dtype: torch.dtype, device: torch.device,
-                attention_backend: Optional[str]) -> torch.nn.Module:
+                dtype: torch.dtype, device: torch.device, attention_backend: Optional[str],
+                quantization: Optional[str] = None) -> torch.nn.Module:
     with torch.device("meta"):  # no random init: every tensor comes from the checkpoint
         model = model_cls(hf_config, get_attn_backend(device, attention_backend))
     model.to_empty(device="cpu")
     model.load_weights(weights)
     model = model.to(device=device, dtype=dtype).eval()
+    if quantization is not None:
+        quantize_model(model, quantization)
+    if dtype == torch.bfloat16 and device.type == "cpu":
+        float32_output_projection(model)
     if packed_linear_supported(device, dtype):
         pack_linears(model)
     return model
@@ -52,13 +58,14 @@ def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, to
 
 def load_checkpoint(name: str, hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]],
                     tokenizer: Any, generation_config: Optional[dict], dtype: torch.dtype,
-                    device: torch.device, attention_backend: Optional[str]) -> LoadedModel:
+                    device: torch.device, attention_backend: Optional[str],
+                    quantization: Optional[str] = None) -> LoadedModel:
     """The model, its family's input hooks, its KV cache shape, and the length limits: the
     family's (T5), else one per side (max_source_positions / max_target_positions) or one for
     both (max_position_embeddings) from the config."""
     family = get_model_family(getattr(hf_config, "architectures", None))
     model = build_model(family.get_model_class(), hf_config, weights, dtype, device,
-                        attention_backend)
+                        attention_backend, quantization)
     hooks = family.get_input_hooks(hf_config, tokenizer, generation_config)
     max_encoder, max_decoder = hooks.max_lengths or (
         getattr(hf_config, "max_source_positions", None) or hf_config.max_position_embeddings,
@@ -75,7 +82,8 @@ def load_checkpoint(name: str, hf_config: Any, weights: Iterable[tuple[str, torc
 
 
 def load_hf_directory(path: Path, dtype: torch.dtype, device: torch.device,
-                      attention_backend: Optional[str]) -> LoadedModel:
+                      attention_backend: Optional[str],
+                      quantization: Optional[str] = None) -> LoadedModel:
     """A local Hugging Face checkpoint directory: config.json, weights, tokenizer files and
     generation_config.json (read by the family's input hooks)."""
     from transformers import AutoConfig, AutoTokenizer
@@ -89,7 +97,7 @@ def load_hf_directory(path: Path, dtype: torch.dtype, device: torch.device,
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     return load_checkpoint(str(path), hf_config, iterate_weights(path), tokenizer,
                            _read_json(path / "generation_config.json"), dtype, device,
-                           attention_backend)
+                           attention_backend, quantization)
 
 
 def load_ct2_checkpoint(source: PathLike | Sequence[PathLike] | WhisperAssets,
@@ -121,7 +129,8 @@ def load_ct2_checkpoint(source: PathLike | Sequence[PathLike] | WhisperAssets,
 
 
 def load_ct2_directory(name: str, dtype: torch.dtype, device: torch.device,
-                       attention_backend: Optional[str]) -> LoadedModel:
+                       attention_backend: Optional[str],
+                       quantization: Optional[str] = None) -> LoadedModel:
     """A CTranslate2 model (a bundled one's alias, or a directory with model.bin or its parts):
     weights mapped to Hugging Face names, the tokenizer from its tokenizer.json; the converted
     config (suppress lists, language ids included) serves as its generation config."""
@@ -135,22 +144,46 @@ def load_ct2_directory(name: str, dtype: torch.dtype, device: torch.device,
     hf_config = AutoConfig.for_model(family.model_type, **config)
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(assets.tokenizer_json))
     return load_checkpoint(assets.name, hf_config, state.items(), tokenizer, config, dtype,
-                           device, attention_backend)
+                           device, attention_backend, quantization)
 
 
 def load_model(model: str, dtype: torch.dtype, device: torch.device,
-               attention_backend: Optional[str] = None) -> LoadedModel:
+               attention_backend: Optional[str] = None,
+               quantization: Optional[str] = None) -> LoadedModel:
     """A local Hugging Face checkpoint directory, or a CTranslate2 model: an alias of a bundled
-    one ("tiny.en", "base") or a directory holding model.bin (or its parts)."""
+    one ("tiny.en", "base") or a directory holding model.bin (or its parts). `quantization`
+    ("int8" or None) is applied once the weights are loaded (`encdec.models.quantization`)."""
+    check_model(model)
+    check_quantization(quantization, dtype, device)
     path = Path(model).expanduser()
-    if model in ALIASES or (path.is_dir() and _has_ct2_weights(path)):
+    if model in ALIASES or _has_ct2_weights(path):
         return load_ct2_directory(model if model in ALIASES else str(path), dtype, device,
-                                  attention_backend)
-    if path.is_dir() and (path / "config.json").exists():
-        return load_hf_directory(path, dtype, device, attention_backend)
-    raise ValueError(f"model {model!r} is not a local Hugging Face checkpoint directory "
-                     "(config.json + weights), a directory with a CTranslate2 model.bin, "
-                     f"or one of the bundled Whisper models {list(ALIASES)}")
+                                  attention_backend, quantization)
+    return load_hf_directory(path, dtype, device, attention_backend, quantization)
+
+
+def check_model(model: str, field: str = "model") -> None:
+    """Raise a ValueError naming `field` unless `model` is a bundled Whisper model that is
+    installed or a checkpoint directory `load_model` reads; reads no weights."""
+    if model in ALIASES:
+        resolve_whisper_model(model)
+        return
+    problem = checkpoint_dir_problem(Path(model).expanduser())
+    if problem:
+        raise ValueError(f"{field} {model!r} is neither a bundled Whisper model "
+                         f"({', '.join(ALIASES)}) nor a local checkpoint directory: {problem}")
+
+
+def checkpoint_dir_problem(path: Path) -> Optional[str]:
+    """Why `path` is not a checkpoint directory (Hugging Face config.json and weights, or a
+    CTranslate2 model.bin); None if it is one."""
+    if not path.exists():
+        return "no such directory"
+    if not path.is_dir():
+        return "not a directory"
+    if not ((path / "config.json").is_file() or _has_ct2_weights(path)):
+        return "no config.json in the directory"
+    return None
 
 
 def _has_ct2_weights(path: Path) -> bool:

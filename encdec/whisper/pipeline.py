@@ -329,7 +329,9 @@ class TranscriptionJob:
     def _settle(self, window: Window, decode: Decode) -> Optional[Window]:
         """Keep the accepted decode's segments; returns the follow-up window, if any."""
         no_speech = window.state.no_speech_prob
-        if is_no_speech(no_speech, decode.avg_logprob, decode.text):
+        o = self.options
+        if is_no_speech(no_speech, decode.avg_logprob, decode.text, o.no_speech_threshold,
+                        o.logprob_threshold, o.compression_ratio_threshold):
             self._progress(window.duration)
             return None
         spans = split_spans(decode.sampled, self.tokens)

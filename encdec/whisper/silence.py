@@ -13,6 +13,7 @@ those: the model is sure of them. Two more checks, no extra model:
 from __future__ import annotations
 
 import zlib
+from typing import Optional
 
 import numpy as np
 
@@ -38,6 +39,12 @@ def compression_ratio(text: str) -> float:
     return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
-def is_no_speech(no_speech_prob: float, avg_logprob: float, text: str) -> bool:
-    unsure = avg_logprob < LOGPROB_THRESHOLD or compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD
-    return no_speech_prob > NO_SPEECH_THRESHOLD and unsure
+def is_no_speech(no_speech_prob: float, avg_logprob: float, text: str,
+                 no_speech_threshold: Optional[float] = NO_SPEECH_THRESHOLD,
+                 logprob_threshold: Optional[float] = LOGPROB_THRESHOLD,
+                 compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD) -> bool:
+    """The rule above with the transcription's thresholds (None: that check never fires)."""
+    unsure = ((logprob_threshold is not None and avg_logprob < logprob_threshold)
+              or (compression_ratio_threshold is not None
+                  and compression_ratio(text) > compression_ratio_threshold))
+    return no_speech_threshold is not None and no_speech_prob > no_speech_threshold and unsure

@@ -14,6 +14,7 @@ import os
 from typing import Any, Callable, Optional
 
 from encdec.audio import load_audio
+from encdec.whisper.languages import AUTO, language_code
 from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
@@ -27,9 +28,10 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
     """Transcribe (or translate) each input; returns one `Transcription` per input, in order.
 
     `inputs` is a path, a `(waveform, sample_rate)` pair, or a list of them. `language` is a
-    code ("en", "fr", ...) or None / "auto" to detect it per window (English-only models:
-    "en" or None). `on_progress(seconds)` is called as windows finish with the seconds of
-    audio finished so far (over all inputs; the last call gives the total duration).
+    code ("en", "fr", ...) or a name ("English", "french") or None / "auto" to detect it per
+    window (English-only models: English or None). `on_progress(seconds)` is called as windows
+    finish with the seconds of audio finished so far (over all inputs; the last call gives the
+    total duration).
     `options` are the other fields of `TranscribeOptions` (temperature fallback, conditioning
     on previous text, ...).
     """
@@ -147,7 +149,7 @@ def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) ->
     """Validate language and task; returns the language to force (None = detect)."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    language = None if language in (None, "auto") else language
+    language = None if language in (None, AUTO) else language_code(language)
     if not tokens.multilingual:
         if language not in (None, "en"):
             raise ValueError(f"this Whisper model is English-only: language must be 'en' or "
@@ -157,8 +159,8 @@ def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) ->
                              "multilingual model")
         return None
     if language is not None and language not in tokens.lang_to_id:
-        raise ValueError(f"language {language!r} is not one of this model's languages: "
-                         f"{sorted(tokens.lang_to_id)}")
+        raise ValueError(f"language {language!r} is not one of this model's "
+                         f"{len(tokens.lang_to_id)} languages")
     if task not in tokens.task_to_id:
         raise ValueError(f"this model has no <|{task}|> token")
     return language

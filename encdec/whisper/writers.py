@@ -1,19 +1,66 @@
-"""Write a `Transcription` to disk as txt, srt, vtt, tsv or json (as the openai-whisper CLI does).
+"""Write a `Transcription` as txt, srt, vtt, tsv, json (as the openai-whisper CLI does) or
+verbose_json (OpenAI's audio API shape).
 
-`write_result(transcription, output_dir, fmt)` writes `<basename>.<ext>`, where the basename is
-the source file's name without its extension; "all" writes every format.
+`write_result(transcription, output_dir, fmt, options=WriterOptions(...))` writes
+`<basename>.<ext>`, where the basename is the source file's name without its extension ("all":
+openai-whisper's five formats; verbose_json goes to `<basename>.verbose.json`). Subtitles are a
+cue per segment; with word timestamps, `WriterOptions` wraps a segment's cue into lines of at
+most `max_line_width` characters (with `max_line_count`, words flow across segments into cues of
+that many lines, a new cue after a pause over 3 s), or cuts it every `max_words_per_line` words
+(as openai-whisper does), and `highlight_words` repeats each cue once per word with that word
+underlined (`<u>`), timed to the word.
 """
 from __future__ import annotations
 
 import json
+import math
 import os
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, TextIO, Union
 
-from encdec.whisper.transcript import Segment, Transcription
+from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
-FORMATS = ("txt", "srt", "vtt", "tsv", "json")
+from encdec.whisper.transcript import Segment, Transcription, Word
+
+FORMATS = ("txt", "srt", "vtt", "tsv", "json", "verbose_json")
+ALL_FORMATS = FORMATS[:5]  # what "all" writes: openai-whisper's formats
+EXTENSIONS = {"verbose_json": "verbose.json"}
+PAUSE = 3.0  # seconds between words that start a new cue when cues flow across segments
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """How the writers lay a transcript out. `word_timestamps`: the transcript has words (json
+    and verbose_json list them; the subtitle options below need them). `task` names the task
+    in verbose_json."""
+
+    task: str = "transcribe"
+    word_timestamps: bool = False
+    highlight_words: bool = False
+    max_line_width: Optional[int] = None
+    max_line_count: Optional[int] = None
+    max_words_per_line: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_line_width", "max_line_count", "max_words_per_line"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if not self.word_timestamps:
+            for name in ("highlight_words", "max_line_width", "max_line_count", "max_words_per_line"):
+                if getattr(self, name):
+                    raise ValueError(f"{name} needs word_timestamps=True")
+        if self.max_line_count and not self.max_line_width:
+            raise ValueError("max_line_count needs max_line_width")
+        if self.max_words_per_line and self.max_line_width:
+            raise ValueError("max_words_per_line and max_line_width exclude each other")
+
+    @property
+    def word_cues(self) -> bool:
+        """Whether subtitle cues are built from words rather than segments."""
+        return self.word_timestamps and bool(self.highlight_words or self.max_line_width
+                                             or self.max_words_per_line)
 
 
 def format_timestamp(seconds: float, always_include_hours: bool = True,
@@ -29,33 +76,112 @@ def format_timestamp(seconds: float, always_include_hours: bool = True,
     return f"{prefix}{minutes:02d}:{secs:02d}{decimal_marker}{milliseconds:03d}"
 
 
-def _cue_text(segment: Segment) -> str:
+# ----------------------------------------------------------------------------- subtitle cues
+
+Line = list[Word]
+
+
+@dataclass
+class Cue:
+    start: float
+    end: float
+    text: str
+
+
+def _one_line(text: str) -> str:
     # "-->" inside a cue would read as a time line
-    return " ".join(segment.text.split()).replace("-->", "->")
+    return " ".join(text.split()).replace("-->", "->")
 
 
-def write_txt(result: Transcription, file: TextIO) -> None:
+def _line_text(line: Line, underlined: Optional[Word] = None) -> str:
+    """The line's words as spoken, `underlined` (if in it) wrapped in `<u>...</u>`."""
+    pieces = []
+    for word in line:
+        text = _one_line(word.word)
+        if word is underlined:
+            text = f"<u>{text}</u>"
+        pieces.append(" " + text if word.word[:1].isspace() else text)
+    return "".join(pieces).strip()
+
+
+def _pack(words: list[Word], width: float = math.inf, lines: float = math.inf,
+          words_per_cue: float = math.inf, pause: float = math.inf) -> list[list[Line]]:
+    """Words into cues of lines: a word joins the last line while it fits `width`, else starts
+    a new line while the cue has fewer than `lines`, else (or after `pause` seconds of
+    silence, or once the cue has `words_per_cue` words) starts a new cue."""
+    cues: list[list[Line]] = []
+    for i, word in enumerate(words):
+        cue = cues[-1] if cues else None
+        if cue and word.start - words[i - 1].end <= pause and sum(map(len, cue)) < words_per_cue:
+            if len(_line_text(cue[-1] + [word])) <= width:
+                cue[-1].append(word)
+                continue
+            if len(cue) < lines:
+                cue.append([word])
+                continue
+        cues.append([[word]])
+    return cues
+
+
+def _word_cues(segments: list[Segment], options: WriterOptions) -> list[list[Line]]:
+    width = options.max_line_width or math.inf
+    if options.max_line_count:
+        return _pack([w for s in segments for w in s.words], width, options.max_line_count,
+                     pause=PAUSE)
+    per_cue = options.max_words_per_line or math.inf
+    return [cue for s in segments for cue in _pack(s.words, width, words_per_cue=per_cue)]
+
+
+def _highlighted(lines: list[Line]) -> list[Cue]:
+    """A cue per word with that word underlined; gaps between words show the plain text."""
+    plain = "\n".join(_line_text(line) for line in lines)
+    cues, time = [], lines[0][0].start
+    for word in (w for line in lines for w in line):
+        if round(word.start, 3) > round(time, 3):
+            cues.append(Cue(time, word.start, plain))
+        cues.append(Cue(word.start, word.end, "\n".join(_line_text(line, word) for line in lines)))
+        time = word.end
+    return cues
+
+
+def subtitle_cues(result: Transcription, options: WriterOptions = WriterOptions()) -> list[Cue]:
+    """The srt / vtt cues of a transcript (see the module docstring)."""
+    if not options.word_cues:
+        return [Cue(s.start, s.end, _one_line(s.text)) for s in result.segments]
+    cues = []
+    for lines in _word_cues(result.segments, options):
+        if options.highlight_words:
+            cues.extend(_highlighted(lines))
+        else:
+            cues.append(Cue(lines[0][0].start, lines[-1][-1].end,
+                            "\n".join(_line_text(line) for line in lines)))
+    return cues
+
+
+# ----------------------------------------------------------------------------- writers
+
+
+def write_txt(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
     lines = [s.text.strip() for s in result.segments] if result.segments else [result.text.strip()]
     for line in lines:
         if line:
             file.write(f"{line}\n")
 
 
-def write_srt(result: Transcription, file: TextIO) -> None:
-    for index, segment in enumerate(result.segments, start=1):
-        start = format_timestamp(segment.start, decimal_marker=",")
-        end = format_timestamp(segment.end, decimal_marker=",")
-        file.write(f"{index}\n{start} --> {end}\n{_cue_text(segment)}\n\n")
+def write_srt(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
+    for index, cue in enumerate(subtitle_cues(result, options), start=1):
+        start = format_timestamp(cue.start, decimal_marker=",")
+        end = format_timestamp(cue.end, decimal_marker=",")
+        file.write(f"{index}\n{start} --> {end}\n{cue.text}\n\n")
 
 
-def write_vtt(result: Transcription, file: TextIO) -> None:
+def write_vtt(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
     file.write("WEBVTT\n\n")
-    for segment in result.segments:
-        start, end = format_timestamp(segment.start), format_timestamp(segment.end)
-        file.write(f"{start} --> {end}\n{_cue_text(segment)}\n\n")
+    for cue in subtitle_cues(result, options):
+        file.write(f"{format_timestamp(cue.start)} --> {format_timestamp(cue.end)}\n{cue.text}\n\n")
 
 
-def write_tsv(result: Transcription, file: TextIO) -> None:
+def write_tsv(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
     """Header `start end text`, times in integer milliseconds, tabs in the text become spaces."""
     file.write("start\tend\ttext\n")
     for segment in result.segments:
@@ -63,16 +189,55 @@ def write_tsv(result: Transcription, file: TextIO) -> None:
         file.write(f"{round(1000 * segment.start)}\t{round(1000 * segment.end)}\t{text}\n")
 
 
-def write_json(result: Transcription, file: TextIO) -> None:
-    segments = [dict(id=i, **asdict(s)) for i, s in enumerate(result.segments)]
+def _word_dict(word: Word) -> dict:
+    return dict(word=word.word, start=word.start, end=word.end, probability=word.probability)
+
+
+def write_json(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
+    """openai-whisper's json (with `duration`): every segment field, words with their times
+    and probabilities."""
+    segments = [dict(id=i, **asdict(s)) | {"words": [_word_dict(w) for w in s.words]}
+                for i, s in enumerate(result.segments)]
     data = dict(text=result.text, language=result.language, segments=segments,
                 duration=result.duration)
     json.dump(data, file, ensure_ascii=False, indent=2)
     file.write("\n")
 
 
-WRITERS: dict[str, Callable[[Transcription, TextIO], None]] = {
+def language_name(result: Transcription, task: str) -> str:
+    """OpenAI's language field: the full name in lower case ("english" for a translation)."""
+    code = "en" if task == "translate" else result.language or ""
+    return LANGUAGES.get(code, code)
+
+
+def verbose_json(result: Transcription, task: str = "transcribe", segments: bool = True,
+                 words: bool = False) -> dict:
+    """OpenAI's verbose_json body: task, language, duration, text, and `segments` with every
+    OpenAI segment field and/or top-level `words` (`word` without spaces, `start`, `end`)."""
+    data = dict(task=task, language=language_name(result, task), duration=result.duration,
+                text=result.text)
+    if segments:
+        data["segments"] = [dict(id=i, seek=s.seek, start=s.start, end=s.end, text=s.text,
+                                 tokens=s.tokens, temperature=s.temperature,
+                                 avg_logprob=s.avg_logprob, compression_ratio=s.compression_ratio,
+                                 no_speech_prob=s.no_speech_prob)
+                            for i, s in enumerate(result.segments)]
+    if words:
+        data["words"] = [dict(word=w.word.strip(), start=w.start, end=w.end)
+                         for s in result.segments for w in s.words]
+    return data
+
+
+def write_verbose_json(result: Transcription, file: TextIO,
+                       options: WriterOptions = WriterOptions()) -> None:
+    json.dump(verbose_json(result, options.task, words=options.word_timestamps), file,
+              ensure_ascii=False, indent=2)
+    file.write("\n")
+
+
+WRITERS: dict[str, Callable[[Transcription, TextIO, WriterOptions], None]] = {
     "txt": write_txt, "srt": write_srt, "vtt": write_vtt, "tsv": write_tsv, "json": write_json,
+    "verbose_json": write_verbose_json,
 }
 
 
@@ -84,17 +249,19 @@ def output_basename(transcription: Transcription) -> str:
 
 
 def write_result(transcription: Transcription, output_dir: Union[str, os.PathLike], fmt: str,
-                 basename: Optional[str] = None) -> list[Path]:
-    """Write `<output_dir>/<basename>.<fmt>` (every format for "all"); return the paths written."""
+                 basename: Optional[str] = None,
+                 options: WriterOptions = WriterOptions()) -> list[Path]:
+    """Write `<output_dir>/<basename>.<ext>` (openai-whisper's five formats for "all");
+    return the paths written."""
     if fmt != "all" and fmt not in WRITERS:
         raise ValueError(f"unknown output format {fmt!r}; expected one of {[*FORMATS, 'all']}")
     basename = basename or output_basename(transcription)
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in FORMATS if fmt == "all" else (fmt,):
-        path = directory / f"{basename}.{name}"
+    for name in ALL_FORMATS if fmt == "all" else (fmt,):
+        path = directory / f"{basename}.{EXTENSIONS.get(name, name)}"
         with open(path, "w", encoding="utf-8") as file:
-            WRITERS[name](transcription, file)
+            WRITERS[name](transcription, file, options)
         written.append(path)
     return written

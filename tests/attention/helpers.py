@@ -86,9 +86,13 @@ def fill_history(kv_cache: torch.Tensor, groups: list[SequenceGroupMetadata],
         _write_random(kv_cache, g.cross_block_table, len(g.encoder_seq_data), gen)
 
 
+def slots(table: list[int], length: int) -> torch.Tensor:
+    """Cache slots of a sequence's first `length` tokens under its block table."""
+    pos = torch.arange(length)
+    return torch.tensor(table)[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
+
+
 def _write_random(kv_cache: torch.Tensor, table: list[int], length: int,
                   gen: torch.Generator) -> None:
-    pos = torch.arange(length)
-    slots = torch.tensor(table)[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE
     key, value = torch.randn(2, length, NUM_HEADS, HEAD_SIZE, generator=gen)
-    reshape_and_cache(key, value, kv_cache, slots)
+    reshape_and_cache(key, value, kv_cache, slots(table, length))

@@ -1,5 +1,6 @@
 """The xformers backend on CPU: its biases against the masks the runner's metadata implies, and
-its code path (with the kernel swapped for a dense reference) against the torch backend."""
+its code path (with the kernel swapped for a dense reference: `biases_used` in conftest.py)
+against the torch backend."""
 from __future__ import annotations
 
 from collections import Counter
@@ -17,30 +18,6 @@ from tests.attention.helpers import (HEAD_SIZE, NUM_HEADS, empty_cache, fill_his
 
 ENC, DEC, CROSS = AttentionType.ENCODER, AttentionType.DECODER, AttentionType.ENCODER_DECODER
 SCALE = HEAD_SIZE ** -0.5
-
-
-def reference_attention(q, k, v, attn_bias, scale):
-    """Stand-in for `xf._attention` ([B, M, H, D] x [B, N, H, D]): softmax(Q K^T * scale + bias) V
-    in float32, with an xformers bias materialized or a [B or 1, H, M, N] tensor as it is."""
-    if isinstance(attn_bias, torch.Tensor):
-        bias = attn_bias.float()
-    else:
-        bias = attn_bias.materialize((q.shape[1], k.shape[1]), dtype=torch.float32)
-    scores = torch.einsum("bmhd,bnhd->bhmn", q.float(), k.float()) * scale + bias
-    return torch.einsum("bhmn,bnhd->bmhd", scores.softmax(dim=-1), v.float()).to(q.dtype)
-
-
-@pytest.fixture
-def biases_used(monkeypatch):
-    """Run the backend with the reference kernel; collects every bias it was handed."""
-    used = []
-
-    def kernel(q, k, v, attn_bias, scale):
-        used.append(attn_bias)
-        return reference_attention(q, k, v, attn_bias, scale)
-
-    monkeypatch.setattr(xf, "_attention", kernel)
-    return used
 
 
 # Masks implied by the metadata: 0 where a query may attend to a key, -inf elsewhere.

@@ -13,8 +13,10 @@ import pytest
 
 from encdec import (LLM, AsyncLLMEngine, EngineDeadError, EngineOverloaded, RequestOutputKind,
                     SamplingParams)
+from encdec.engine.detokenizer import decode
 from tests.bart_checkpoints import make_bart_checkpoint
 from tests.conftest import assert_all_blocks_free
+from tests.family_checkpoints import make_family_checkpoint
 from tests.multibyte_tokenizers import MULTILINGUAL, byte_level_bpe, sentencepiece_bpe
 from tests.whisper.conftest import (Clip, corpus, speech_dir,  # noqa: F401 (fixtures)
                                     tiny_en_assets)
@@ -22,10 +24,13 @@ from tests.whisper.conftest import (Clip, corpus, speech_dir,  # noqa: F401 (fix
 DELTA = RequestOutputKind.DELTA
 
 
-@pytest.fixture(scope="module", params=["byte-level-bpe", "sentencepiece"])
-def multibyte_bart(request, tmp_path_factory):
-    """A tiny random BART whose tokenizer knows accents, CJK and emoji."""
-    folder = tmp_path_factory.mktemp(f"bart_{request.param}")
+@pytest.fixture(scope="module", params=["byte-level-bpe", "sentencepiece", "t5-sentencepiece"])
+def multibyte_model(request, tmp_path_factory):
+    """A tiny random BART whose tokenizer knows accents, CJK and emoji, or a T5 with T5's
+    SentencePiece tokenizer (unigram with byte fallback) trained on such text."""
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "t5-sentencepiece":
+        return str(make_family_checkpoint("t5", folder, seed=3))
     tokenizer = (byte_level_bpe(folder / "_bpe") if request.param == "byte-level-bpe"
                  else sentencepiece_bpe())
     return str(make_bart_checkpoint(folder, seed=3, tokenizer=tokenizer))
@@ -47,13 +52,13 @@ async def until_idle(engine, timeout: float = 30.0) -> None:
     await asyncio.sleep(0.05)
 
 
-def test_32_streams_of_deltas_equal_the_offline_results(multibyte_bart):
-    offline = LLM(model=multibyte_bart, num_gpu_blocks=400, block_size=8)
+def test_32_streams_of_deltas_equal_the_offline_results(multibyte_model):
+    offline = LLM(model=multibyte_model, num_gpu_blocks=400, block_size=8)
     prompts = [MULTILINGUAL[i % len(MULTILINGUAL)] for i in range(32)]
     params = [SamplingParams(temperature=1.0, seed=100 + i, max_tokens=8 + i % 17, ignore_eos=True)
               for i in range(32)]
     expected = offline.generate(prompts, params, use_tqdm=False)
-    engine = AsyncLLMEngine.from_model(multibyte_bart, num_gpu_blocks=400, block_size=8)
+    engine = AsyncLLMEngine.from_model(multibyte_model, num_gpu_blocks=400, block_size=8)
 
     async def consume(i):
         ids, text = [], ""
@@ -70,10 +75,11 @@ def test_32_streams_of_deltas_equal_the_offline_results(multibyte_bart):
         return results
 
     results = asyncio.run(main())
+    tokenizer = offline.get_tokenizer()
     multibyte = 0
     for (ids, text), want in zip(results, expected):
         assert ids == want.outputs[0].token_ids
-        assert text == want.outputs[0].text
+        assert text == want.outputs[0].text == decode(tokenizer, ids, skip_special_tokens=True)
         multibyte += any(ord(c) > 127 for c in text)
     assert multibyte >= 16  # the outputs do hold accented letters, CJK or emoji
     engine_blocks_free(engine.engine)

@@ -28,7 +28,7 @@ CUE = re.compile(r"(?:^|\n)(?:(\d+)\n)?(\d\d):(\d\d):(\d\d)([.,])(\d\d\d) --> "
 
 @pytest.fixture(scope="session")
 def tiny_en():
-    return LOAD_LLM(argparse.Namespace(model="tiny.en", dtype="auto", device=None))
+    return LOAD_LLM(argparse.Namespace(model="tiny.en", dtype="auto", device=None, quantization=None))
 
 
 @pytest.fixture(autouse=True)
@@ -123,9 +123,9 @@ def test_only_bad_files_never_loads_the_model(tmp_path, capsys, monkeypatch):
 
 
 def test_model_and_option_errors(tmp_path, capsys):
-    assert cli.main(["transcribe", str(SAMPLE), "--model", str(tmp_path)]) == 1
+    assert cli.main(["transcribe", str(SAMPLE), "--model", str(tmp_path)]) == 2
     [error] = error_lines(capsys.readouterr().err)
-    assert error.startswith(f"encdec: error: cannot load model {str(tmp_path)!r}")
+    assert error.startswith(f"encdec: error: --model {str(tmp_path)!r}")
     assert cli.main(["transcribe", str(SAMPLE), "--task", "translate"]) == 1
     [error] = error_lines(capsys.readouterr().err)
     assert error.startswith(f"encdec: error: {SAMPLE}: ") and "English-only" in error
@@ -184,9 +184,9 @@ def test_summarize_words_errors_as_options(tiny_bart_dir, capsys):
                      "--max-tokens", "3"]) == 2
     assert error_lines(capsys.readouterr().err) == [
         "encdec: error: --min-tokens must be <= --max-tokens=3, got 9"]
-    assert cli.main(["summarize", "--model", str(tiny_bart_dir / "missing"), "text"]) == 1
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir / "missing"), "text"]) == 2
     assert error_lines(capsys.readouterr().err)[0].startswith(
-        f"encdec: error: cannot load model '{tiny_bart_dir / 'missing'}'")
+        f"encdec: error: --model {tiny_bart_dir / 'missing'}: no such directory")
 
 
 def test_serve_help_lists_every_option(capsys):
@@ -196,3 +196,41 @@ def test_serve_help_lists_every_option(capsys):
                    "--max-audio-seconds", "--max-waiting-requests", "--shutdown-timeout",
                    "--kv-cache-space", "--num-gpu-blocks", "--max-num-seqs", "--dtype", "--device"):
         assert option in out
+
+
+def test_word_timestamps_json_words_and_highlighted_lines(tmp_path, capsys):
+    assert cli.main(["transcribe", str(SAMPLE), "-o", str(tmp_path), "--word_timestamps", "True",
+                     "--highlight_words", "True", "--max_line_width", "24"]) == 0
+    assert error_lines(capsys.readouterr().err) == []
+    data = json.loads((tmp_path / "hello.json").read_text())
+    words = [w for s in data["segments"] for w in s["words"]]
+    assert [w["word"].strip() for w in words] == SAMPLE_TEXT.split()
+    assert all(set(w) == {"word", "start", "end", "probability"} for w in words)
+    times = [t for w in words for t in (w["start"], w["end"])]
+    assert times == sorted(times) and 0 <= times[0] and times[-1] <= data["duration"]
+    for segment in data["segments"]:
+        assert segment["start"] <= segment["words"][0]["start"] <= segment["words"][-1]["end"] <= segment["end"]
+
+    cues = parse_srt_blocks((tmp_path / "hello.srt").read_text())
+    assert all(len(re.sub("</?u>", "", line)) <= 24 for _, _, text in cues for line in text.split("\n"))
+    highlighted = [(start, end, re.findall(r"<u>(.*?)</u>", text)) for start, end, text in cues
+                   if "<u>" in text]
+    assert highlighted == [(round(w["start"] * 1000), round(w["end"] * 1000), [w["word"].strip()])
+                           for w in words]  # each word underlined once, timed to the word
+
+
+def parse_srt_blocks(text: str) -> list[tuple[int, int, str]]:
+    """(start ms, end ms, text with its line breaks) of each srt cue."""
+    cues = []
+    for block in text.strip().split("\n\n"):
+        _, times, *lines = block.split("\n")
+        start, end = (sum(int(x) * f for x, f in zip(re.split("[:,]", t), (3600000, 60000, 1000, 1)))
+                      for t in times.split(" --> "))
+        cues.append((start, end, "\n".join(lines)))
+    return cues
+
+
+def test_fast_greedy_switch(capsys):
+    assert cli.main(["transcribe", str(SAMPLE), "--beam_size", "1", "--no_fallback",
+                     "--no-timestamps"]) == 0
+    assert capsys.readouterr().out.strip() == SAMPLE_TEXT

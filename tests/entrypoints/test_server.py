@@ -176,3 +176,31 @@ def test_translation(server):
                                                            response_format="verbose_json")
     assert (result.text, result.language) == (expected.text, "english")
     assert [s.text for s in result.segments] == [s.text for s in expected.segments]
+
+
+def test_transcription_words_and_decoding_fields(server, tiny_en):
+    expected = tiny_en.transcribe(str(SAMPLE), word_timestamps=True, beam_size=2)[0]
+    expected_words = [w for s in expected.segments for w in s.words]
+    for kinds in (["word"], ["word", "segment"]):
+        with open(SAMPLE, "rb") as audio:
+            result = server.client().audio.transcriptions.create(
+                model="tiny.en", file=audio, response_format="verbose_json",
+                timestamp_granularities=kinds, extra_body={"beam_size": 2})
+        assert result.text == expected.text
+        assert [w.word for w in result.words] == expected.text.split()
+        assert [(w.start, w.end) for w in result.words] == [(w.start, w.end) for w in expected_words]
+        assert (result.segments is not None) == ("segment" in kinds)
+
+
+def test_transcription_threshold_fields(server):
+    """A window is silence when its no-speech probability passes no_speech_threshold and its
+    decode is unsure (average log-probability below logprob_threshold): the sample's speech is
+    dropped only when both thresholds say so."""
+    def text(**fields) -> str:
+        with open(SAMPLE, "rb") as audio:
+            return server.client().audio.transcriptions.create(
+                model="tiny.en", file=audio, extra_body=dict(best_of=1, **fields)).text
+
+    assert text(no_speech_threshold=0.0, logprob_threshold=0) == ""
+    assert text(no_speech_threshold=0.0) != ""
+    assert text(logprob_threshold=0) != ""

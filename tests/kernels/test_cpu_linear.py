@@ -53,9 +53,20 @@ def test_pack_linears_fuses_the_feed_forward_activation():
     torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
 
 
-def test_only_float32_on_cpu_is_packed():
-    assert not packed_linear_supported(torch.device("cpu"), torch.bfloat16)
+def test_float32_and_bfloat16_on_cpu_are_packed():
+    assert not packed_linear_supported(torch.device("cpu"), torch.float16)
     assert not packed_linear_supported(torch.device("cuda"), torch.float32)
+
+
+@pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.bfloat16),
+                    reason="this oneDNN has no bfloat16 linear")
+def test_bfloat16_packed_linear_matches_linear():
+    torch.manual_seed(1)
+    linear = nn.Linear(96, 160).bfloat16()
+    x = torch.randn(64, 96).bfloat16()
+    got = PackedLinear.from_linear(linear, "gelu")(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, F.gelu(linear(x)), rtol=2e-2, atol=2e-2)
 
 
 def test_the_engine_runs_bart_on_packed_linears(tiny_bart_dir):

@@ -80,12 +80,16 @@ def test_bfloat16_close_to_reference():
 
     out = paged_attention(query, cache, tables, seq_lens, 0.25)
 
-    assert out.dtype == torch.bfloat16
+    compiled = paged_decode_attention(query, cache, tables, seq_lens, 0.25)
+
+    assert out.dtype == torch.bfloat16 and compiled.dtype == torch.float32
     for i, length in enumerate(seq_lens):
         want = reference_attention(query[i], keys[i], values[i], 0.25, length).float()
         torch.testing.assert_close(out[i].float(), want, atol=2e-2, rtol=2e-2)
-    with pytest.raises(ValueError, match="float32"):  # the compiled kernel is float32 only
-        paged_decode_attention(query, cache, tables, seq_lens, 0.25)
+        # the kernel widens the bfloat16 values exactly and sums in float32
+        torch.testing.assert_close(compiled[i], want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        paged_decode_attention(query.half(), cache.half(), tables, seq_lens, 0.25)
 
 
 @pytest.mark.parametrize("causal", [True, False])

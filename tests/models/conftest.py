@@ -1,5 +1,6 @@
 """Fixtures of the family parity tests (tests/family_parity.py): a module's `family` picks the
-checkpoint; `decoding` holds settings every request and Hugging Face's generate() get."""
+checkpoint, built twice: two layers per side, and the published shape (slow; `-m slow`);
+`decoding` holds settings every request and Hugging Face's generate() get."""
 from __future__ import annotations
 
 import pytest
@@ -9,9 +10,15 @@ from tests.family_parity import run_batch
 from tests.hf_reference import HFReference
 
 
+@pytest.fixture(scope="module", params=[False, pytest.param(True, marks=pytest.mark.slow)],
+                ids=["two-layers", "full-shape"])
+def full_shape(request):
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def family_dir(family, tmp_path_factory):
-    return make_family_checkpoint(family, tmp_path_factory.mktemp(family), seed=0)
+def family_dir(family, full_shape, tmp_path_factory):
+    return make_family_checkpoint(family, tmp_path_factory.mktemp(family), seed=0, full=full_shape)
 
 
 @pytest.fixture(scope="module")

@@ -158,3 +158,10 @@ def test_silence_checks():
     assert not is_no_speech(0.9, -0.3, " Hello there.")
     dots = " ." * 30
     assert compression_ratio(dots) > 2.4 and is_no_speech(0.9, -0.3, dots)
+
+
+def test_no_speech_rule_takes_the_thresholds():
+    assert is_no_speech(0.3, -0.5, " Hi.", no_speech_threshold=0.2, logprob_threshold=0.0)
+    assert not is_no_speech(0.9, -1.5, " Hello.", no_speech_threshold=None)
+    assert not is_no_speech(0.9, -1.5, " Hello.", logprob_threshold=None)
+    assert not is_no_speech(0.9, -0.3, " ." * 30, compression_ratio_threshold=None)

@@ -1,13 +1,15 @@
 """Transcript writers: srt / vtt parsed back, tsv and json round trips, timestamp formatting."""
 from __future__ import annotations
 
+import io
 import json
 import re
 
 import pytest
 
-from encdec.whisper.transcript import Segment, Transcription
-from encdec.whisper.writers import FORMATS, format_timestamp, write_result
+from encdec.whisper.transcript import Segment, Transcription, Word
+from encdec.whisper.writers import (ALL_FORMATS, FORMATS, WRITERS, WriterOptions, format_timestamp,
+                                    subtitle_cues, write_result)
 
 SEGMENTS = [
     Segment(0.0, 2.5, " Hello there.", tokens=[1, 2], avg_logprob=-0.25, no_speech_prob=0.01),
@@ -77,7 +79,8 @@ def test_json_round_trip(tmp_path):
 
 def test_txt_and_all(tmp_path):
     paths = write_result(RESULT, tmp_path, "all")
-    assert sorted(p.name for p in paths) == sorted(f"talk.take1.{f}" for f in FORMATS)
+    assert sorted(p.name for p in paths) == sorted(f"talk.take1.{f}" for f in ALL_FORMATS)
+    assert set(FORMATS) - set(ALL_FORMATS) == {"verbose_json"}  # on request only
     assert (tmp_path / "talk.take1.txt").read_text(encoding="utf-8").splitlines() == [
         s.text.strip() for s in SEGMENTS]
 
@@ -117,3 +120,114 @@ def test_format_timestamp(seconds, hours, marker, expected):
 def test_format_timestamp_rejects_negative():
     with pytest.raises(ValueError, match="non-negative"):
         format_timestamp(-0.5)
+
+
+# ----------------------------------------------------------------------------- words
+
+
+def timed(text: str, start: float, step: float = 0.5) -> list[Word]:
+    """Words of `text` (leading spaces as Whisper gives them) each `step` seconds long."""
+    return [Word(f" {w}", start + i * step, start + (i + 1) * step - 0.1, 0.9, tokens=[i])
+            for i, w in enumerate(text.split())]
+
+
+WORDED = [Segment(0.0, 3.0, " One two three four five six.", words=timed("One two three four five six.", 0.0)),
+          Segment(3.0, 5.0, " Seven eight nine.", words=timed("Seven eight nine.", 3.0)),
+          Segment(10.0, 12.0, " Ten eleven.", words=timed("Ten eleven.", 10.0))]  # after a 5 s pause
+WORDED_RESULT = Transcription(text="".join(s.text for s in WORDED), language="en", segments=WORDED,
+                              duration=12.0, source="words.wav")
+ALL_WORDS = [w for s in WORDED for w in s.words]
+
+
+def write_text(result: Transcription, fmt: str, options: WriterOptions = WriterOptions()) -> str:
+    out = io.StringIO()
+    WRITERS[fmt](result, out, options)
+    return out.getvalue()
+
+
+def cue_words(text: str) -> list[str]:
+    return text.replace("<u>", "").replace("</u>", "").split()
+
+
+def test_highlight_words_underlines_each_word_in_its_time():
+    options = WriterOptions(word_timestamps=True, highlight_words=True)
+    cues = subtitle_cues(WORDED_RESULT, options)
+    underlined = [c for c in cues if "<u>" in c.text]
+    assert len(underlined) == len(ALL_WORDS)
+    for cue, word in zip(underlined, ALL_WORDS):
+        assert re.findall(r"<u>(.*?)</u>", cue.text) == [word.word.strip()]
+        assert (cue.start, cue.end) == (word.start, word.end)
+    # the 0.1 s gaps between words show the segment's text without underline
+    gaps = [c for c in cues if "<u>" not in c.text]
+    assert len(gaps) == len(ALL_WORDS) - len(WORDED)
+    for cue in cues:
+        segment = next(s for s in WORDED if s.start <= cue.start < s.end)
+        assert cue_words(cue.text) == segment.text.split()
+    assert write_text(WORDED_RESULT, "srt", options).count("<u>") == len(ALL_WORDS)
+
+
+def test_max_line_width_wraps_each_segment():
+    cues = subtitle_cues(WORDED_RESULT, WriterOptions(word_timestamps=True, max_line_width=10))
+    assert len(cues) == len(WORDED)  # segments kept
+    for cue, segment in zip(cues, WORDED):
+        lines = cue.text.split("\n")
+        assert all(len(line) <= 10 for line in lines)
+        assert cue_words(cue.text) == segment.text.split()
+        assert (cue.start, cue.end) == (segment.words[0].start, segment.words[-1].end)
+    assert cues[0].text.split("\n") == ["One two", "three four", "five six."]
+
+
+def test_max_line_count_flows_words_across_segments():
+    options = WriterOptions(word_timestamps=True, max_line_width=12, max_line_count=2)
+    cues = subtitle_cues(WORDED_RESULT, options)
+    assert [c.text.split("\n") for c in cues] == [
+        ["One two", "three four"], ["five six.", "Seven eight"], ["nine."], ["Ten eleven."]]
+    # a cue ends at the pause of over 3 s, not at a segment's end
+    assert (cues[1].start, cues[1].end) == (ALL_WORDS[4].start, ALL_WORDS[7].end)
+    assert "five six.\nSeven eight\n\n" in write_text(WORDED_RESULT, "vtt", options)
+
+
+def test_max_words_per_line_cuts_cues():
+    cues = subtitle_cues(WORDED_RESULT, WriterOptions(word_timestamps=True, max_words_per_line=4))
+    assert [c.text for c in cues] == ["One two three four", "five six.", "Seven eight nine.",
+                                      "Ten eleven."]
+    assert (cues[1].start, cues[1].end) == (ALL_WORDS[4].start, ALL_WORDS[5].end)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(highlight_words=True), "highlight_words needs word_timestamps=True"),
+    (dict(max_line_width=20), "max_line_width needs word_timestamps=True"),
+    (dict(max_words_per_line=3), "max_words_per_line needs word_timestamps=True"),
+    (dict(word_timestamps=True, max_line_count=2), "max_line_count needs max_line_width"),
+    (dict(word_timestamps=True, max_line_width=20, max_words_per_line=3), "exclude each other"),
+    (dict(word_timestamps=True, max_line_width=0), r"max_line_width must be an integer >= 1, got 0"),
+])
+def test_writer_option_errors(options, message):
+    with pytest.raises(ValueError, match=message):
+        WriterOptions(**options)
+
+
+def test_json_lists_words():
+    segments = json.loads(write_text(WORDED_RESULT, "json"))["segments"]
+    for segment, expected in zip(segments, WORDED):
+        assert segment["words"] == [dict(word=w.word, start=w.start, end=w.end, probability=w.probability)
+                                    for w in expected.words]
+
+
+@pytest.mark.parametrize("task, language", [("transcribe", "english"), ("translate", "english")])
+def test_verbose_json(tmp_path, task, language):
+    result = Transcription(WORDED_RESULT.text, "fr" if task == "translate" else "en", WORDED, 12.0,
+                           source="words.wav")
+    [path] = write_result(result, tmp_path, "verbose_json",
+                          options=WriterOptions(task=task, word_timestamps=True))
+    assert path.name == "words.verbose.json"
+    data = json.loads(path.read_text())
+    assert (data["task"], data["language"], data["duration"], data["text"]) == (task, language, 12.0, result.text)
+    fields = ["id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob",
+              "compression_ratio", "no_speech_prob"]
+    assert [list(s) for s in data["segments"]] == [fields] * len(WORDED)
+    assert [(s["id"], s["start"], s["end"], s["text"]) for s in data["segments"]] == [
+        (i, s.start, s.end, s.text) for i, s in enumerate(WORDED)]
+    assert data["words"] == [dict(word=w.word.strip(), start=w.start, end=w.end) for w in ALL_WORDS]
+    [plain] = write_result(result, tmp_path, "verbose_json", basename="plain")
+    assert "words" not in json.loads(plain.read_text())

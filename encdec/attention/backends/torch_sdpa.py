@@ -1,6 +1,7 @@
 """CPU attention backend: per-sequence (or equal-length batched) attention, never a dense
 (tokens)^2 mask; decode steps read the paged caches with the compiled kernel of
-`kernels/cpu_decode.py` (float32) or the torch reference (other dtypes).
+`kernels/cpu_decode.py` (float32, bfloat16) or the torch reference (other dtypes). Attention
+over bfloat16 (or float16) tensors computes its scores, softmax and sums in float32.
 
 - ENCODER: non-causal attention inside each encoder sequence (`dense_attention`).
 - DECODER: new keys/values go into the paged self cache by `slot_mapping`; prefill sequences
@@ -82,7 +83,8 @@ class TorchSDPABackend(AttentionBackend):
             meta.backend_cache[key] = (block_tables[meta.num_prefills:].to(torch.int32),
                                        np.asarray(lens[meta.num_prefills:], dtype=np.int64))
         tables, decode_lens = meta.backend_cache[key]
-        if query.dtype == kv_cache.dtype == torch.float32 and query.device.type == "cpu":
+        if query.dtype == kv_cache.dtype and query.dtype in (torch.float32, torch.bfloat16) \
+                and query.device.type == "cpu":
             return paged_decode_attention(query, kv_cache, tables, decode_lens, scale, distance_bias)
         return paged_attention(query, kv_cache, tables, decode_lens, scale,
                                distance_bias=distance_bias)
@@ -128,8 +130,11 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: 
     q: [sum(q_lens), H, D]; k, v: [sum(kv_lens), H, D]. With `causal`, q_lens == kv_lens.
     `bias` ([H, >= max(q_lens), >= max(kv_lens)], causal masking included) is added to every
     sequence's scores. Sequences of one length run as one batched call, others one call per
-    sequence.
+    sequence. Other dtypes than float32 are computed in float32 and returned in their own.
     """
+    if q.dtype != torch.float32:
+        return varlen_attention(q.float(), k.float(), v.float(), q_lens, kv_lens, causal, scale,
+                                bias).to(q.dtype)
     num_heads, head_size = q.shape[1], q.shape[2]
     if len(set(q_lens)) == 1 and len(set(kv_lens)) == 1:
         b, lq, lk = len(q_lens), q_lens[0], kv_lens[0]

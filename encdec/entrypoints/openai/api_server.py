@@ -13,7 +13,6 @@ import contextlib
 import logging
 import signal
 import time
-from importlib.metadata import version
 from types import FrameType
 from typing import Optional
 
@@ -22,6 +21,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from encdec import __version__
 from encdec.entrypoints.openai.errors import OpenAIError, add_error_handlers, bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.middleware import ServerState, ServingMiddleware
@@ -55,7 +55,7 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
         yield
         await asyncio.gather(*(m.engine.shutdown() for m in models))
 
-    app = FastAPI(title="encdec", version=version("encdec"), lifespan=lifespan)
+    app = FastAPI(title="encdec", version=__version__, lifespan=lifespan)
     add_error_handlers(app)
     app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key)
     json_body = [Depends(require_json)]
@@ -69,7 +69,7 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
 
     @app.get("/version")
     async def show_version() -> dict:
-        return {"version": version("encdec")}
+        return {"version": __version__}
 
     @app.get("/metrics")
     async def show_metrics() -> Response:
@@ -145,7 +145,8 @@ def run_server(args: argparse.Namespace) -> int:
                           swap_space=args.swap_space, max_num_seqs=args.max_num_seqs,
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           preemption_mode=args.preemption_mode, seed=args.seed,
-                          attention_backend=args.attention_backend, tune_malloc=args.tune_malloc)
+                          attention_backend=args.attention_backend, tune_malloc=args.tune_malloc,
+                          quantization=args.quantization)
     served = ServedModels(load_models(args.models, args.served_model_names,
                                       args.max_waiting_requests, engine_options))
     state = ServerState()

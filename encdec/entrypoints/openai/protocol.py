@@ -128,12 +128,25 @@ ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
 
 
 class TranslationRequest(OpenAIBaseModel):
-    """The form fields of `/v1/audio/translations` besides `file`."""
+    """The form fields of `/v1/audio/translations` besides `file`. Extras: openai-whisper's
+    decoding options by their CLI names (`encdec.entrypoints.whisper_options`); unset, they
+    keep `TranscribeOptions`' defaults (greedy, fallback on)."""
 
     model: str
     prompt: Optional[str] = None
     response_format: ResponseFormat = "json"
     temperature: float = Field(0.0, ge=0.0, le=1.0)
+    temperature_increment_on_fallback: Optional[float] = Field(None, ge=0.0, le=1.0)
+    beam_size: Optional[int] = Field(None, ge=1, le=20)
+    best_of: Optional[int] = Field(None, ge=1, le=20)
+    patience: Optional[float] = Field(None, gt=0.0)
+    compression_ratio_threshold: Optional[float] = None
+    logprob_threshold: Optional[float] = None
+    no_speech_threshold: Optional[float] = Field(None, ge=0.0, le=1.0)
+    condition_on_previous_text: Optional[bool] = None
+    hotwords: Optional[str] = None
+    vad_filter: Optional[bool] = None
+    hallucination_silence_threshold: Optional[float] = Field(None, gt=0.0)
 
 
 class TranscriptionRequest(TranslationRequest):
@@ -160,6 +173,12 @@ class TranscriptionSegment(BaseModel):
     no_speech_prob: float
 
 
+class TranscriptionWord(BaseModel):
+    word: str
+    start: float
+    end: float
+
+
 class TranscriptionUsage(BaseModel):
     type: Literal["duration"] = "duration"
     seconds: float
@@ -170,7 +189,8 @@ class TranscriptionVerbose(BaseModel):
     language: str
     duration: float
     text: str
-    segments: list[TranscriptionSegment]
+    segments: Optional[list[TranscriptionSegment]] = None  # with timestamp_granularities[]=segment
+    words: Optional[list[TranscriptionWord]] = None  # with timestamp_granularities[]=word
     usage: TranscriptionUsage
 
 

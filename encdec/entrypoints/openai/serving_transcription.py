@@ -3,9 +3,12 @@
 The upload is decoded off the event loop, then transcribed through the model's engine with
 `AsyncLLMEngine.transcribe`: its windows share the engine's batch with every other upload in
 flight. `temperature` t means openai-whisper's fallback from t up to 1.0 in steps of 0.2
-(OpenAI: 0 "increases the temperature until certain thresholds are hit"). Streamed
-transcriptions send a `transcript.text.delta` event as each stretch of segments is final,
-then one `transcript.text.done`.
+(OpenAI: 0 "increases the temperature until certain thresholds are hit"); the extra fields
+(`beam_size`, `temperature_increment_on_fallback`, ...) are openai-whisper's options, checked
+before the audio is decoded. `timestamp_granularities[]=word` times every word and returns
+them as verbose_json's top-level `words`. Streamed transcriptions send a
+`transcript.text.delta` event as each stretch of segments is final, then one
+`transcript.text.done`.
 """
 from __future__ import annotations
 
@@ -17,31 +20,27 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
-from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
 from encdec.audio import SAMPLE_RATE
-from encdec.entrypoints.openai.errors import bad_request, validation_error
+from encdec.entrypoints.openai.errors import bad_request, validation_error, value_error
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (TranscriptionDelta, TranscriptionDone,
-                                                TranscriptionRequest, TranscriptionSegment,
-                                                TranscriptionUsage, TranscriptionVerbose,
-                                                TranslationRequest)
+                                                TranscriptionRequest, TranscriptionUsage,
+                                                TranscriptionVerbose, TranslationRequest)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import DONE, cancel_on_disconnect, event_stream, sse
 from encdec.entrypoints.openai.uploads import decode_upload_async, form_fields, read_form
+from encdec.entrypoints.whisper_options import NAMES, transcribe_options
 from encdec.whisper.transcript import Segment, Transcription
-from encdec.whisper.writers import write_srt, write_vtt
+from encdec.whisper.writers import verbose_json, write_srt, write_vtt
 
 AudioRequest = Union[TranscriptionRequest, TranslationRequest]
 # words of transcribe()'s ValueErrors -> the form field at fault, first match wins
 ERROR_FIELDS = (("translate", "model"), ("language", "language"), ("initial_prompt", "prompt"))
-FALLBACK_STEP = 0.2
-
-
-def temperatures(start: float) -> tuple[float, ...]:
-    """openai-whisper's fallback temperatures from `start`: start, start + 0.2, ... <= 1.0."""
-    steps = int((1.0 - start) / FALLBACK_STEP + 1e-6)
-    return tuple(round(start + FALLBACK_STEP * i, 6) for i in range(steps + 1))
+OPTION_FIELDS = set(NAMES) & set(TranslationRequest.model_fields)  # the form's decoding options
+# option names in transcribe_options' errors -> form fields
+OPTION_PARAMS = {**{name: name for name in OPTION_FIELDS}, "initial_prompt": "prompt",
+                 "word_timestamps": "timestamp_granularities[]"}
 
 
 class OpenAIServingTranscription:
@@ -60,14 +59,13 @@ class OpenAIServingTranscription:
             except ValidationError as err:
                 raise validation_error(err) from None
             check_request(body)
+            options = dict(language=getattr(body, "language", None), task=task,
+                           **request_options(body))
             served = self.models.get(body.model, whisper=True)
             audio = await cancel_on_disconnect(
                 request, decode_upload_async(upload, self.max_audio_seconds))
         finally:
             await form.close()
-        language = getattr(body, "language", None)
-        options = dict(language=language, task=task, initial_prompt=body.prompt,
-                       temperature=temperatures(body.temperature))
         try:
             if getattr(body, "stream", False):
                 return await event_stream(request, self._events(served, audio, options))
@@ -77,7 +75,7 @@ class OpenAIServingTranscription:
             message = str(err)
             raise bad_request(message, next((f for w, f in ERROR_FIELDS if w in message), None)) from err
         self._count(served, result)
-        return response(result, body.response_format, task)
+        return response(result, body, task)
 
     def _count(self, served: ServedModel, result: Transcription) -> None:
         self.metrics.audio_seconds.labels(served.name).inc(result.duration)
@@ -107,18 +105,34 @@ class OpenAIServingTranscription:
                 await asyncio.gather(job, return_exceptions=True)
 
 
+def granularities(body: AudioRequest) -> list[str]:
+    return getattr(body, "timestamp_granularities", ["segment"])
+
+
 def check_request(body: AudioRequest) -> None:
     """What the form allows but this server does not do."""
     if isinstance(body, TranscriptionRequest):
-        if "word" in body.timestamp_granularities:
-            raise bad_request("word timestamps are not available yet: ask for "
-                              "timestamp_granularities[]=segment", "timestamp_granularities[]")
         if body.stream and body.response_format not in ("json", "text"):
             raise bad_request(f"stream=true sends text events: response_format must be json or "
                               f"text, got {body.response_format!r}", "stream")
+        if body.timestamp_granularities != ["segment"] and body.response_format != "verbose_json":
+            raise bad_request(f"timestamp_granularities[] needs response_format=verbose_json, got "
+                              f"{body.response_format!r}", "timestamp_granularities[]")
 
 
-def response(result: Transcription, response_format: str, task: str) -> Response:
+def request_options(body: AudioRequest) -> dict:
+    """`transcribe` options from the form's fields (400 naming the field at fault)."""
+    values = body.model_dump(include=OPTION_FIELDS, exclude_unset=True)
+    values.update(temperature=body.temperature, initial_prompt=body.prompt,
+                  word_timestamps="word" in granularities(body))
+    try:
+        return transcribe_options(values)
+    except ValueError as err:
+        raise value_error(err, OPTION_PARAMS) from None
+
+
+def response(result: Transcription, body: AudioRequest, task: str) -> Response:
+    response_format = body.response_format
     if response_format == "json":
         return JSONResponse({"text": result.text})
     if response_format == "text":
@@ -127,17 +141,7 @@ def response(result: Transcription, response_format: str, task: str) -> Response
         out = io.StringIO()
         (write_srt if response_format == "srt" else write_vtt)(result, out)
         return PlainTextResponse(out.getvalue(), media_type="text/vtt" if response_format == "vtt" else None)
-    return JSONResponse(verbose(result, task).model_dump())
-
-
-def verbose(result: Transcription, task: str) -> TranscriptionVerbose:
-    """OpenAI's verbose_json: full language name, duration in seconds, all segment fields."""
-    language = "english" if task == "translate" else LANGUAGES.get(result.language or "", result.language or "")
-    segments = [TranscriptionSegment(id=i, seek=s.seek, start=s.start, end=s.end, text=s.text,
-                                     tokens=s.tokens, temperature=s.temperature,
-                                     avg_logprob=s.avg_logprob, compression_ratio=s.compression_ratio,
-                                     no_speech_prob=s.no_speech_prob)
-                for i, s in enumerate(result.segments)]
-    return TranscriptionVerbose(task=task, language=language, duration=result.duration,
-                                text=result.text, segments=segments,
-                                usage=TranscriptionUsage(seconds=result.duration))
+    kinds = granularities(body)
+    data = verbose_json(result, task, segments="segment" in kinds, words="word" in kinds)
+    verbose = TranscriptionVerbose(**data, usage=TranscriptionUsage(seconds=result.duration))
+    return JSONResponse(verbose.model_dump(exclude_none=True))

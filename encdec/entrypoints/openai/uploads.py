@@ -20,7 +20,7 @@ from starlette.datastructures import FormData, UploadFile
 from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 
-MAX_FORM_FIELDS = 16
+MAX_FORM_FIELDS = 32
 
 
 class UploadTooLarge(Exception):

@@ -1,0 +1,197 @@
+"""Batch jobs on Ray Data: transcribe audio files and summarize documents on a pool of actors,
+each holding one `LLM` built once (`map_batches` with a stateful class).
+
+Input rows carry an `id`; output rows carry the same `id`, the result, an `error` (None when the
+input succeeded) and the `node_id` of the Ray node that computed it. Results are what
+`LLM.transcribe` / `LLM.generate` give for the same inputs. Ray Data restarts an actor that dies
+(`max_restarts=-1`) and retries its batch (`max_task_retries=-1`), so each input still comes out
+once. Actors take a fraction of a CPU by default, and read tasks a quarter: at one CPU each,
+actors on a small node leave nothing to the read tasks (one CPU each by default) and the job
+stalls.
+
+Audio inputs are paths that every node can read (a shared filesystem); documents are text files
+(read by the driver), or a JSONL or Parquet file with `id` and `text` columns.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import ray
+import torch
+
+from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.entrypoints.summaries import prepare_article, summary_params
+from encdec.llm import LLM
+
+AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".mp4", ".webm", ".aac", ".mpga")
+TEXT_SUFFIXES = (".txt", ".md")
+TABLE_SUFFIXES = (".jsonl", ".json", ".parquet")
+TASK_CPUS = 0.25  # per read or map task: they fit beside actors on nodes with a CPU or less
+
+
+def expand_inputs(inputs: Sequence[str], suffixes: Sequence[str]) -> list[str]:
+    """Files as given, the files with `suffixes` inside folders, and glob matches; sorted within
+    each folder or glob, duplicates dropped. A name that matches nothing is a ValueError."""
+    found: list[str] = []
+    for name in inputs:
+        if os.path.isdir(name):
+            matches = sorted(str(p) for p in Path(name).iterdir() if p.suffix.lower() in suffixes)
+        elif glob.has_magic(name):
+            matches = sorted(glob.glob(name))
+        elif os.path.exists(name):
+            matches = [name]
+        else:
+            raise ValueError(f"{name}: no such file or folder")
+        if not matches:
+            raise ValueError(f"{name}: no input files (looked for {', '.join(suffixes)})")
+        found += matches
+    return list(dict.fromkeys(found))
+
+
+def audio_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> ray.data.Dataset:
+    """Rows `{id, path}` for the audio files named by `inputs` (files, folders, globs); the id
+    is the path as found. Ids in `done` are left out."""
+    paths = [p for p in expand_inputs(inputs, AUDIO_SUFFIXES) if p not in done]
+    return ray.data.from_items([{"id": p, "path": p} for p in paths],
+                               override_num_blocks=max(1, len(paths)))
+
+
+def document_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> ray.data.Dataset:
+    """Rows `{id, text}`: one JSONL or Parquet file with those columns, or text files (id: the
+    path). Ids in `done` are left out."""
+    if len(inputs) == 1 and inputs[0].lower().endswith(TABLE_SUFFIXES):
+        source = inputs[0]
+        if source.lower().endswith(".parquet"):
+            ds = ray.data.read_parquet(source, columns=["id", "text"], num_cpus=TASK_CPUS)
+        else:
+            ds = ray.data.read_json(source, lines=True, num_cpus=TASK_CPUS)
+        ds = ds.map_batches(_id_and_text, batch_format="pandas", num_cpus=TASK_CPUS)
+        return ds.filter(lambda row: row["id"] not in done, num_cpus=TASK_CPUS) if done else ds
+    rows = [{"id": p, "text": Path(p).read_text(encoding="utf-8")}
+            for p in expand_inputs(inputs, TEXT_SUFFIXES) if p not in done]
+    return ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
+
+
+def _id_and_text(batch):
+    return batch[["id", "text"]].astype({"id": str})
+
+
+class _Worker:
+    """One engine per actor; `crash_marker` is a test hook: the first actor to reach its second
+    batch while that file does not exist creates it and exits, after computing the batch."""
+
+    def __init__(self, model: str, llm_options: dict[str, Any], threads: int,
+                 crash_marker: Optional[str]):
+        torch.set_num_threads(threads)
+        self.llm = LLM(model, **llm_options)
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.crash_marker, self.calls = crash_marker, 0
+
+    def finish(self, batch: dict[str, np.ndarray], results: dict[str, list]) -> dict[str, list]:
+        self.calls += 1
+        if self.crash_marker and self.calls == 2:
+            try:
+                os.close(os.open(self.crash_marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                os._exit(1)
+        return {"id": [str(i) for i in batch["id"]], **results, "node_id": [self.node_id] * len(batch["id"])}
+
+
+class Transcriber(_Worker):
+    """`LLM.transcribe` over a batch of audio paths."""
+
+    def __init__(self, model: str, llm_options: dict[str, Any], threads: int,
+                 transcribe_options: dict[str, Any], crash_marker: Optional[str] = None):
+        super().__init__(model, llm_options, threads, crash_marker)
+        self.options = transcribe_options
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        loaded, errors = {}, [None] * len(batch["path"])
+        for i, path in enumerate(batch["path"]):
+            try:
+                loaded[i] = (load_audio(str(path)), SAMPLE_RATE)
+            except (ValueError, OSError) as err:
+                errors[i] = str(err)
+        transcribed = self.llm.transcribe(list(loaded.values()), **self.options) if loaded else []
+        results = dict(zip(loaded, transcribed))
+        text, language, duration, segments = [], [], [], []
+        for i in range(len(errors)):
+            result = results.get(i)
+            text.append(result.text if result else None)
+            language.append(result.language if result else None)
+            duration.append(result.duration if result else None)
+            segments.append(json.dumps([dataclasses.asdict(s) for s in result.segments]) if result else None)
+        return self.finish(batch, dict(text=text, language=language, duration=duration,
+                                       segments=segments, error=errors))
+
+
+class Summarizer(_Worker):
+    """`LLM.generate` over a batch of documents, decoding as `encdec summarize` does."""
+
+    def __init__(self, model: str, llm_options: dict[str, Any], threads: int,
+                 decoding: dict[str, Any], truncate: bool, crash_marker: Optional[str] = None):
+        super().__init__(model, llm_options, threads, crash_marker)
+        engine = self.llm.llm_engine
+        self.params = summary_params(engine.generation_defaults, **decoding)
+        self.limit, self.truncate = engine.model_config.max_encoder_len, truncate
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
+        engine = self.llm.llm_engine
+        prompts, errors = {}, [None] * len(batch["text"])
+        for i, text in enumerate(batch["text"]):
+            try:
+                article = prepare_article(str(text), engine.tokenizer, engine.model_config.hf_config,
+                                          self.limit, self.truncate)
+                prompts[i] = {"prompt_token_ids": article.token_ids}
+            except ValueError as err:
+                errors[i] = str(err)
+        outputs = self.llm.generate(list(prompts.values()), self.params, use_tqdm=False) if prompts else []
+        summaries = dict(zip(prompts, (out.outputs[0].text.strip() for out in outputs)))
+        return self.finish(batch, dict(summary=[summaries.get(i) for i in range(len(errors))],
+                                       error=errors))
+
+
+@dataclasses.dataclass
+class PoolOptions:
+    """The actor pool: `replicas` actors of `cpus` CPUs each (torch threads: the whole CPUs,
+    at least one), `batch_size` rows per call, `llm_options` for each actor's `LLM`."""
+
+    replicas: int = 1
+    cpus: float = 0.5
+    batch_size: int = 4
+    llm_options: dict[str, Any] = dataclasses.field(default_factory=dict)
+    crash_marker: Optional[str] = None  # test hook: see `_Worker`
+
+
+def _run_on_pool(ds: ray.data.Dataset, worker: type, model: str, pool: PoolOptions,
+                 **options: Any) -> ray.data.Dataset:
+    kwargs = dict(model=model, llm_options=pool.llm_options, threads=max(1, math.floor(pool.cpus)),
+                  crash_marker=pool.crash_marker, **options)
+    return ds.map_batches(worker, fn_constructor_kwargs=kwargs, batch_size=pool.batch_size,
+                          batch_format="numpy", num_cpus=pool.cpus,
+                          compute=ray.data.ActorPoolStrategy(size=pool.replicas))
+
+
+def transcribe_dataset(ds: ray.data.Dataset, model: str, pool: PoolOptions = PoolOptions(),
+                       **transcribe_options: Any) -> ray.data.Dataset:
+    """Rows `{id, path}` -> `{id, text, language, duration, segments (JSON), error, node_id}`;
+    `transcribe_options` go to `LLM.transcribe` (language, task, timestamps, ...)."""
+    return _run_on_pool(ds, Transcriber, model, pool, transcribe_options=transcribe_options)
+
+
+def summarize_dataset(ds: ray.data.Dataset, model: str, pool: PoolOptions = PoolOptions(),
+                      truncate: bool = True, **decoding: Any) -> ray.data.Dataset:
+    """Rows `{id, text}` -> `{id, summary, error, node_id}`; texts over the model's input limit
+    are cut to fit (an error with `truncate=False`); `decoding`: the options of `encdec
+    summarize` (max_tokens, num_beams, temperature, ...), unset ones from the checkpoint's
+    generation config."""
+    return _run_on_pool(ds, Summarizer, model, pool, decoding=decoding, truncate=truncate)

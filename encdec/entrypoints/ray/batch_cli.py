@@ -1,0 +1,182 @@
+"""`encdec batch transcribe | summarize`: a batch job on Ray Data (`encdec.entrypoints.ray.batch`).
+
+Results go to `OUTPUT/results.jsonl`, one line per input as it finishes; a run over the same
+OUTPUT skips the inputs already there (resumable), and no id is written twice. `transcribe`
+can also write each transcript's files (`--output-format`). Without `--ray-address` the job
+starts a local Ray instance; inside a running Ray session (a test) it uses that one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+RESULTS = "results.jsonl"
+ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache_space",
+                  "swap_space")  # the options that go to each actor's LLM
+BATCH_EPILOG = """\
+Each input comes out once in OUTPUT/results.jsonl with its id (the path, or the JSONL/Parquet
+id), the result, "error" (null unless it failed) and the Ray node that computed it. Inputs
+already in that file are skipped, so an interrupted job resumes where it stopped. Exit status:
+1 if any input failed, 0 otherwise.
+"""
+
+
+def add_batch(subparsers) -> None:
+    """The `batch` command and its `transcribe` and `summarize` subcommands."""
+    from encdec.entrypoints.cli import (add_decoding_options, add_model_options, non_negative_float,
+                                        positive_int)
+    from encdec.whisper.writers import FORMATS
+
+    batch = subparsers.add_parser("batch", help="batch jobs on a Ray cluster (Ray Data; the ray extra)",
+                                  description="Transcribe or summarize many inputs on a Ray cluster, "
+                                              "one engine per actor.")
+    jobs = batch.add_subparsers(dest="job", title="jobs", required=True)
+    transcribe = jobs.add_parser("transcribe", help="transcribe audio files with Whisper",
+                                 epilog=BATCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    transcribe.add_argument("inputs", nargs="+", metavar="INPUT",
+                            help="audio files, folders of them, or globs (paths every node can read)")
+    transcribe.add_argument("--model", default="tiny.en", help="Whisper alias or checkpoint directory "
+                                                               "(default: tiny.en)")
+    transcribe.add_argument("--language", default=None, help="language code (default: detect)")
+    transcribe.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
+    transcribe.add_argument("--timestamps", action=argparse.BooleanOptionalAction, default=True,
+                            help="predict segment timestamps (default: on)")
+    transcribe.add_argument("--output-format", choices=[*FORMATS, "all"], default=None,
+                            help="also write each transcript as OUTPUT/BASENAME.EXT (default: none)")
+    summarize = jobs.add_parser("summarize", help="summarize documents with a BART-family checkpoint",
+                                epilog=BATCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    summarize.add_argument("inputs", nargs="+", metavar="INPUT",
+                           help="text files, folders of them or globs; or one JSONL or Parquet file "
+                                "with id and text columns")
+    summarize.add_argument("--model", required=True, metavar="DIR", help="local checkpoint directory")
+    add_decoding_options(summarize)
+    for job in (transcribe, summarize):
+        job.add_argument("--output", required=True, metavar="OUTPUT", help="output directory")
+        job.add_argument("--ray-address", default=None,
+                         help="Ray cluster to join (auto: the one started with `ray start`; "
+                              "default: a local instance)")
+        job.add_argument("--replicas", type=positive_int, default=1, help="actors, each with one engine "
+                                                                          "(default: 1)")
+        job.add_argument("--cpus-per-replica", type=non_negative_float, default=0.5,
+                         help="CPUs Ray reserves per actor; keep some for the read tasks (default: 0.5)")
+        job.add_argument("--batch-size", type=positive_int, default=4,
+                         help="inputs per engine call (default: 4)")
+        job.add_argument("--num-gpu-blocks", type=positive_int, default=None,
+                         help="KV cache blocks per actor (default: from --kv-cache-space)")
+        job.add_argument("--kv-cache-space", type=non_negative_float, default=2.0,
+                         help="KV cache memory per actor in GiB (default: 2)")
+        job.add_argument("--swap-space", type=non_negative_float, default=1.0,
+                         help="swap space per actor in GiB (default: 1)")
+        add_model_options(job)
+        job.set_defaults(handler=run_batch)
+
+
+def done_ids(path: Path) -> set[str]:
+    """The ids already in a results file (none if it does not exist)."""
+    if not path.exists():
+        return set()
+    with open(path, encoding="utf-8") as file:
+        return {json.loads(line)["id"] for line in file if line.strip()}
+
+
+def input_dataset(args: argparse.Namespace, done: frozenset[str]):
+    """The inputs the arguments name, less those in `done`."""
+    from encdec.entrypoints.ray import batch
+
+    read = batch.audio_dataset if args.job == "transcribe" else batch.document_dataset
+    return read(args.inputs, done)
+
+
+def job_dataset(args: argparse.Namespace, inputs):
+    """The results of the job the arguments describe, over the `inputs` dataset."""
+    from encdec.entrypoints.ray import batch
+
+    pool = batch.PoolOptions(replicas=args.replicas, cpus=args.cpus_per_replica,
+                             batch_size=args.batch_size,
+                             llm_options={name: getattr(args, name) for name in ENGINE_OPTIONS})
+    if args.job == "transcribe":
+        return batch.transcribe_dataset(inputs, args.model, pool, language=args.language,
+                                        task=args.task, timestamps=args.timestamps)
+    decoding = dict(max_tokens=args.max_tokens, min_tokens=args.min_tokens, num_beams=args.num_beams,
+                    length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                    temperature=args.temperature, seed=args.seed)
+    return batch.summarize_dataset(inputs, args.model, pool, truncate=args.truncate, **decoding)
+
+
+def output_record(row: dict[str, Any]) -> dict[str, Any]:
+    """A result row as a JSON object (transcript segments as a list, not a JSON string)."""
+    record = {key: value.item() if hasattr(value, "item") else value for key, value in row.items()}
+    if isinstance(record.get("segments"), str):
+        record["segments"] = json.loads(record["segments"])
+    return record
+
+
+def write_transcript_files(record: dict[str, Any], output: Path, fmt: str) -> None:
+    from encdec.whisper.transcript import Segment, Transcription, Word
+    from encdec.whisper.writers import write_result
+
+    segments = [Segment(**{**s, "words": [Word(**w) for w in s["words"]]}) for s in record["segments"]]
+    write_result(Transcription(record["text"], record["language"], segments, record["duration"],
+                               source=record["id"]), output, fmt)
+
+
+def write_results(rows, args: argparse.Namespace, done: set[str], total: int) -> int:
+    """Append each new row to OUTPUT/results.jsonl (and its transcript files); returns failures."""
+    from encdec.entrypoints.cli import error, file_error
+
+    output, failed = Path(args.output), 0
+    with open(output / RESULTS, "a", encoding="utf-8") as file, \
+            tqdm(total=total, desc=args.job, unit="input", file=sys.stderr) as bar:
+        for row in rows:
+            record = output_record(row)
+            if record["id"] in done:
+                continue
+            done.add(record["id"])
+            file.write(json.dumps(record, ensure_ascii=False) + "\n")
+            file.flush()
+            bar.update(1)
+            if record["error"] is not None:
+                error(f"{record['id']}: {record['error']}")
+                failed += 1
+            elif getattr(args, "output_format", None):
+                try:
+                    write_transcript_files(record, output, args.output_format)
+                except OSError as err:
+                    file_error(record["id"], err)
+                    failed += 1
+    return failed
+
+
+def run_batch(args: argparse.Namespace) -> int:
+    from encdec.entrypoints.cli import error
+
+    try:
+        import ray
+    except ImportError:
+        error("batch jobs need Ray: pip install 'ray[data,serve]' (or, in the encdec checkout: "
+              "pip install -e '.[ray]')")
+        return 1
+
+    Path(args.output).mkdir(parents=True, exist_ok=True)
+    done = done_ids(Path(args.output) / RESULTS)
+    started = not ray.is_initialized()
+    if started:
+        ray.init(address=args.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    try:
+        try:
+            inputs = input_dataset(args, frozenset(done))
+            total = inputs.count()
+        except (ValueError, OSError) as err:
+            error(str(err))
+            return 1
+        return 1 if write_results(job_dataset(args, inputs).iter_rows(), args, done, total) else 0
+    finally:
+        if started:
+            ray.shutdown()

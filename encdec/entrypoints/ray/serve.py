@@ -1,0 +1,100 @@
+"""`encdec serve --ray`: the server's FastAPI app (`build_app`) as a Ray Serve deployment.
+
+Each replica loads the models of `encdec serve` (one engine per model per replica) and serves
+the same app, streaming included; Serve's proxy listens on --host/--port and routes each request
+to a replica. A replica that dies is replaced by Serve, and requests go to the others meanwhile.
+Each replica takes up to `--max-num-seqs` requests at once, the size of its engine's batch.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import signal
+import threading
+from typing import Any, Sequence
+
+import torch
+
+APP_NAME = "encdec"
+ENGINE_OPTIONS = ("dtype", "device", "block_size", "num_gpu_blocks", "kv_cache_space", "swap_space",
+                  "max_num_seqs", "max_num_batched_tokens", "preemption_mode", "seed",
+                  "attention_backend", "tune_malloc", "quantization")  # what goes to each engine
+
+
+class EncdecReplica:
+    """One replica: the served models and the app over them (bound at replica start)."""
+
+    def __init__(self, models: Sequence[str], names: Sequence[str], max_waiting_requests: Any,
+                 engine_options: dict[str, Any], app_options: dict[str, Any], threads: int):
+        from encdec.entrypoints.openai.api_server import build_app
+        from encdec.entrypoints.openai.middleware import ServerState
+        from encdec.entrypoints.openai.serving_models import ServedModels, load_models
+
+        torch.set_num_threads(threads)
+        served = ServedModels(load_models(models, names, max_waiting_requests, engine_options))
+        self.encdec_app = build_app(served, ServerState(), **app_options)
+
+    def __serve_build_asgi_app__(self):
+        return self.encdec_app
+
+
+def add_ray_options(p: argparse.ArgumentParser) -> None:
+    """`encdec serve`'s options for Ray Serve."""
+    from encdec.entrypoints.cli import non_negative_float, positive_int
+
+    g = p.add_argument_group("Ray Serve (the ray extra)")
+    g.add_argument("--ray", action="store_true", help="serve through Ray Serve, one engine per replica")
+    g.add_argument("--replicas", type=positive_int, default=1, help="with --ray: replicas (default: 1)")
+    g.add_argument("--cpus-per-replica", type=non_negative_float, default=1.0,
+                   help="with --ray: CPUs Ray reserves per replica; torch threads: the whole CPUs "
+                        "(default: 1)")
+    g.add_argument("--ray-address", default=None,
+                   help="with --ray: Ray cluster to join (auto: the one `ray start` began; "
+                        "default: a local instance)")
+
+
+def application(args: argparse.Namespace):
+    """The Serve application `encdec serve --ray` runs, from its parsed arguments."""
+    from ray import serve
+
+    deployment = serve.deployment(
+        serve.ingress()(EncdecReplica), name="EncdecReplica", num_replicas=args.replicas,
+        max_ongoing_requests=args.max_num_seqs, graceful_shutdown_timeout_s=args.shutdown_timeout,
+        ray_actor_options={"num_cpus": args.cpus_per_replica})
+    app_options = dict(api_key=args.api_key, max_upload_mb=args.max_upload_mb,
+                       max_audio_seconds=args.max_audio_seconds)
+    return deployment.bind(args.models, args.served_model_names, args.max_waiting_requests,
+                           {name: getattr(args, name) for name in ENGINE_OPTIONS}, app_options,
+                           max(1, math.floor(args.cpus_per_replica)))
+
+
+def deploy(args: argparse.Namespace) -> None:
+    """Start Serve's proxy on --host/--port in the current Ray session and run the app on it
+    (returns once every replica is up)."""
+    from ray import serve
+
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(application(args), name=APP_NAME, route_prefix="/")
+
+
+def run_ray_server(args: argparse.Namespace) -> int:
+    """`encdec serve --ray`: deploy, then serve until SIGINT or SIGTERM."""
+    import ray
+    from ray import serve
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    ray.init(address=args.ray_address, include_dashboard=False)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        deploy(args)
+        logging.getLogger("encdec.server").info("serving on http://%s:%d with %d replicas",
+                                                args.host, args.port, args.replicas)
+        stop.wait()
+        serve.shutdown()
+    finally:
+        ray.shutdown()
+    return 0

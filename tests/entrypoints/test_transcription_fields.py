@@ -1,0 +1,41 @@
+"""The audio endpoints' form fields as `transcribe` options (no server: the mapping alone)."""
+from __future__ import annotations
+
+import pytest
+
+from encdec.entrypoints.openai.errors import OpenAIError
+from encdec.entrypoints.openai.protocol import TranscriptionRequest, TranslationRequest
+from encdec.entrypoints.openai.serving_transcription import request_options
+from encdec.whisper.pipeline import TranscribeOptions
+
+
+def options(model=TranscriptionRequest, **fields) -> TranscribeOptions:
+    return TranscribeOptions(**request_options(model.model_validate({"model": "tiny.en", **fields})))
+
+
+def test_openai_fields():
+    o = options()
+    assert (o.temperature, o.initial_prompt, o.word_timestamps) == ((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), None, False)
+    o = options(temperature="0.5", prompt="Names: Ada.", **{"timestamp_granularities[]": ["word", "segment"]})
+    assert (o.temperature, o.initial_prompt, o.word_timestamps) == ((0.5, 0.7, 0.9), "Names: Ada.", True)
+
+
+def test_extra_fields():
+    o = options(TranslationRequest, temperature_increment_on_fallback="0", beam_size="3", patience="2",
+                best_of="2", compression_ratio_threshold="3", logprob_threshold="-2",
+                no_speech_threshold="0.4", condition_on_previous_text="false", hotwords="Ada",
+                vad_filter="true")
+    assert (o.temperature, o.beam_size, o.patience, o.best_of) == ((0.0,), 3, 2.0, 2)
+    assert (o.compression_ratio_threshold, o.logprob_threshold, o.no_speech_threshold) == (3.0, -2.0, 0.4)
+    assert (o.condition_on_previous_text, o.hotwords, o.vad_filter) == (False, "Ada", True)
+    # unset fields keep TranscribeOptions' defaults
+    assert options().beam_size is None and options().best_of == 5
+
+
+def test_cross_field_errors_name_the_field():
+    with pytest.raises(OpenAIError) as err:
+        options(patience="2")
+    assert (err.value.status, err.value.param) == (400, "patience")
+    with pytest.raises(OpenAIError) as err:
+        options(hallucination_silence_threshold="1")
+    assert err.value.param == "hallucination_silence_threshold"

@@ -1,0 +1,106 @@
+"""`quantization="int8"`: which layers become int8, the option's errors, and BART's greedy ids
+against float32 (and bfloat16's) on random weights."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from encdec import LLM, SamplingParams
+from encdec.kernels.cpu_int8_linear import Int8Linear, int8_linear_supported
+from encdec.kernels.cpu_linear import PackedLinear, packed_linear_supported
+from encdec.models.quantization import Float32Output, check_quantization
+from benchmarks.bench_bart import make_workload
+from benchmarks.common import prefix_agreement
+from tests.bart_checkpoints import make_bart_checkpoint
+from tests.conftest import assert_all_blocks_free
+
+needs_int8 = pytest.mark.skipif(not int8_linear_supported(torch.device("cpu")),
+                                reason="this torch build has no oneDNN int8 linear")
+
+
+@needs_int8
+def test_int8_replaces_the_stacks_linears_and_keeps_the_head_float(tiny_bart_dir):
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64, quantization="int8")
+    model = llm.llm_engine.model_runner.model
+    layer = model.model.decoder.layers[0]
+    for linear in (layer.self_attn.qkv_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
+                   layer.encoder_attn.kv_proj, layer.ffn.fc2):
+        assert isinstance(linear, Int8Linear)
+    assert isinstance(layer.ffn.fc1, Int8Linear) and layer.ffn.fc1.activation == "gelu"
+    assert not isinstance(model.lm_head, Int8Linear)
+    assert not any(type(m) is torch.nn.Linear for m in model.model.modules())
+    out = llm.generate("The rain in spain.", SamplingParams(temperature=0.0, max_tokens=4),
+                       use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 4
+    assert_all_blocks_free(llm)
+
+
+@pytest.mark.parametrize("quantization, dtype, device, message", [
+    ("int4", torch.float32, "cpu", r"quantization must be one of \['int8'\] or None, got 'int4'"),
+    ("int8", torch.bfloat16, "cpu", "dtype must be float32"),
+    ("int8", torch.float32, "cuda", "needs a CPU device"),
+])
+def test_bad_quantization_is_refused(quantization, dtype, device, message):
+    with pytest.raises(ValueError, match=message):
+        check_quantization(quantization, dtype, torch.device(device))
+
+
+def test_llm_refuses_an_unknown_method_before_loading(tiny_bart_dir):
+    with pytest.raises(ValueError, match="quantization must be one of"):
+        LLM(model=str(tiny_bart_dir), quantization="fp8")
+
+
+@pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.bfloat16),
+                    reason="this oneDNN has no bfloat16 linear")
+def test_bfloat16_bart_runs_packed_bf16_linears_and_cache(tiny_bart_dir):
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64, dtype="bfloat16")
+    engine = llm.llm_engine
+    assert engine.cache_engine.gpu_cache[0].dtype == torch.bfloat16
+    fc1 = engine.model_runner.model.model.encoder.layers[0].ffn.fc1
+    assert isinstance(fc1, PackedLinear) and fc1.packed_weight.dtype == torch.bfloat16
+    assert isinstance(engine.model_runner.model.lm_head, Float32Output)
+    out = llm.generate(["The rain in spain.", "A longer prompt with more words in it."],
+                       SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+                       use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
+    assert_all_blocks_free(llm)
+
+
+@pytest.fixture(scope="module")
+def agreement_bart(tmp_path_factory):
+    """The TINY random BART with weights of std 0.1: greedy outputs follow the prompt for a few
+    tokens, then settle (about 3 distinct tokens per output), so every step is a real choice."""
+    return make_bart_checkpoint(tmp_path_factory.mktemp("agreement_bart"), seed=0, init_std=0.1)
+
+
+def greedy_ids(model_dir, workload, **options) -> list[list[int]]:
+    llm = LLM(model=str(model_dir), num_gpu_blocks=1024, **options)
+    outputs = llm.generate([{"prompt_token_ids": w["ids"]} for w in workload],
+                           [SamplingParams(temperature=0.0, max_tokens=w["max_tokens"],
+                                           ignore_eos=True) for w in workload], use_tqdm=False)
+    assert_all_blocks_free(llm)
+    return [o.outputs[0].token_ids for o in outputs]
+
+
+@needs_int8
+def test_bfloat16_and_int8_greedy_ids_agree_with_float32(agreement_bart):
+    """bench_bart's workload shape (32 documents of 100-250 tokens, 32-128 new tokens each):
+    at least 90% of float32's tokens come before the first divergence."""
+    workload = make_workload(32, seed=0, vocab_size=1000, max_len=250)
+    reference = greedy_ids(agreement_bart, workload)
+    rates = {name: prefix_agreement(greedy_ids(agreement_bart, workload, **options), reference)
+             for name, options in (("bfloat16", {"dtype": "bfloat16"}),
+                                   ("int8", {"quantization": "int8"}))}
+    print(f"tokens before the first divergence from float32: {rates}")
+    assert min(rates.values()) >= 0.9
+
+
+def test_cli_quantization_option_reaches_the_llm(monkeypatch):
+    from encdec.entrypoints import cli
+
+    made = {}
+    monkeypatch.setattr(cli, "LLM", lambda **options: made.update(options))
+    cli.load_llm(cli.build_parser().parse_args(["transcribe", "x.wav", "--quantization", "int8"]))
+    assert made["quantization"] == "int8" and made["dtype"] == "auto"
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["transcribe", "x.wav", "--quantization", "int4"])

@@ -1,0 +1,62 @@
+"""`encdec batch` on a local Ray instance (2 CPUs, two actors at half a CPU each): resuming
+skips finished inputs; an actor killed mid-job is restarted and its batch retried, and every
+input still comes out once, with the offline `LLM`'s result. (Parity of whole jobs through the
+command line: test_ray_cluster.py.)"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from encdec.entrypoints.cli import main
+from tests.ray.conftest import SMALL_CACHE, SUMMARY_TOKENS, init_ray, read_results
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.ray
+
+SUMMARY_OPTIONS = ["--temperature", "0", "--max-tokens", str(SUMMARY_TOKENS), *SMALL_CACHE]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_local():
+    init_ray(num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summaries, tmp_path, capsys):
+    """The second run computes only the new inputs; an empty one is an error row (exit 1)."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for doc_id in list(documents)[:6]:
+        (folder / f"{doc_id}.txt").write_text(documents[doc_id])
+    out = tmp_path / "out"
+    first = [str(folder / f"{doc_id}.txt") for doc_id in list(documents)[:3]]
+    assert main(["batch", "summarize", *first, "--model", str(tiny_bart_dir), "--output", str(out),
+                 *SUMMARY_OPTIONS]) == 0
+    (folder / "empty.txt").write_text(" \n")
+    assert main(["batch", "summarize", str(folder), "--model", str(tiny_bart_dir), "--output", str(out),
+                 *SUMMARY_OPTIONS]) == 1
+    rows = read_results(out)
+    assert [r["id"] for r in rows[:3]] == first
+    assert sorted(r["id"] for r in rows) == sorted(str(p) for p in folder.glob("*.txt"))
+    empty = str(folder / "empty.txt")
+    assert {r["id"]: r["summary"] for r in rows if r["id"] != empty} == {
+        str(folder / f"{k}.txt"): offline_summaries[k] for k in list(documents)[:6]}
+    assert [(r["summary"], r["error"]) for r in rows if r["id"] == empty] == [
+        (None, "the text to summarize is empty")]
+    assert f"encdec: error: {empty}: the text to summarize is empty" in capsys.readouterr().err
+
+
+def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offline_summaries, tmp_path):
+    from encdec.entrypoints.ray.batch import PoolOptions, summarize_dataset
+
+    marker = tmp_path / "crashed"
+    ds = ray.data.from_items([{"id": k, "text": v} for k, v in documents.items()], override_num_blocks=25)
+    pool = PoolOptions(replicas=2, batch_size=2, crash_marker=str(marker),
+                       llm_options=dict(num_gpu_blocks=600, swap_space=0.01))
+    rows = summarize_dataset(ds, str(tiny_bart_dir), pool, temperature=0.0,
+                             max_tokens=SUMMARY_TOKENS).take_all()
+    assert marker.exists(), "no actor crashed"
+    assert Counter(r["id"] for r in rows) == Counter(list(documents))
+    assert {r["id"]: r["summary"] for r in rows} == offline_summaries

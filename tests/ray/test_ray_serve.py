@@ -1,0 +1,84 @@
+"""`encdec serve --ray --replicas 2` on a local Ray instance, answered through the official
+`openai` client on 127.0.0.1: the offline `LLM`'s results, and requests keep succeeding after a
+replica is killed (Serve replaces it)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from encdec import LLM, SamplingParams
+from encdec.entrypoints.cli import build_parser
+from tests.entrypoints.conftest import SAMPLE
+from tests.entrypoints.remote_server import free_port
+from tests.ray.conftest import init_ray
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+openai = pytest.importorskip("openai")
+pytestmark = pytest.mark.ray
+
+ARTICLES = ["The rain in spain falls mainly on the plain.",
+            "Continuous batching lets new requests join while others are still being decoded."]
+
+
+@pytest.fixture(scope="module")
+def served(tiny_bart_dir):
+    """The parsed `encdec serve --ray` arguments, deployed; the client's base URL."""
+    from encdec.entrypoints.ray.serve import deploy
+
+    init_ray(num_cpus=2)
+    args = build_parser().parse_args(
+        ["serve", "--ray", "--replicas", "2", "--cpus-per-replica", "0.5", "--port", str(free_port()),
+         "--model", str(tiny_bart_dir), "--served-model-name", "bart",
+         "--model", "tiny.en", "--served-model-name", "tiny.en",
+         "--num-gpu-blocks", "600", "--swap-space", "0.01"])
+    deploy(args)
+    yield f"http://127.0.0.1:{args.port}/v1"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def client(url: str):
+    return openai.OpenAI(base_url=url, api_key="none", max_retries=0, timeout=120)
+
+
+def replica_names() -> list[str]:
+    return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["name"].startswith("SERVE_REPLICA::")]
+
+
+def completions(url: str, bart_expected: list[str]) -> None:
+    result = client(url).completions.create(model="bart", prompt=ARTICLES, max_tokens=12, temperature=0.0)
+    assert [c.text for c in result.choices] == bart_expected
+
+
+@pytest.fixture(scope="module")
+def bart_expected(tiny_bart_dir) -> list[str]:
+    llm = LLM(str(tiny_bart_dir), num_gpu_blocks=600, swap_space=0.01)
+    outputs = llm.generate(ARTICLES, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+    return [out.outputs[0].text for out in outputs]
+
+
+def test_openai_client_gets_offline_results(served, bart_expected):
+    assert len(replica_names()) == 2
+    assert [m.id for m in client(served).models.list().data] == ["bart", "tiny.en"]
+    completions(served, bart_expected)
+    streamed = client(served).completions.create(model="bart", prompt=ARTICLES[0], max_tokens=12,
+                                                 temperature=0.0, stream=True)
+    assert "".join(chunk.choices[0].text for chunk in streamed) == bart_expected[0]
+    expected = LLM("tiny.en", num_gpu_blocks=600, swap_space=0.01).transcribe(str(SAMPLE))[0]
+    with open(SAMPLE, "rb") as audio:
+        assert client(served).audio.transcriptions.create(model="tiny.en", file=audio).text == expected.text
+
+
+def test_requests_succeed_after_a_replica_is_killed(served, bart_expected):
+    killed = replica_names()[0]
+    ray.kill(ray.get_actor(killed, namespace="serve"), no_restart=True)
+    for _ in range(6):
+        completions(served, bart_expected)
+    deadline = time.monotonic() + 120
+    while (killed in replica_names() or len(replica_names()) < 2) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert killed not in replica_names() and len(replica_names()) == 2, "Serve did not replace the replica"
+    completions(served, bart_expected)

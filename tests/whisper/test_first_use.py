@@ -1,0 +1,94 @@
+"""What a new Whisper user tries first: `generate` without sampling params (greedy to the
+decoder's length, with or without generation_config.json) and languages given by name."""
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+
+from encdec import LLM, SamplingParams
+from tests.conftest import assert_all_blocks_free
+from tests.speech_corpus import wer
+from tests.whisper.conftest import Clip
+
+NUM_CLIPS = 3
+
+
+@pytest.fixture(scope="module")
+def clips(corpus) -> list[Clip]:
+    """Three clips of three sentences each (about 30 tokens, past vLLM's 16 default tokens)."""
+    return [Clip(" ".join(c.text for c in group), np.concatenate([c.audio for c in group]))
+            for group in (corpus[3 * i:3 * i + 3] for i in range(NUM_CLIPS))]
+
+
+def audio_prompts(clips) -> list[dict]:
+    return [{"prompt": "", "multi_modal_data": {"audio": clip.pair}} for clip in clips]
+
+
+def assert_whisper_defaults(llm: LLM, clips) -> None:
+    """No sampling params: the same tokens as greedy decoding with all the room the decoder has,
+    whole sentences (more than vLLM's 16 default tokens), and the same on a second call."""
+    prompts = audio_prompts(clips)
+    outputs = llm.generate(prompts, use_tqdm=False)
+    again = llm.generate(prompts, use_tqdm=False)
+    room = llm.llm_engine.model_config.max_decoder_len - len(outputs[0].prompt_token_ids)
+    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=room), use_tqdm=False)
+    tokens = [o.outputs[0].token_ids for o in outputs]
+    assert tokens == [o.outputs[0].token_ids for o in again]
+    assert tokens == [o.outputs[0].token_ids for o in greedy]
+    assert all(o.outputs[0].finish_reason == "stop" for o in outputs)
+    assert max(len(t) for t in tokens) > 16
+    assert wer([c.text for c in clips], [o.outputs[0].text for o in outputs]) < 0.2
+    defaults = llm.llm_engine.generation_defaults.as_params(len(outputs[0].prompt_token_ids))
+    assert (defaults["temperature"], defaults["max_tokens"]) == (0.0, room)
+    assert_all_blocks_free(llm)
+
+
+def test_bundled_tiny_en_decodes_greedily_to_the_end(tiny_en, clips):
+    assert_whisper_defaults(tiny_en, clips)
+
+
+@pytest.fixture(scope="module")
+def saved_tiny_en(tiny_en_assets, tmp_path_factory):
+    """tiny.en saved as a Hugging Face checkpoint, as `save_pretrained` writes it (its
+    generation_config.json sets no length or decoding fields)."""
+    transformers = pytest.importorskip("transformers")
+    from encdec.weights.loader import load_ct2_checkpoint
+
+    config, state = load_ct2_checkpoint(tiny_en_assets)
+    model = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**config))
+    model.load_state_dict(state)
+    out = tmp_path_factory.mktemp("tiny_en_hf")
+    model.save_pretrained(out)
+    tokenizer = transformers.WhisperTokenizerFast(tokenizer_file=str(tiny_en_assets.tokenizer_json))
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("with_generation_config", [True, False])
+def test_saved_checkpoint_decodes_greedily_to_the_end(saved_tiny_en, clips, tmp_path,
+                                                      with_generation_config):
+    checkpoint = saved_tiny_en
+    if not with_generation_config:
+        checkpoint = tmp_path / "no_generation_config"
+        shutil.copytree(saved_tiny_en, checkpoint,
+                        ignore=shutil.ignore_patterns("generation_config.json"))
+    assert (checkpoint / "generation_config.json").exists() == with_generation_config
+    llm = LLM(model=str(checkpoint), num_gpu_blocks=NUM_CLIPS * 110, swap_space=0.05)
+    assert_whisper_defaults(llm, clips)
+
+
+def test_transcribe_takes_language_names(tiny_en, base, language_clips):
+    clips = dict(language_clips)
+    for llm, name, code in ((tiny_en, "English", "en"), (base, "french", "fr")):
+        by_name, by_code = (llm.transcribe([clips[code].pair], language=language, temperature=0.0)[0]
+                            for language in (name, code))
+        assert by_name.language == by_code.language == code
+        assert by_name.text == by_code.text and by_name.text
+    with pytest.raises(ValueError, match=r"language: 'Frnech' .* did you mean fr \(French\)\?"):
+        base.transcribe([clips["fr"].pair], language="Frnech")
+    with pytest.raises(ValueError, match="English-only"):
+        tiny_en.transcribe([clips["fr"].pair], language="French")
+    assert_all_blocks_free(tiny_en)
+    assert_all_blocks_free(base)
