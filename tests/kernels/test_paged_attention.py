@@ -127,7 +127,9 @@ def test_compiled_kernel_matches_reference_on_long_sequences(threads):
     torch.testing.assert_close(fast, reference, atol=1e-6, rtol=1e-5)
 
 
-def test_serial_and_parallel_loops_agree_exactly():
+def test_serial_and_parallel_loops_agree():
+    """The same sums in both loops; fastmath lets the two compiles vectorize (round) differently,
+    so they agree to float32 rounding, not bit for bit."""
     seq_lens = np.array([300, 5, 17, 90], dtype=np.int64)
     cache, tables, _, _ = build_paged(seq_lens.tolist(), 16, num_blocks=64, seed=3)
     query = torch.randn(4, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(4)).numpy()
@@ -140,7 +142,8 @@ def test_serial_and_parallel_loops_agree_exactly():
             out = np.empty_like(query)
             kernel(query, keys, values, tables.numpy(), seq_lens, 16, np.float32(0.3), bias, out)
             outs.append(out)
-        assert np.array_equal(outs[0], outs[1]) and np.isfinite(outs[0]).all()
+        assert np.isfinite(outs[0]).all()
+        np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("attention", DECODE_KERNELS)
