@@ -60,3 +60,12 @@ def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offl
     assert marker.exists(), "no actor crashed"
     assert Counter(r["id"] for r in rows) == Counter(list(documents))
     assert {r["id"]: r["summary"] for r in rows} == offline_summaries
+
+
+def test_transcribe_twenty_clips_locally(clip_paths, offline_transcripts, tmp_path):
+    """`encdec batch transcribe` on the local instance: each clip once, the offline transcript."""
+    assert main(["batch", "transcribe", *clip_paths, "--output", str(tmp_path), "--replicas", "2",
+                 "--batch-size", "3", *SMALL_CACHE]) == 0
+    rows = read_results(tmp_path)
+    assert Counter(r["id"] for r in rows) == Counter(clip_paths)
+    assert {r["id"]: r["text"] for r in rows} == offline_transcripts

@@ -1,11 +1,15 @@
 """`encdec serve --ray --replicas 2` on a local Ray instance, answered through the official
-`openai` client on 127.0.0.1: the offline `LLM`'s results, and requests keep succeeding after a
-replica is killed (Serve replaces it)."""
+`openai` client on 127.0.0.1: the offline `LLM`'s results; a request in flight on a replica that
+is killed gets a 5xx, and the next requests succeed (Serve replaces the replica). `--autoscale`
+gives Serve a replica range."""
 from __future__ import annotations
 
+import threading
 import time
 
+import numpy as np
 import pytest
+import soundfile
 
 from encdec import LLM, SamplingParams
 from encdec.entrypoints.cli import build_parser
@@ -72,13 +76,54 @@ def test_openai_client_gets_offline_results(served, bart_expected):
         assert client(served).audio.transcriptions.create(model="tiny.en", file=audio).text == expected.text
 
 
-def test_requests_succeed_after_a_replica_is_killed(served, bart_expected):
-    killed = replica_names()[0]
-    ray.kill(ray.get_actor(killed, namespace="serve"), no_restart=True)
+def busiest_replica(seconds: float = 1.0):
+    """The process of the replica that used the most CPU over the next `seconds`."""
+    import psutil
+
+    replicas = [p for p in psutil.process_iter(["cmdline"])
+                if p.info["cmdline"] and p.info["cmdline"][0].startswith("ray::ServeReplica")]
+    before = {p.pid: sum(p.cpu_times()[:2]) for p in replicas}
+    time.sleep(seconds)
+    return max(replicas, key=lambda p: sum(p.cpu_times()[:2]) - before[p.pid])
+
+
+def test_requests_succeed_after_a_replica_is_killed(served, bart_expected, tmp_path):
+    audio, rate = soundfile.read(SAMPLE)
+    long_audio = tmp_path / "long.wav"
+    soundfile.write(long_audio, np.tile(audio, 30), rate)  # two minutes: seconds of work
+    in_flight: dict = {}
+
+    def transcribe_long() -> None:
+        try:
+            with open(long_audio, "rb") as file:
+                in_flight["text"] = client(served).audio.transcriptions.create(model="tiny.en", file=file).text
+        except openai.APIStatusError as err:
+            in_flight["status"] = err.status_code
+
+    before = set(replica_names())
+    request = threading.Thread(target=transcribe_long)
+    request.start()
+    time.sleep(2)  # upload and decode
+    busiest_replica().kill()
+    request.join(timeout=120)
+    assert not request.is_alive(), "the request on the killed replica hangs"
+    assert in_flight.get("status", 0) >= 500, in_flight
     for _ in range(6):
         completions(served, bart_expected)
     deadline = time.monotonic() + 120
-    while (killed in replica_names() or len(replica_names()) < 2) and time.monotonic() < deadline:
+    while (set(replica_names()) >= before or len(replica_names()) < 2) and time.monotonic() < deadline:
         time.sleep(1)
-    assert killed not in replica_names() and len(replica_names()) == 2, "Serve did not replace the replica"
+    assert not set(replica_names()) >= before and len(replica_names()) == 2, "Serve did not replace the replica"
     completions(served, bart_expected)
+
+
+def test_autoscale_gives_serve_a_replica_range():
+    from encdec.entrypoints.ray.serve import application, replica_options
+
+    args = build_parser().parse_args(["serve", "--ray", "--autoscale", "0,3", "--max-num-seqs", "8",
+                                      "--model", "tiny.en"])
+    assert replica_options(args) == {"num_replicas": "auto", "autoscaling_config": {
+        "min_replicas": 0, "initial_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 8}}
+    application(args)  # Serve accepts the deployment's options
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--ray", "--autoscale", "2,1", "--model", "tiny.en"])

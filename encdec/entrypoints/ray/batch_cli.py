@@ -103,10 +103,8 @@ def job_dataset(args: argparse.Namespace, inputs):
     if args.job == "transcribe":
         return batch.transcribe_dataset(inputs, args.model, pool, language=args.language,
                                         task=args.task, timestamps=args.timestamps)
-    decoding = dict(max_tokens=args.max_tokens, min_tokens=args.min_tokens, num_beams=args.num_beams,
-                    length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-                    temperature=args.temperature, seed=args.seed)
-    return batch.summarize_dataset(inputs, args.model, pool, truncate=args.truncate, **decoding)
+    return batch.summarize_dataset(inputs, args.model, pool, truncate=args.truncate,
+                                   **decoding_options(args))
 
 
 def output_record(row: dict[str, Any]) -> dict[str, Any]:
@@ -153,9 +151,44 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
     return failed
 
 
+def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The summary decoding options of `encdec batch summarize` (unset ones are None)."""
+    return dict(max_tokens=args.max_tokens, min_tokens=args.min_tokens, num_beams=args.num_beams,
+                length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                temperature=args.temperature, seed=args.seed)
+
+
+def check_job(args: argparse.Namespace) -> None:
+    """Check the model and the options on the driver, before any actor starts (ValueError worded
+    for the command line)."""
+    from encdec.entrypoints.cli import option_wording
+    from encdec.entrypoints.summaries import summary_params
+    from encdec.generation_config import load_generation_defaults
+    from encdec.weights.loader import check_model, checkpoint_dir_problem
+    from encdec.whisper.languages import requested_language
+
+    if args.job == "transcribe":
+        args.language = requested_language(args.language, "--language")
+        check_model(args.model, "--model")
+        return
+    problem = checkpoint_dir_problem(Path(args.model).expanduser())
+    if problem:
+        raise ValueError(f"--model {args.model}: {problem} (batch summarize takes a local Hugging "
+                         f"Face checkpoint directory)")
+    try:
+        summary_params(load_generation_defaults(args.model), **decoding_options(args))
+    except ValueError as err:
+        raise ValueError(option_wording(err)) from None
+
+
 def run_batch(args: argparse.Namespace) -> int:
     from encdec.entrypoints.cli import error
 
+    try:
+        check_job(args)
+    except ValueError as err:
+        error(str(err))
+        return 2
     try:
         import ray
     except ImportError:

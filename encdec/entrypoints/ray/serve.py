@@ -4,6 +4,8 @@ Each replica loads the models of `encdec serve` (one engine per model per replic
 the same app, streaming included; Serve's proxy listens on --host/--port and routes each request
 to a replica. A replica that dies is replaced by Serve, and requests go to the others meanwhile.
 Each replica takes up to `--max-num-seqs` requests at once, the size of its engine's batch.
+With `--autoscale MIN,MAX` Serve adds and removes replicas so that each has about
+TARGET_ONGOING_REQUESTS requests in flight.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 APP_NAME = "encdec"
+TARGET_ONGOING_REQUESTS = 16  # per replica under --autoscale: where a CPU engine's throughput levels off
 ENGINE_OPTIONS = ("dtype", "device", "block_size", "num_gpu_blocks", "kv_cache_space", "swap_space",
                   "max_num_seqs", "max_num_batched_tokens", "preemption_mode", "seed",
                   "attention_backend", "tune_malloc", "quantization")  # what goes to each engine
@@ -45,7 +48,11 @@ def add_ray_options(p: argparse.ArgumentParser) -> None:
 
     g = p.add_argument_group("Ray Serve (the ray extra)")
     g.add_argument("--ray", action="store_true", help="serve through Ray Serve, one engine per replica")
-    g.add_argument("--replicas", type=positive_int, default=1, help="with --ray: replicas (default: 1)")
+    scale = g.add_mutually_exclusive_group()
+    scale.add_argument("--replicas", type=positive_int, default=1, help="with --ray: replicas (default: 1)")
+    scale.add_argument("--autoscale", type=replica_range, default=None, metavar="MIN,MAX",
+                       help=f"with --ray: let Serve scale between MIN and MAX replicas, aiming at "
+                            f"{TARGET_ONGOING_REQUESTS} requests in flight per replica")
     g.add_argument("--cpus-per-replica", type=non_negative_float, default=1.0,
                    help="with --ray: CPUs Ray reserves per replica; torch threads: the whole CPUs "
                         "(default: 1)")
@@ -54,12 +61,31 @@ def add_ray_options(p: argparse.ArgumentParser) -> None:
                         "default: a local instance)")
 
 
+def replica_range(value: str) -> tuple[int, int]:
+    """`MIN,MAX` replicas, 0 <= MIN <= MAX, 1 <= MAX."""
+    low, _, high = value.partition(",")
+    if not (low.isdigit() and high.isdigit() and int(low) <= int(high) and int(high) >= 1):
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX replicas with 0 <= MIN <= MAX and "
+                                         f"MAX >= 1, got {value!r}")
+    return int(low), int(high)
+
+
+def replica_options(args: argparse.Namespace) -> dict[str, Any]:
+    """How many replicas Serve runs: --replicas, or an autoscaling range with --autoscale."""
+    if args.autoscale is None:
+        return {"num_replicas": args.replicas}
+    low, high = args.autoscale
+    return {"num_replicas": "auto", "autoscaling_config": {
+        "min_replicas": low, "initial_replicas": max(low, 1), "max_replicas": high,
+        "target_ongoing_requests": min(TARGET_ONGOING_REQUESTS, args.max_num_seqs)}}
+
+
 def application(args: argparse.Namespace):
     """The Serve application `encdec serve --ray` runs, from its parsed arguments."""
     from ray import serve
 
     deployment = serve.deployment(
-        serve.ingress()(EncdecReplica), name="EncdecReplica", num_replicas=args.replicas,
+        serve.ingress()(EncdecReplica), name="EncdecReplica", **replica_options(args),
         max_ongoing_requests=args.max_num_seqs, graceful_shutdown_timeout_s=args.shutdown_timeout,
         ray_actor_options={"num_cpus": args.cpus_per_replica})
     app_options = dict(api_key=args.api_key, max_upload_mb=args.max_upload_mb,
@@ -91,8 +117,9 @@ def run_ray_server(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     try:
         deploy(args)
-        logging.getLogger("encdec.server").info("serving on http://%s:%d with %d replicas",
-                                                args.host, args.port, args.replicas)
+        replicas = args.replicas if args.autoscale is None else "%d-%d" % args.autoscale
+        logging.getLogger("encdec.server").info("serving on http://%s:%d with %s replicas",
+                                                args.host, args.port, replicas)
         stop.wait()
         serve.shutdown()
     finally:
