@@ -8,15 +8,17 @@ Two tasks, each against its own baseline, every server in its own process on loo
   (a 1000-token BPE vocabulary trained on the tests' corpus, DEEP_INIT_STDS weights), articles
   of 150-400 tokens, exactly 64 generated tokens per summary (min = max), greedy.
 * transcribe: `encdec serve` (`/v1/audio/transcriptions`) vs a FastAPI app around
-  faster-whisper's `WhisperModel` (float32, beam_size=1, temperature fallback: its defaults
-  otherwise). The bundled tiny.en weights for both; espeak-ng clips of 4-12 s.
+  faster-whisper's `WhisperModel` (beam_size=1, temperature fallback: its defaults otherwise),
+  both in `--compute-type` (float32 or int8: encdec's `--quantization int8`). The bundled
+  tiny.en weights for both; espeak-ng clips of 4-12 s.
 
 The baselines serve one request at a time (a lock around the model), as such wrappers and
 whisper.cpp's server do. Each client sends its next request when the last one is answered;
 a level sends a bounded number of requests (6, 24, 64 at 1, 8, 32 clients). Reported:
 requests/s over the level's wall time and p50 / p95 latency.
 
-    python -m benchmarks.bench_serve [--threads 2] [--out benchmarks/results/serve.json]
+    python -m benchmarks.bench_serve [--threads 2] [--tasks summarize,transcribe]
+        [--compute-type float32|int8] [--out benchmarks/results/serve.json]
 """
 from __future__ import annotations
 
@@ -87,7 +89,7 @@ def tiny_en_dir() -> str:
 # ----------------------------------------------------------------------------- baseline servers
 
 
-def baseline_app(kind: str, model: str, threads: int):
+def baseline_app(kind: str, model: str, threads: int, compute_type: str):
     """A plain FastAPI app around one Hugging Face or faster-whisper model, one request at a time."""
     import threading
 
@@ -116,7 +118,7 @@ def baseline_app(kind: str, model: str, threads: int):
     else:
         from faster_whisper import WhisperModel
 
-        whisper = WhisperModel(model, device="cpu", compute_type="float32", cpu_threads=threads)
+        whisper = WhisperModel(model, device="cpu", compute_type=compute_type, cpu_threads=threads)
 
         def run(path: str) -> str:
             with lock:
@@ -132,10 +134,11 @@ def baseline_app(kind: str, model: str, threads: int):
     return app
 
 
-def serve_baseline(kind: str, model: str, port: int, threads: int) -> None:
+def serve_baseline(kind: str, model: str, port: int, threads: int, compute_type: str) -> None:
     import uvicorn
 
-    uvicorn.run(baseline_app(kind, model, threads), host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(baseline_app(kind, model, threads, compute_type), host="127.0.0.1", port=port,
+                log_level="warning")
 
 
 # ----------------------------------------------------------------------------- driving
@@ -221,26 +224,35 @@ def measure(name: str, command: list[str], port: int, task: str, items: list, mo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tasks", default="summarize,transcribe",
+                        help="comma-separated: summarize, transcribe (default: both)")
+    parser.add_argument("--compute-type", choices=["float32", "int8"], default="float32",
+                        help="the transcription servers' weights (summaries stay float32)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.json")
     parser.add_argument("--serve-baseline", choices=["hf", "fw"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_baseline:
-        serve_baseline(args.serve_baseline, args.model, args.port, args.threads)
+        serve_baseline(args.serve_baseline, args.model, args.port, args.threads, args.compute_type)
         return
 
     work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
     checkpoint = str(make_checkpoint(work / "bart"))
     articles = make_articles(16)
     clips = make_clips(work, 12)
-    me = [sys.executable, "-m", "benchmarks.bench_serve", "--threads", str(args.threads)]
+    me = [sys.executable, "-m", "benchmarks.bench_serve", "--threads", str(args.threads),
+          "--compute-type", args.compute_type]
+    int8 = ["--quantization", "int8"] if args.compute_type == "int8" else []
+    tasks = args.tasks.split(",")
     rows = []
-    for task, items, model, baseline, name in (
-            ("summarize", articles, checkpoint, "hf", "hf-pipeline"),
-            ("transcribe", clips, "tiny.en", "fw", "faster-whisper")):
+    for task, items, model, baseline, name, options in (
+            ("summarize", articles, checkpoint, "hf", "hf-pipeline", []),
+            ("transcribe", clips, "tiny.en", "fw", "faster-whisper", int8)):
+        if task not in tasks:
+            continue
         port = free_port()
-        rows += measure("encdec", [sys.executable, "-m", "encdec", "serve", "--model", model,
+        rows += measure("encdec", [sys.executable, "-m", "encdec", "serve", "--model", model, *options,
                                    "--port", str(port), "--log-level", "warning"],
                         port, task, items, model, args.threads, print)
         port = free_port()
@@ -254,10 +266,12 @@ def main() -> None:
     print(table)
     at32 = {(r["task"], r["system"]): r for r in rows if r["clients"] == 32}
     for task, baseline in (("summarize", "hf-pipeline"), ("transcribe", "faster-whisper")):
+        if task not in tasks:
+            continue
         ours, theirs = at32[(task, "encdec")], at32[(task, baseline)]
         print(f"{task} at 32 clients: encdec {ours['req_per_s'] / theirs['req_per_s']:.2f}x the "
               f"requests/s of {baseline}, p95 {ours['p95_s']:.2f} s vs {theirs['p95_s']:.2f} s")
-    write_json(args.out, {"machine": machine(), "rows": rows})
+    write_json(args.out, {"machine": machine(), "args": vars(args) | {"out": str(args.out)}, "rows": rows})
 
 
 if __name__ == "__main__":
