@@ -1,15 +1,48 @@
 """encdec: continuous batching and paged self/cross KV caches for encoder/decoder transformers."""
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING
 
-from encdec.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineOverloaded
-from encdec.inputs import ExplicitEncoderDecoderPrompt, TextPrompt, TokensPrompt, zip_enc_dec_prompts
-from encdec.llm import LLM
-from encdec.outputs import CompletionOutput, RequestOutput
-from encdec.sampling.params import RequestOutputKind, SamplingParams
+# The public names are imported on first use (module `__getattr__`), so that `import encdec`
+# (and `encdec --version`) does not pay for torch and Numba up front.
+_EXPORTS = {
+    "LLM": "encdec.llm",
+    "AsyncLLMEngine": "encdec.engine.async_engine",
+    "EngineDeadError": "encdec.engine.async_engine",
+    "EngineOverloaded": "encdec.engine.async_engine",
+    "SamplingParams": "encdec.sampling.params",
+    "RequestOutputKind": "encdec.sampling.params",
+    "TextPrompt": "encdec.inputs",
+    "TokensPrompt": "encdec.inputs",
+    "ExplicitEncoderDecoderPrompt": "encdec.inputs",
+    "zip_enc_dec_prompts": "encdec.inputs",
+    "RequestOutput": "encdec.outputs",
+    "CompletionOutput": "encdec.outputs",
+}
 
-__all__ = ["LLM", "AsyncLLMEngine", "SamplingParams", "RequestOutputKind", "TextPrompt",
-           "TokensPrompt", "ExplicitEncoderDecoderPrompt", "RequestOutput", "CompletionOutput",
-           "EngineOverloaded", "EngineDeadError", "zip_enc_dec_prompts"]
+__all__ = list(_EXPORTS)
+
+if TYPE_CHECKING:
+    from encdec.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineOverloaded
+    from encdec.inputs import ExplicitEncoderDecoderPrompt, TextPrompt, TokensPrompt, zip_enc_dec_prompts
+    from encdec.llm import LLM
+    from encdec.outputs import CompletionOutput, RequestOutput
+    from encdec.sampling.params import RequestOutputKind, SamplingParams
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)
+
 
 try:
     __version__ = version("encdec")

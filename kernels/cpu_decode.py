@@ -122,10 +122,24 @@ def _parallel_is_safe() -> bool:
     return numba.threading_layer() in ("tbb", "omp")
 
 
-def _tiny_inputs() -> tuple:
+def _tiny_inputs(cache_dtype: torch.dtype = torch.float32) -> tuple:
+    """Arguments of one one-token sequence, of the types `paged_decode_attention` passes for a
+    cache of `cache_dtype` (a kernel is compiled once per argument types)."""
     one = np.ones((1, 1, 1), dtype=np.float32)
-    return (one, one, one, np.zeros((1, 1), dtype=np.int32), np.ones(1, dtype=np.int64), 1,
+    cache = _as_numpy(torch.ones((1, 1, 1), dtype=cache_dtype))
+    return (one, cache, cache, np.zeros((1, 1), dtype=np.int32), np.ones(1, dtype=np.int64), 1,
             np.float32(1), _NO_BIAS, np.empty_like(one))
+
+
+def compile_decode_kernels(cache_dtype: torch.dtype = torch.float32) -> None:
+    """Compile the decode kernels for a cache of `cache_dtype` into Numba's on-disk cache (or
+    load them from it): `encdec warmup` runs this once after an install, so that the first
+    transcription does not spend 10-20 s compiling."""
+    if cache_dtype not in _CACHE_DTYPES:
+        raise ValueError(f"the decode kernels take a float32 or bfloat16 cache, not {cache_dtype}")
+    _decode_serial(*_tiny_inputs(cache_dtype))
+    if _parallel_is_safe():
+        _decode_parallel(*_tiny_inputs(cache_dtype))
 
 
 def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_tables: torch.Tensor,

@@ -7,6 +7,7 @@ logits from the (usually tied) output projection. Embeddings are not scaled, as 
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Iterable, Optional
 
 import torch
@@ -16,6 +17,12 @@ from torch import nn
 from encdec.attention import AttentionMetadata
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.models.layers import DecoderLayer, EncoderLayer, LayerSpec, embedding, load_hf_weights
+
+# Windows per encoder pass: the activations grow with the windows encoded together (the
+# feed-forward intermediate alone is 9 MB a window in float32), the matmuls' speed does not
+# past a few thousand rows. bench_whisper's 24 windows peaked at 1577 MB RSS in one pass,
+# 1441-1504 MB in passes of 8, 1327 in passes of 4 (benchmarks/memory_breakdown.py).
+WINDOWS_PER_PASS = 8
 
 
 class WhisperEncoder(nn.Module):
@@ -32,9 +39,20 @@ class WhisperEncoder(nn.Module):
         self.layer_norm = nn.LayerNorm(d)
 
     def forward(self, features: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """[B, n_mels, 3000] log-mel features -> [B * 1500, d_model] encoder states."""
+        """[B, n_mels, 3000] log-mel features -> [B * 1500, d_model] encoder states, in passes
+        of at most `WINDOWS_PER_PASS` windows."""
         assert features.shape[-1] == self.num_frames, \
             f"Whisper features need {self.num_frames} frames, got {features.shape[-1]}"
+        if len(features) <= WINDOWS_PER_PASS:
+            return self._encode(features, meta)
+        lens = meta.encoder_seq_lens
+        return torch.cat([
+            self._encode(features[i:i + WINDOWS_PER_PASS], dataclasses.replace(
+                meta, num_prefills=min(WINDOWS_PER_PASS, len(features) - i),
+                encoder_seq_lens=lens[i:i + WINDOWS_PER_PASS], backend_cache={}))
+            for i in range(0, len(features), WINDOWS_PER_PASS)])
+
+    def _encode(self, features: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         x = F.gelu(self.conv1(features.to(self.conv1.weight.dtype)))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
         h = (x + self.embed_positions.weight).reshape(-1, x.shape[-1])

@@ -2,7 +2,8 @@
 checkpoints, `translate` (`encdec.entrypoints.translate_cli`), `serve` models over HTTP
 (`encdec.entrypoints.openai`), `batch` jobs on Ray (`encdec.entrypoints.ray`).
 
-`bench NAME` runs a benchmark script of the source checkout.
+`bench NAME` runs a benchmark script of the source checkout; `warmup` compiles the CPU kernels
+once after an install.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import argparse
 import os
 import re
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -19,15 +21,18 @@ from tqdm import tqdm
 
 from encdec import __version__
 from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.config import resolve_dtype
 from encdec.entrypoints.ray.batch_cli import add_batch
 from encdec.entrypoints.ray.serve import add_ray_options
 from encdec.entrypoints.summaries import Article, ArticleTooLong, prepare_article, summary_params
 from encdec.entrypoints.translate_cli import add_translate
 from encdec.entrypoints.transcribe_args import add_transcribe_arguments, checked_options, number
+from encdec.kernels.cpu_decode import compile_decode_kernels
 from encdec.llm import LLM
 from encdec.models.quantization import QUANTIZATION_METHODS
 from encdec.weights.loader import check_model, checkpoint_dir_problem
 from encdec.whisper.languages import english_only_warning, requested_language
+from encdec.whisper.timing import dtw
 from encdec.whisper.transcript import Transcription
 from encdec.whisper.writers import format_timestamp, output_basename, write_result
 
@@ -357,6 +362,19 @@ def run_bench(args: argparse.Namespace) -> int:
     return subprocess.call(script, cwd=root)
 
 
+# ----------------------------------------------------------------------------- warmup
+
+
+def run_warmup(args: argparse.Namespace) -> int:
+    """Compile the Numba kernels (decode attention, word-timestamp alignment) into Numba's
+    on-disk cache, where every later process loads them from."""
+    start = time.perf_counter()
+    compile_decode_kernels(resolve_dtype(args.dtype))
+    dtw(np.zeros((1, 1)))
+    print(f"{PROG}: CPU kernels ({args.dtype}) ready in {time.perf_counter() - start:.1f} s")
+    return 0
+
+
 # ----------------------------------------------------------------------------- parser
 
 
@@ -527,6 +545,19 @@ def add_bench(subparsers) -> None:
     p.set_defaults(handler=run_bench)
 
 
+def add_warmup(subparsers) -> None:
+    p = subparsers.add_parser(
+        "warmup", help="compile the CPU kernels once after an install (20-60 s)",
+        description="Compile the CPU decode-attention and word-alignment kernels with Numba and "
+                    "cache them next to the package, so that the first transcription does not "
+                    "wait for the compiler. Run it once after installing or upgrading encdec "
+                    "(or Numba); without it the first run compiles what it needs.")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="the KV cache dtype to compile for (default: float32, what --dtype auto "
+                        "runs on the CPU)")
+    p.set_defaults(handler=run_warmup)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Inference runtime for encoder/decoder transformers "
@@ -540,6 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(subparsers)
     add_bench(subparsers)
     add_batch(subparsers)
+    add_warmup(subparsers)
     return parser
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
@@ -22,6 +23,7 @@ from encdec.models.quantization import (check_quantization, float32_output_proje
                                        quantize_model)
 from encdec.models.registry import get_ct2_converter, get_model_family
 from encdec.weights.ct2 import ct2_tensors, open_ct2_model
+from encdec.weights.tokenizer_file import TokenizerFile
 from encdec.weights.whisper_assets import (ALIASES, WhisperAssets, assets_from_parts,
                                            resolve_whisper_model)
 
@@ -44,7 +46,7 @@ def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, to
                 quantization: Optional[str] = None) -> torch.nn.Module:
     with torch.device("meta"):  # no random init: every tensor comes from the checkpoint
         model = model_cls(hf_config, get_attn_backend(device, attention_backend))
-    model.to_empty(device="cpu")
+    allocate_empty(model)
     model.load_weights(weights)
     model = model.to(device=device, dtype=dtype).eval()
     if quantization is not None:
@@ -54,6 +56,18 @@ def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, to
     if packed_linear_supported(device, dtype):
         pack_linears(model)
     return model
+
+
+def allocate_empty(model: torch.nn.Module) -> None:
+    """Give each meta parameter and buffer of `model` uninitialized CPU memory, as
+    `model.to_empty(device="cpu")` does; its `empty_like` of a meta tensor would import torch's
+    symbolic shapes and sympy (about half a second of start-up)."""
+    for module in model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            setattr(module, name, torch.nn.Parameter(torch.empty(param.shape, dtype=param.dtype),
+                                                     requires_grad=param.requires_grad))
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            setattr(module, name, torch.empty(buffer.shape, dtype=buffer.dtype))
 
 
 def load_checkpoint(name: str, hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]],
@@ -133,16 +147,18 @@ def load_ct2_directory(name: str, dtype: torch.dtype, device: torch.device,
                        quantization: Optional[str] = None) -> LoadedModel:
     """A CTranslate2 model (a bundled one's alias, or a directory with model.bin or its parts):
     weights mapped to Hugging Face names, the tokenizer from its tokenizer.json; the converted
-    config (suppress lists, language ids included) serves as its generation config."""
-    from transformers import AutoConfig, PreTrainedTokenizerFast
+    config (suppress lists, language ids included) serves as its generation config.
 
+    Neither the config nor the tokenizer goes through transformers, whose import would take
+    about a second of `encdec transcribe`'s start-up: the config is a namespace of the converted
+    fields (every field the model and its hooks read), the tokenizer a `TokenizerFile`."""
     assets = resolve_whisper_model(name)
     if assets.tokenizer_json is None:
         raise ValueError(f"{assets.name}: no tokenizer.json beside model.bin")
     config, state = load_ct2_checkpoint(assets)
     family = get_model_family(config["architectures"])
-    hf_config = AutoConfig.for_model(family.model_type, **config)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(assets.tokenizer_json))
+    hf_config = SimpleNamespace(model_type=family.model_type, **config)
+    tokenizer = TokenizerFile(assets.tokenizer_json)
     return load_checkpoint(assets.name, hf_config, state.items(), tokenizer, config, dtype,
                            device, attention_backend, quantization)
 

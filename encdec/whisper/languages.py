@@ -19,6 +19,11 @@ def _tables() -> tuple[dict[str, str], dict[str, str]]:
     return LANGUAGES, {**TO_LANGUAGE_CODE, **{code: code for code in LANGUAGES}}
 
 
+def language_names() -> dict[str, str]:
+    """Code -> name in lower case ("en" -> "english")."""
+    return _tables()[0]
+
+
 def language_code(language: str, field: str = "language") -> str:
     """The code of `language`; a ValueError naming `field` and the closest languages otherwise."""
     if not isinstance(language, str):

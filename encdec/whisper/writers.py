@@ -19,8 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Optional, TextIO, Union
 
-from transformers.models.whisper.tokenization_whisper import LANGUAGES
-
+from encdec.whisper.languages import language_names
 from encdec.whisper.transcript import Segment, Transcription, Word
 
 FORMATS = ("txt", "srt", "vtt", "tsv", "json", "verbose_json")
@@ -207,7 +206,7 @@ def write_json(result: Transcription, file: TextIO, options: WriterOptions = Wri
 def language_name(result: Transcription, task: str) -> str:
     """OpenAI's language field: the full name in lower case ("english" for a translation)."""
     code = "en" if task == "translate" else result.language or ""
-    return LANGUAGES.get(code, code)
+    return language_names().get(code, code)
 
 
 def verbose_json(result: Transcription, task: str = "transcribe", segments: bool = True,

@@ -17,6 +17,7 @@ import torch
 
 from encdec import LLM, SamplingParams
 from encdec.audio import load_audio, whisper_features
+from encdec.models import whisper
 from tests.conftest import assert_all_blocks_free
 from tests.hf_reference import NEAR_TIE
 
@@ -146,7 +147,10 @@ def assert_varied(token_lists: list[list[int]]) -> None:
     assert all(len(t) == MAX_TOKENS for t in token_lists)
 
 
-def test_whisper_parity_eight_clips_in_one_batch(whisper_dir, clip_paths, hf_model):
+@pytest.mark.parametrize("windows_per_pass", [8, 3], ids=["one-encoder-pass", "passes-of-3"])
+def test_whisper_parity_eight_clips_in_one_batch(whisper_dir, clip_paths, hf_model, monkeypatch,
+                                                 windows_per_pass):
+    monkeypatch.setattr(whisper, "WINDOWS_PER_PASS", windows_per_pass)
     llm = LLM(model=str(whisper_dir), num_gpu_blocks=1024, swap_space=0.05)
     audios = [read_clip(p) for p in clip_paths]
     prompts = [{"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": audio}},
