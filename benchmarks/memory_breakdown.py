@@ -1,4 +1,5 @@
-"""Where encdec's peak RSS comes from on bench_whisper's 24 short clips, stage by stage.
+"""Where encdec's peak RSS comes from, stage by stage: on bench_whisper's 24 short clips, or
+(`--workload bart`) on bench_bart's random bart-base and 32 of its documents.
 
 Each configuration runs in a fresh interpreter that records the resident size (VmRSS) after
 each stage and the stage's own peak (VmHWM, reset between stages through
@@ -7,8 +8,8 @@ each stage and the stage's own peak (VmHWM, reset between stages through
 counted by size (the parameters and buffers, and the oneDNN packed weights), and the KV
 cache by its pages resident at the end (mincore: the cache is committed as blocks get used).
 
-    python -m benchmarks.memory_breakdown [--compute float32,int8] [--max-num-seqs 256,8,1]
-                                          [--no-tune-malloc] [--windows-per-pass 24]
+    python -m benchmarks.memory_breakdown [--workload whisper|bart] [--compute float32,int8]
+        [--max-num-seqs 256,8,1] [--tune-malloc] [--windows-per-pass 24]
 """
 from __future__ import annotations
 
@@ -78,8 +79,10 @@ def resident_mb(tensors) -> float:
     return pages * page / _MB
 
 
-def child(paths: list[str], compute: str, max_num_seqs: int, threads: int,
+def child(workload: str, inputs: list, compute: str, max_num_seqs: int, threads: int,
           tune_malloc: bool, windows_per_pass: int | None = None) -> list[dict]:
+    """The stages of one run: `inputs` are audio paths (whisper) or bench_bart's workload
+    entries (bart: a checkpoint directory first)."""
     stages = Stages()
     import torch
 
@@ -92,14 +95,23 @@ def child(paths: list[str], compute: str, max_num_seqs: int, threads: int,
     if windows_per_pass:
         whisper.WINDOWS_PER_PASS = windows_per_pass
     stages.mark("import encdec")
-    llm = LLM(model="tiny.en", max_num_seqs=max_num_seqs, tune_malloc=tune_malloc,
+    model = "tiny.en" if workload == "whisper" else inputs.pop(0)
+    llm = LLM(model=model, max_num_seqs=max_num_seqs, tune_malloc=tune_malloc,
               **ENCDEC_COMPUTE[compute])
     stages.mark("LLM(): weights, packing, cache set-up",
                 **model_tensor_mb(llm.llm_engine.model_runner.model))
     start = time.perf_counter()
-    texts = [r.text for r in llm.transcribe(paths, language="en")]
+    if workload == "whisper":
+        texts = [r.text for r in llm.transcribe(inputs, language="en")]
+    else:
+        from encdec import SamplingParams, TokensPrompt
+
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=w["ids"]) for w in inputs],
+                               [SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], ignore_eos=True)
+                                for w in inputs], use_tqdm=False)
+        texts = [str(o.outputs[0].token_ids) for o in outputs]
     seconds = time.perf_counter() - start
-    stages.mark("transcribe 24 clips", seconds=seconds,
+    stages.mark(f"run {len(inputs)} inputs", seconds=seconds,
                 kv_cache_resident_mb=resident_mb(llm.llm_engine.cache_engine.gpu_cache),
                 texts_sha1=hashlib.sha1("\n".join(texts).encode()).hexdigest()[:12])
     return stages.rows
@@ -115,10 +127,11 @@ def run(*args) -> list[dict]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=["whisper", "bart"], default="whisper")
     parser.add_argument("--compute", default="float32")
     parser.add_argument("--max-num-seqs", default="256")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--no-tune-malloc", action="store_true", help="LLM(tune_malloc=False)")
+    parser.add_argument("--tune-malloc", action="store_true", help="LLM(tune_malloc=True)")
     parser.add_argument("--windows-per-pass", type=int, help="override whisper.WINDOWS_PER_PASS")
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "speech")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -126,15 +139,22 @@ def main(argv=None) -> int:
     if args.child:
         print(json.dumps(child(*json.loads(args.child))))
         return 0
-    from benchmarks.bench_whisper import build_corpus
+    if args.workload == "whisper":
+        from benchmarks.bench_whisper import build_corpus
 
-    paths = [str(p) for p, _ in build_corpus(args.work_dir)[0]]
+        inputs = [str(p) for p, _ in build_corpus(args.work_dir)[0]]
+    else:
+        from benchmarks.bench_bart import FAMILIES, make_workload
+
+        bart = FAMILIES["bart"]
+        checkpoint = bart.make_checkpoint(args.work_dir.parent / f"{bart.checkpoint}-0", 0)
+        inputs = [str(checkpoint), *make_workload(32, 0, **bart.workload)]
     for compute in args.compute.split(","):
         for seqs in map(int, args.max_num_seqs.split(",")):
-            print(f"\n{compute}, max_num_seqs={seqs}, tune_malloc={not args.no_tune_malloc}, "
+            print(f"\n{compute}, max_num_seqs={seqs}, tune_malloc={args.tune_malloc}, "
                   f"windows_per_pass={args.windows_per_pass or 'default'}\n\n"
                   "| stage | RSS after MB | peak in stage MB | notes |\n|---|---|---|---|", flush=True)
-            for row in run(paths, compute, seqs, args.threads, not args.no_tune_malloc,
+            for row in run(args.workload, list(inputs), compute, seqs, args.threads, args.tune_malloc,
                            args.windows_per_pass):
                 notes = ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                   for k, v in row.items() if k not in ("stage", "rss_mb", "stage_peak_mb"))

@@ -18,9 +18,10 @@ class LLM:
 
     `model` is a local Hugging Face checkpoint directory (or a Whisper alias). Cache size comes
     from `num_gpu_blocks` or the `kv_cache_space` budget (GiB); `swap_space` (GiB) sizes the
-    swap pool used when requests are preempted by swapping. `tune_malloc` (CPU) lets the
-    engine keep freed activation memory in the C heap for reuse, a process-wide setting
-    (`encdec.worker.cpu_memory`; also off with ENCDEC_KEEP_FREED_MEMORY=0). `quantization="int8"`
+    swap pool used when requests are preempted by swapping. `tune_malloc=True` (CPU) lets
+    the engine keep freed activation memory in the C heap for reuse, a process-wide setting
+    (`encdec.worker.cpu_memory`; ENCDEC_KEEP_FREED_MEMORY=0 vetoes it): up to 5% faster, 150-400 MB
+    more peak memory (benchmarks/RESULTS.md), hence off by default. `quantization="int8"`
     (CPU, float32) runs the layers' linears on int8 weights, as faster-whisper's
     `compute_type="int8"` (`encdec.models.quantization`); `dtype="bfloat16"` runs weights,
     activations and the KV cache in bfloat16.
@@ -30,7 +31,7 @@ class LLM:
                  block_size: int = 16, num_gpu_blocks: Optional[int] = None,
                  kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
-                 seed: int = 0, attention_backend: Optional[str] = None, tune_malloc: bool = True,
+                 seed: int = 0, attention_backend: Optional[str] = None, tune_malloc: bool = False,
                  quantization: Optional[str] = None):
         self.llm_engine = LLMEngine.from_model(
             model, dtype=dtype, device=device, block_size=block_size, num_gpu_blocks=num_gpu_blocks,

@@ -49,7 +49,7 @@ class LLMEngine:
 
     def __init__(self, loaded: LoadedModel, cache_config: CacheConfig,
                  scheduler_config: SchedulerConfig, device_config: DeviceConfig, seed: int = 0,
-                 generation_defaults: Optional[GenerationDefaults] = None, tune_malloc: bool = True):
+                 generation_defaults: Optional[GenerationDefaults] = None, tune_malloc: bool = False):
         self.model_config: ModelConfig = loaded.model_config
         self.generation_defaults = generation_defaults or GenerationDefaults()
         self.tokenizer = loaded.tokenizer
@@ -80,7 +80,7 @@ class LLMEngine:
                    kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
                    max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
                    seed: int = 0, attention_backend: Optional[str] = None,
-                   tune_malloc: bool = True, quantization: Optional[str] = None) -> "LLMEngine":
+                   tune_malloc: bool = False, quantization: Optional[str] = None) -> "LLMEngine":
         """Load `model` (a local checkpoint directory or a Whisper alias) and size the engine;
         the options are `LLM`'s."""
         device_config = DeviceConfig.create(device)

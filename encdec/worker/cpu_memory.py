@@ -3,10 +3,12 @@
 glibc serves allocations above its mmap threshold (128 KiB to 32 MiB, adaptive) with fresh
 mmap pages and unmaps them on free. Every engine step allocates activations of tens of
 megabytes, so each step would page-fault and zero them again: measured here, a GELU over a
-[4096, 3072] tensor took 27 ms with fresh pages and 7 ms with reused ones, and a whole BART
-benchmark run was about 10% faster. Raising the mmap and trim thresholds keeps those blocks
-in the heap for reuse, at the cost of a higher resident size (the step's peak stays mapped).
-Set ENCDEC_KEEP_FREED_MEMORY=0 to leave the allocator alone. Other C libraries: no-op.
+[4096, 3072] tensor took 27 ms with fresh pages and 7 ms with reused ones, and a whole
+BART benchmark run was about 10% faster when first measured. Raising the mmap and trim
+thresholds keeps those blocks in the heap for reuse, at the cost of a higher resident size (the
+step's peak stays mapped). Measured again with the current kernels (`benchmarks/memory_breakdown.py`),
+the runs were 0-5% faster for 150-400 MB more peak RSS, so engines ask for it only with
+`tune_malloc=True`. ENCDEC_KEEP_FREED_MEMORY=0 vetoes it. Other C libraries: no-op.
 """
 from __future__ import annotations
 
