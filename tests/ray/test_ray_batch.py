@@ -1,7 +1,7 @@
-"""`encdec batch` on a local Ray instance (2 CPUs, two actors at half a CPU each): resuming
-skips finished inputs; an actor killed mid-job is restarted and its batch retried, and every
-input still comes out once, with the offline `LLM`'s result. (Parity of whole jobs through the
-command line: test_ray_cluster.py.)"""
+"""`encdec batch` on a local Ray instance (2 CPUs, two actors at half a CPU each): 20 clips and
+50 documents give the offline `LLM`'s results, each once; resuming skips finished inputs; an
+actor killed mid-job is restarted and its batch retried, and every input still comes out once.
+(The same jobs on two nodes: test_ray_cluster.py.)"""
 from __future__ import annotations
 
 from collections import Counter
@@ -69,3 +69,13 @@ def test_transcribe_twenty_clips_locally(clip_paths, offline_transcripts, tmp_pa
     rows = read_results(tmp_path)
     assert Counter(r["id"] for r in rows) == Counter(clip_paths)
     assert {r["id"]: r["text"] for r in rows} == offline_transcripts
+
+
+def test_summarize_fifty_documents_locally(documents_jsonl, tiny_bart_dir, offline_summaries, tmp_path):
+    """`encdec batch summarize` on the local instance: each document once, the offline summary."""
+    assert main(["batch", "summarize", str(documents_jsonl), "--model", str(tiny_bart_dir),
+                 "--output", str(tmp_path), "--replicas", "2", "--batch-size", "4",
+                 *SUMMARY_OPTIONS]) == 0
+    rows = read_results(tmp_path)
+    assert Counter(r["id"] for r in rows) == Counter(list(offline_summaries))
+    assert {r["id"]: r["summary"] for r in rows} == offline_summaries
