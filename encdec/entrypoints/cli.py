@@ -286,14 +286,18 @@ def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple
     return llm, texts, failed
 
 
+def decoding_options(args: argparse.Namespace) -> dict:
+    """The decoding options of `summarize`, `translate` and `batch summarize`, as `summary_params`
+    takes them (unset ones are None)."""
+    return dict(max_tokens=args.max_tokens, min_tokens=args.min_tokens, num_beams=args.num_beams,
+                length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                temperature=args.temperature, seed=args.seed)
+
+
 def decoding_params(llm: LLM, args: argparse.Namespace):
     """SamplingParams from the decoding options of `summarize` / `translate` over the
     checkpoint's generation config (ValueError for a bad value)."""
-    return summary_params(llm.llm_engine.generation_defaults, max_tokens=args.max_tokens,
-                          min_tokens=args.min_tokens, num_beams=args.num_beams,
-                          length_penalty=args.length_penalty,
-                          no_repeat_ngram_size=args.no_repeat_ngram_size,
-                          temperature=args.temperature, seed=args.seed)
+    return summary_params(llm.llm_engine.generation_defaults, **decoding_options(args))
 
 
 def run_summarize(args: argparse.Namespace) -> int:

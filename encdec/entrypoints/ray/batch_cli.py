@@ -95,6 +95,7 @@ def input_dataset(args: argparse.Namespace, done: frozenset[str]):
 
 def job_dataset(args: argparse.Namespace, inputs):
     """The results of the job the arguments describe, over the `inputs` dataset."""
+    from encdec.entrypoints.cli import decoding_options
     from encdec.entrypoints.ray import batch
 
     pool = batch.PoolOptions(replicas=args.replicas, cpus=args.cpus_per_replica,
@@ -151,17 +152,10 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
     return failed
 
 
-def decoding_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The summary decoding options of `encdec batch summarize` (unset ones are None)."""
-    return dict(max_tokens=args.max_tokens, min_tokens=args.min_tokens, num_beams=args.num_beams,
-                length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-                temperature=args.temperature, seed=args.seed)
-
-
 def check_job(args: argparse.Namespace) -> None:
     """Check the model and the options on the driver, before any actor starts (ValueError worded
     for the command line)."""
-    from encdec.entrypoints.cli import option_wording
+    from encdec.entrypoints.cli import decoding_options, option_wording
     from encdec.entrypoints.summaries import summary_params
     from encdec.generation_config import load_generation_defaults
     from encdec.weights.loader import check_model, checkpoint_dir_problem
