@@ -8,6 +8,7 @@ once after an install.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import sys
@@ -370,10 +371,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_warmup(args: argparse.Namespace) -> int:
-    """Compile the Numba kernels (decode attention, word-timestamp alignment) into Numba's
-    on-disk cache, where every later process loads them from."""
+    """Compile the CPU kernels (decode attention, word-timestamp alignment) once, where every
+    later process loads them from."""
     start = time.perf_counter()
-    compile_decode_kernels(resolve_dtype(args.dtype))
+    for made in compile_decode_kernels(resolve_dtype(args.dtype)):
+        print(f"{PROG}: decode attention: {made}")
     dtw(np.zeros((1, 1)))
     print(f"{PROG}: CPU kernels ({args.dtype}) ready in {time.perf_counter() - start:.1f} s")
     return 0
@@ -553,10 +555,13 @@ def add_bench(subparsers) -> None:
 def add_warmup(subparsers) -> None:
     p = subparsers.add_parser(
         "warmup", help="compile the CPU kernels once after an install (20-60 s)",
-        description="Compile the CPU decode-attention and word-alignment kernels with Numba and "
-                    "cache them next to the package, so that the first transcription does not "
-                    "wait for the compiler. Run it once after installing or upgrading encdec "
-                    "(or Numba); without it the first run compiles what it needs.")
+        description="Compile the CPU decode-attention and word-alignment kernels and cache them "
+                    "next to the package (or in $NUMBA_CACHE_DIR), so that the first "
+                    "transcription does not wait for the compiler, and so that one-sequence "
+                    "decoding runs an ahead-of-time build that does not load Numba at all (needs "
+                    "a C compiler; without one it stays Numba's). Run it once after installing or "
+                    "upgrading encdec (or Numba, or NumPy); without it the first run compiles what "
+                    "it needs.")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                    help="the KV cache dtype to compile for (default: float32, what --dtype auto "
                         "runs on the CPU)")
@@ -589,6 +594,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
+    # The imports (torch's above all) leave hundreds of thousands of objects that the garbage
+    # collector's full passes would walk again and again while a model loads (0.2-0.3 s of a
+    # short transcription's start-up); none of them is garbage, so they move out of its sight.
+    gc.freeze()
     try:
         return args.handler(args)
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from encdec.attention.selector import get_attn_backend
 from encdec.config import ModelConfig
@@ -44,7 +45,7 @@ class LoadedModel:
 def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, torch.Tensor]],
                 dtype: torch.dtype, device: torch.device, attention_backend: Optional[str],
                 quantization: Optional[str] = None) -> torch.nn.Module:
-    with torch.device("meta"):  # no random init: every tensor comes from the checkpoint
+    with torch.device("meta"), _SkipInitFills():  # every tensor comes from the checkpoint
         model = model_cls(hf_config, get_attn_backend(device, attention_backend))
     allocate_empty(model)
     model.load_weights(weights)
@@ -56,6 +57,21 @@ def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, to
     if packed_linear_supported(device, dtype):
         pack_linears(model)
     return model
+
+
+class _SkipInitFills(TorchFunctionMode):
+    """Skip the random fills of modules' `reset_parameters` while a model is built on the meta
+    device: there they run through torch's Python decompositions (about 0.1 s of Whisper tiny's
+    start-up), and the checkpoint overwrites every value. A mode, unlike patching `torch.nn.init`,
+    affects only the thread that builds the model."""
+
+    FILLS = frozenset({torch.nn.init.kaiming_uniform_, torch.nn.init.uniform_,
+                       torch.nn.init.normal_, torch.Tensor.uniform_, torch.Tensor.normal_})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.FILLS:  # the tensor it would fill, unchanged
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
 
 
 def allocate_empty(model: torch.nn.Module) -> None:

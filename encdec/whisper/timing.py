@@ -12,10 +12,10 @@ at sentence and segment boundaries are trimmed with the median word duration.
 """
 from __future__ import annotations
 
+import functools
 import string
 from typing import Any, Optional
 
-import numba
 import numpy as np
 
 from encdec.whisper.transcript import Segment, Word
@@ -38,7 +38,6 @@ def median_filter(x: np.ndarray, width: int) -> np.ndarray:
     return np.median(windows, axis=-1)
 
 
-@numba.njit(cache=True)
 def _dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover (compiled)
     rows, cols = cost.shape
     total = np.full((rows + 1, cols + 1), np.inf)
@@ -75,7 +74,15 @@ def _dtw_path(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no 
 def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The cheapest monotonic path from (0, 0) to the last (row, column) of `cost`, moving
     down, right or diagonally: (row indices, column indices) along it."""
-    return _dtw_path(np.ascontiguousarray(cost, dtype=np.float64))
+    return _compiled_dtw_path()(np.ascontiguousarray(cost, dtype=np.float64))
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_dtw_path():
+    """`_dtw_path` compiled by Numba (cached on disk), imported only when words are aligned."""
+    import numba
+
+    return numba.njit(cache=True)(_dtw_path)
 
 
 def token_frames(weights: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,42 +1,58 @@
 """Start-up: `import encdec` stays light, `encdec transcribe` imports only what a transcription
-runs (no transformers for the bundled Whisper models, no server or Ray), and `encdec warmup`
-compiles the kernels ahead of the first run."""
+runs (no transformers for the bundled Whisper models, no server or Ray, and after `encdec
+warmup` no Numba either), and `encdec warmup` compiles the kernels ahead of the first run."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
-from encdec.entrypoints import cli
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "numba", "transformers", "fastapi", "uvicorn", "ray", "sentencepiece", "pandas")
 
 
-def loaded_after(code: str) -> set[str]:
-    """Which of HEAVY a fresh interpreter has imported after running `code`."""
+@pytest.fixture(scope="module")
+def warm_cache(tmp_path_factory) -> tuple[dict, str]:
+    """`encdec warmup` into an empty kernel cache: (the environment that uses it, its output)."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path_factory.mktemp("numba_cache")))
+    out = subprocess.run([sys.executable, "-m", "encdec", "warmup"], cwd=ROOT, env=env,
+                         check=True, capture_output=True, text=True).stdout
+    return env, out
+
+
+def loaded_after(code: str, env: Optional[dict] = None) -> tuple[set[str], str]:
+    """Which of HEAVY a fresh interpreter has imported after running `code`, and its output."""
     report = f"import json, sys; print(json.dumps(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", f"{code}\n{report}"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
-    return set(json.loads(out.splitlines()[-1]))
+    out = subprocess.run([sys.executable, "-c", f"{code}\n{report}"], cwd=ROOT, env=env,
+                         check=True, capture_output=True, text=True).stdout
+    return set(json.loads(out.splitlines()[-1])), out
 
 
 def test_import_encdec_imports_nothing_heavy():
-    assert loaded_after("import encdec") == set()
+    assert loaded_after("import encdec")[0] == set()
 
 
 def test_public_names_still_import():
     assert loaded_after("from encdec import LLM, SamplingParams, AsyncLLMEngine, TokensPrompt, "
-                        "zip_enc_dec_prompts, RequestOutput, EngineDeadError") >= {"torch"}
+                        "zip_enc_dec_prompts, RequestOutput, EngineDeadError")[0] >= {"torch"}
 
 
-def test_transcribing_with_a_bundled_model_needs_no_transformers():
+def test_warmup_compiles_the_kernels(warm_cache):
+    lines = warm_cache[1].splitlines()
+    assert lines[0].startswith("encdec: decode attention: serial loop compiled ahead of time: "
+                               + warm_cache[0]["NUMBA_CACHE_DIR"])
+    assert lines[-1].startswith("encdec: CPU kernels (float32) ready in ")
+
+
+def test_transcribing_with_a_bundled_model_needs_no_transformers_nor_numba(warm_cache):
+    """openai-whisper's default 5 beams decode on the ahead-of-time loop: Numba stays unloaded."""
     code = ("from encdec.entrypoints import cli\n"
-            "assert cli.main(['transcribe', 'samples/hello.wav', '--verbose', 'False']) == 0")
-    assert loaded_after(code) == {"torch", "numba"}
-
-
-def test_warmup_compiles_the_kernels(capsys):
-    assert cli.main(["warmup"]) == 0
-    assert capsys.readouterr().out.startswith("encdec: CPU kernels (float32) ready in ")
+            "assert cli.main(['transcribe', 'samples/hello.wav']) == 0")
+    loaded, out = loaded_after(code, warm_cache[0])
+    assert loaded == {"torch"}
+    assert "Thank you for calling. Please leave a message after the tone." in out

@@ -6,7 +6,7 @@ import torch
 
 import numpy as np
 
-from encdec.kernels import cpu_decode, paged_attention, paged_decode_attention
+from encdec.kernels import cpu_decode, cpu_decode_loops, paged_attention, paged_decode_attention
 
 NUM_HEADS = 4
 HEAD_SIZE = 16
@@ -112,8 +112,10 @@ def test_multi_query_tokens(causal):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_compiled_kernel_matches_reference_on_long_sequences(threads):
-    """One thread runs the serial loop; two, where Numba has a thread-safe layer, the parallel one."""
-    seq_lens = [100, 1, 64, 257, 31, 700]
+    """One thread runs the serial loop; two, where Numba has a thread-safe layer, the parallel one
+    (from PARALLEL_MIN_SEQS sequences on)."""
+    seq_lens = [100, 1, 64, 257, 31, 700, 3, 40, 16]
+    assert len(seq_lens) >= cpu_decode.PARALLEL_MIN_SEQS
     cache, tables, _, _ = build_paged(seq_lens, 16, num_blocks=128, seed=8)
     query = torch.randn(len(seq_lens), NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(9))
     before = torch.get_num_threads()
@@ -138,7 +140,7 @@ def test_serial_and_parallel_loops_agree():
     distance_bias = np.random.default_rng(5).standard_normal((NUM_HEADS, 300), dtype=np.float32)
     for bias in (np.zeros((1, 0), dtype=np.float32), distance_bias):
         outs = []
-        for kernel in (cpu_decode._decode_serial, cpu_decode._decode_parallel):
+        for kernel in (cpu_decode_loops.decode_serial, cpu_decode_loops.decode_parallel):
             out = np.empty_like(query)
             kernel(query, keys, values, tables.numpy(), seq_lens, 16, np.float32(0.3), bias, out)
             outs.append(out)
@@ -163,9 +165,12 @@ def test_empty_batch(attention):
 
 
 def _decode_small() -> float:
-    cache, tables, _, _ = build_paged([30, 45, 9], 16, num_blocks=16, seed=5)
-    query = torch.randn(3, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(6))
-    return paged_decode_attention(query, cache, tables, [30, 45, 9], 0.3).sum().item()
+    """A batch big enough for the parallel loop (where the threads and Numba allow it)."""
+    seq_lens = [30, 45, 9, 12, 3, 60, 7, 22]
+    assert len(seq_lens) >= cpu_decode.PARALLEL_MIN_SEQS
+    cache, tables, _, _ = build_paged(seq_lens, 16, num_blocks=16, seed=5)
+    query = torch.randn(len(seq_lens), NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(6))
+    return paged_decode_attention(query, cache, tables, seq_lens, 0.3).sum().item()
 
 
 def _decode_in_child(queue) -> None:

@@ -1,0 +1,112 @@
+"""The serial decode loop compiled ahead of time into a small extension module.
+
+A process that loads even a cached Numba kernel pays for importing Numba and for its compiler's
+type registries (SciPy's BLAS among them): 0.6-1 s, a third of a short transcription's start-up.
+`encdec warmup` therefore also compiles `cpu_decode_loops.decode_serial` with Numba's ahead-of-
+time compiler (`numba.pycc`, for this processor) into an extension module that needs only NumPy
+at run time and imports in about a millisecond; `paged_decode_attention` runs it whenever it
+runs the serial loop, and loads Numba only for the parallel one (big batches on several
+threads). Without the module (no `encdec warmup` yet, or no C compiler) the serial loop is
+Numba's, compiled on first use.
+
+The module's name carries a hash of the loops' source, the NumPy version and the processor's
+features, so a changed kernel, NumPy or machine never loads a stale build. It lives where Numba
+keeps its cache: `$NUMBA_CACHE_DIR` when set, else the package's `__pycache__`.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import platform
+import tempfile
+import warnings
+from pathlib import Path
+from types import ModuleType
+from typing import Optional
+
+import numpy as np
+
+LOOPS_SOURCE = Path(__file__).with_name("cpu_decode_loops.py")
+# Exported functions, by cache element type; every array is C-contiguous.
+_EXPORTS = {"decode_float32": "float32", "decode_bfloat16": "uint16"}
+
+
+def _processor() -> str:
+    """The processor's model and instruction-set flags (Linux), else its architecture."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return platform.machine()
+    wanted = ("model name", "flags")
+    return "\n".join(dict.fromkeys(line for line in lines if line.startswith(wanted)))
+
+
+@functools.lru_cache(maxsize=1)
+def module_name() -> str:
+    digest = hashlib.sha256()
+    for part in (LOOPS_SOURCE.read_bytes(), np.__version__.encode(), _processor().encode()):
+        digest.update(part)
+    return f"encdec_decode_{digest.hexdigest()[:16]}"
+
+
+def module_path() -> Path:
+    folder = os.environ.get("NUMBA_CACHE_DIR") or Path(__file__).with_name("__pycache__")
+    return Path(folder) / (module_name() + importlib.machinery.EXTENSION_SUFFIXES[0])
+
+
+def load() -> Optional[ModuleType]:
+    """The compiled module, or None where `build` has not made it for this source and machine."""
+    return _load(module_path())
+
+
+@functools.lru_cache(maxsize=None)
+def _load(path: Path) -> Optional[ModuleType]:
+    if not path.exists():
+        return None
+    spec = importlib.util.spec_from_file_location(module_name(), path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def serial_loop(cache_is_bfloat16: bool):
+    """The ahead-of-time serial loop for a float32 or bfloat16 cache, or None without one."""
+    module = load()
+    if module is None:
+        return None
+    return getattr(module, "decode_bfloat16" if cache_is_bfloat16 else "decode_float32")
+
+
+def build() -> Path:
+    """Compile the module (about 10 s; needs a C compiler) and return its path."""
+    with warnings.catch_warnings():  # pycc is "pending deprecation", with no replacement yet
+        warnings.simplefilter("ignore")
+        from numba.pycc import CC
+
+    from encdec.kernels.cpu_decode_loops import decode_serial
+
+    path = module_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
+        compiler = CC(module_name())
+        compiler.output_dir = scratch
+        compiler.target_cpu = "host"
+        for export, cache in _EXPORTS.items():
+            signature = (f"void(float32[:,:,::1], {cache}[:,:,::1], {cache}[:,:,::1], int32[:,::1], "
+                         f"int64[::1], int64, float32, float32[:,::1], float32[:,:,::1])")
+            compiler.export(export, signature)(_calls(decode_serial))
+        compiler.compile()
+        built = Path(scratch) / path.name
+        os.replace(built, path)  # atomic: a concurrent build or load sees all of it or none
+    _load.cache_clear()
+    return path
+
+
+def _calls(loop):
+    """A function for `CC.export` that runs `loop` (an export needs a function of its own)."""
+    def decode(query, keys, values, block_tables, seq_lens, block_size, scale, distance_bias, out):
+        loop(query, keys, values, block_tables, seq_lens, block_size, scale, distance_bias, out)
+    return decode
