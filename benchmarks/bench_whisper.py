@@ -139,7 +139,7 @@ def run_hf(paths: list[str], threads: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--long-rounds", type=int, default=2)
+    parser.add_argument("--long-rounds", type=int, default=2, help="0: no long clips")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "speech")
     parser.add_argument("--engines", default="encdec,encdec-parallel,fw-fp32,fw-int8,fw-batched,hf,"
@@ -168,6 +168,8 @@ def main(argv=None) -> int:
     for label, corpus, rounds, names in (
             ("short", clips, args.rounds, [k for k in engines if k != "encdec-parallel"]),
             ("long", long, args.long_rounds, [k for k in engines if k not in SHORT_ONLY])):
+        if not rounds:
+            continue
         paths, refs = [str(p) for p, _ in corpus], [text for _, text in corpus]
         audio_seconds = sum(sf.info(p).duration for p in paths)
         runs = interleaved({k: (lambda f=engines[k]: f(paths)) for k in names}, rounds)

@@ -28,6 +28,30 @@ from encdec.models.layers import convert_linears
 # method -> the converter of one nn.Linear (and the activation fused into it)
 _CONVERTERS = {"int8": Int8Linear.from_linear}
 QUANTIZATION_METHODS = tuple(_CONVERTERS)
+# faster-whisper's / CTranslate2's compute_type -> (dtype, quantization); "default" and "auto"
+# keep what dtype and quantization say.
+COMPUTE_TYPES = {"float32": ("float32", None), "bfloat16": ("bfloat16", None),
+                 "float16": ("float16", None), "int8": ("float32", "int8"),
+                 "int8_float32": ("float32", "int8")}
+
+
+def resolve_compute_type(compute_type: Optional[str], dtype: str = "auto",
+                         quantization: Optional[str] = None) -> tuple[str, Optional[str]]:
+    """(dtype, quantization) for faster-whisper's `compute_type` name; ValueError for an unknown
+    name, or one that contradicts a `dtype` or `quantization` also given."""
+    if compute_type in (None, "default", "auto"):
+        return dtype, quantization
+    if compute_type not in COMPUTE_TYPES:
+        raise ValueError(f"compute_type must be one of {[*COMPUTE_TYPES, 'default', 'auto']}, got "
+                         f"{compute_type!r} (int8 runs with float32 activations)")
+    wanted_dtype, wanted_quantization = COMPUTE_TYPES[compute_type]
+    if dtype not in ("auto", None, wanted_dtype):
+        raise ValueError(f"compute_type={compute_type!r} runs in {wanted_dtype}, which contradicts "
+                         f"dtype={dtype!r}; give one of the two")
+    if quantization not in (None, wanted_quantization):
+        raise ValueError(f"compute_type={compute_type!r} contradicts quantization="
+                         f"{quantization!r}; give one of the two")
+    return wanted_dtype, wanted_quantization
 
 
 def check_quantization(quantization: Optional[str], dtype: torch.dtype,

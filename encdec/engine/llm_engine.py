@@ -19,6 +19,7 @@ from encdec.core.scheduler import Scheduler
 from encdec.generation_config import GenerationDefaults, load_generation_defaults, resolve_sampling_params
 from encdec.inputs.data import is_explicit_encoder_decoder_prompt
 from encdec.inputs.preprocess import InputPreprocessor
+from encdec.models.quantization import resolve_compute_type
 from encdec.engine.output_processor import OutputProcessor
 from encdec.outputs import RequestOutput
 from encdec.sampling.beam_search import BeamSearch
@@ -80,9 +81,11 @@ class LLMEngine:
                    kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
                    max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
                    seed: int = 0, attention_backend: Optional[str] = None,
-                   tune_malloc: bool = False, quantization: Optional[str] = None) -> "LLMEngine":
+                   tune_malloc: bool = False, quantization: Optional[str] = None,
+                   compute_type: Optional[str] = None) -> "LLMEngine":
         """Load `model` (a local checkpoint directory or a Whisper alias) and size the engine;
         the options are `LLM`'s."""
+        dtype, quantization = resolve_compute_type(compute_type, dtype, quantization)
         device_config = DeviceConfig.create(device)
         loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend,
                             quantization)

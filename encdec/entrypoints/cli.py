@@ -30,7 +30,7 @@ from encdec.entrypoints.translate_cli import add_translate
 from encdec.entrypoints.transcribe_args import add_transcribe_arguments, checked_options, number
 from encdec.kernels.cpu_decode import compile_decode_kernels
 from encdec.llm import LLM
-from encdec.models.quantization import QUANTIZATION_METHODS
+from encdec.models.quantization import COMPUTE_TYPES, QUANTIZATION_METHODS, resolve_compute_type
 from encdec.weights.loader import check_model, checkpoint_dir_problem
 from encdec.whisper.languages import english_only_warning, requested_language
 from encdec.whisper.timing import dtw
@@ -397,6 +397,11 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                         help="int8: int8 weights for the layers' linears, float32 activations "
                              "(faster-whisper's compute_type int8; CPU, dtype float32)")
+    parser.add_argument("--compute_type", "--compute-type", default=None,
+                        choices=[*COMPUTE_TYPES, "default", "auto"],
+                        help="faster-whisper's name for --dtype and --quantization: float32, "
+                             "bfloat16 or int8 (int8 weights, float32 activations); default: "
+                             "what those two say")
     parser.add_argument("--device", default=None,
                         help="cpu or cuda[:N] (default: cuda if available, else cpu)")
 
@@ -592,6 +597,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args, extra = parser.parse_known_args(argv)
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        if "compute_type" in args:  # one spelling from here on: dtype and quantization
+            try:
+                args.dtype, args.quantization = resolve_compute_type(
+                    args.compute_type, args.dtype, args.quantization)
+            except ValueError as error:
+                parser.error(f"--compute_type: {error}")
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
     # The imports (torch's above all) leave hundreds of thousands of objects that the garbage

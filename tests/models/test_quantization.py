@@ -1,5 +1,6 @@
-"""`quantization="int8"`: which layers become int8, the option's errors, and BART's greedy ids
-against float32 (and bfloat16's) on random weights."""
+"""`quantization="int8"`: which layers become int8, the option's errors, faster-whisper's
+`compute_type` names for it and for the dtype, and BART's greedy ids against float32 (and
+bfloat16's) on random weights."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,7 @@ import torch
 from encdec import LLM, SamplingParams
 from encdec.kernels.cpu_int8_linear import Int8Linear, int8_linear_supported
 from encdec.kernels.cpu_linear import PackedLinear, packed_linear_supported
-from encdec.models.quantization import Float32Output, check_quantization
+from encdec.models.quantization import Float32Output, check_quantization, resolve_compute_type
 from benchmarks.bench_bart import make_workload
 from benchmarks.common import prefix_agreement
 from tests.bart_checkpoints import make_bart_checkpoint
@@ -104,3 +105,63 @@ def test_cli_quantization_option_reaches_the_llm(monkeypatch):
     assert made["quantization"] == "int8" and made["dtype"] == "auto"
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["transcribe", "x.wav", "--quantization", "int4"])
+
+
+@pytest.mark.parametrize("compute_type, dtype, quantization, expected", [
+    ("float32", "auto", None, ("float32", None)),
+    ("bfloat16", "auto", None, ("bfloat16", None)),
+    ("int8", "auto", None, ("float32", "int8")),
+    ("int8_float32", "float32", "int8", ("float32", "int8")),
+    ("default", "bfloat16", None, ("bfloat16", None)),
+    (None, "auto", "int8", ("auto", "int8")),
+])
+def test_compute_type_names(compute_type, dtype, quantization, expected):
+    assert resolve_compute_type(compute_type, dtype, quantization) == expected
+
+
+@pytest.mark.parametrize("compute_type, dtype, quantization, message", [
+    ("int4", "auto", None, r"compute_type must be one of \['float32', 'bfloat16', 'float16', 'int8', "
+                           r"'int8_float32', 'default', 'auto'\], got 'int4'"),
+    ("int8_bfloat16", "auto", None, "got 'int8_bfloat16' \\(int8 runs with float32 activations\\)"),
+    ("int8", "bfloat16", None, "compute_type='int8' runs in float32, which contradicts dtype='bfloat16'"),
+    ("bfloat16", "auto", "int8", "compute_type='bfloat16' contradicts quantization='int8'"),
+])
+def test_bad_compute_type_is_refused(compute_type, dtype, quantization, message):
+    with pytest.raises(ValueError, match=message):
+        resolve_compute_type(compute_type, dtype, quantization)
+
+
+@needs_int8
+def test_llm_takes_compute_type(tiny_bart_dir):
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64, compute_type="int8")
+    assert isinstance(llm.llm_engine.model_runner.model.model.decoder.layers[0].ffn.fc2, Int8Linear)
+    with pytest.raises(ValueError, match="contradicts dtype='bfloat16'"):
+        LLM(model=str(tiny_bart_dir), num_gpu_blocks=64, compute_type="int8", dtype="bfloat16")
+
+
+@pytest.mark.parametrize("argv, dtype, quantization", [
+    (["--compute_type", "int8"], "float32", "int8"),
+    (["--compute-type", "bfloat16"], "bfloat16", None),
+    (["--dtype", "bfloat16"], "bfloat16", None),
+])
+def test_cli_compute_type_becomes_dtype_and_quantization(monkeypatch, argv, dtype, quantization):
+    from encdec.entrypoints import cli
+
+    class Loaded(Exception):
+        pass
+
+    def fake_llm(**options):
+        raise Loaded(options)
+
+    monkeypatch.setattr(cli, "LLM", fake_llm)
+    with pytest.raises(Loaded) as loaded:
+        cli.main(["transcribe", "samples/hello.wav", *argv])
+    assert (loaded.value.args[0]["dtype"], loaded.value.args[0]["quantization"]) == (dtype, quantization)
+
+
+def test_cli_refuses_a_contradicting_compute_type(capsys):
+    from encdec.entrypoints import cli
+
+    assert cli.main(["transcribe", "x.wav", "--compute_type", "int8", "--dtype", "bfloat16"]) == 2
+    assert "--compute_type: compute_type='int8' runs in float32, which contradicts dtype='bfloat16'" \
+        in capsys.readouterr().err

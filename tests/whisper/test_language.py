@@ -22,3 +22,14 @@ def test_translation(base, language_clips):
     # base translates espeak-ng French poorly (faster-whisper, greedy: " I'm going to the the")
     assert translated.language == "fr" and translated.text.isascii() and translated.text
     assert_all_blocks_free(base)
+
+
+def test_language_tables_equal_openai_whispers():
+    """encdec's own tables, against the ones transformers copies from openai-whisper."""
+    from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
+
+    from encdec.whisper.languages import language_code, language_names
+
+    assert list(language_names().items()) == list(LANGUAGES.items())
+    for spelling, code in [*TO_LANGUAGE_CODE.items(), *((c, c) for c in LANGUAGES)]:
+        assert language_code(spelling.title()) == code
