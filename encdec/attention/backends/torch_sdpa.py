@@ -3,7 +3,8 @@
 `kernels/cpu_decode.py` (float32, bfloat16) or the torch reference (other dtypes). Attention
 over bfloat16 (or float16) tensors computes its scores, softmax and sums in float32.
 
-- ENCODER: non-causal attention inside each encoder sequence (`dense_attention`).
+- ENCODER: non-causal attention inside each encoder sequence (torch's SDPA; `dense_attention`
+  where a position bias is added).
 - DECODER: new keys/values go into the paged self cache by `slot_mapping`; prefill sequences
   attend causally to their own tokens, decode tokens read the cache through `block_tables`.
 - ENCODER_DECODER: in a prefill step the encoder's keys/values go into the cross cache by
@@ -157,12 +158,17 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool,
             bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """Attention over [..., H, L, D] tensors; a `bias` carries the causal mask itself."""
+    """Attention over [..., H, L, D] tensors; a `bias` carries the causal mask itself.
+
+    Without a bias torch's SDPA (its CPU flash kernel) runs: 1.3-2.4x the speed of
+    `dense_attention` at 2 threads here, from BART's 150-token articles to 24 Whisper windows of
+    1500 (benchmarks/RESULTS.md, "Encoder attention on SDPA"). With a bias it is the other way
+    round (SDPA's additive mask ran at 0.5-0.8x), so biased attention stays on `dense_attention`.
+    """
     if bias is not None:
         return dense_attention(q, k, v, scale, bias[:, :q.shape[-2], :k.shape[-2]])
-    if causal:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=q.shape[-2] > 1, scale=scale)
-    return dense_attention(q, k, v, scale)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal and q.shape[-2] > 1,
+                                          scale=scale)
 
 
 # dense_attention works in blocks of query rows of a few (batch, head) pairs whose scores fit in
@@ -174,10 +180,8 @@ _ROW_CHUNK = 256
 def dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
                     bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """softmax(q k^T * scale + bias) v over [..., heads, L, D] tensors (e.g. [batch, heads, L, D]),
-    as matmuls over cache-sized blocks; `bias` ([heads, q_len, k_len]) is optional. On CPU this
-    beats SDPA's flash kernel about twice for encoder lengths of a few hundred tokens and more;
-    blocking across (batch, head) pairs matters most for many Whisper windows at once (24
-    windows: 46 -> 64-89 GFLOP/s here)."""
+    as matmuls over cache-sized blocks; `bias` ([heads, q_len, k_len]) is optional. With a bias
+    this beats SDPA's additive mask (1.3-2x for T5 encoders of 150-1024 tokens here)."""
     *lead, q_len, head_size = q.shape
     k_len = k.shape[-2]
     pairs = math.prod(lead)
