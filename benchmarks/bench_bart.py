@@ -9,6 +9,9 @@ and generates up to each batch's largest max_tokens; CTranslate2 runs the same c
 converted by its own converter, float32, greedy, same batches.
 
     python -m benchmarks.bench_bart [--family t5] [--num-docs 64] [--rounds 2] [--threads 2]
+
+On a GPU, `--device cuda` runs encdec and Hugging Face there (`encdec-fp16` and `hf-fp16` in
+float16; `--attention-backend xformers` for encdec's xformers kernels).
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from typing import Callable
 import numpy as np
 
 from benchmarks.common import (ENCDEC_COMPUTE, interleaved, machine, markdown_table, median,
-                               prefix_agreement, run_isolated, write_json)
+                               prefix_agreement, run_isolated, synchronize, write_json)
 
 DECODER_PROMPT = [2, 0]
 HF_BATCH = 16
@@ -131,46 +134,60 @@ def static_batches(workload: list[dict]) -> list[list[int]]:
     return [order[i:i + HF_BATCH] for i in range(0, len(order), HF_BATCH)]
 
 
-def run_encdec(model_dir: str, workload: list[dict], compute: str, threads: int) -> dict:
+def run_encdec(model_dir: str, workload: list[dict], compute: str, device: str, backend: str | None,
+               threads: int) -> dict:
     from encdec import LLM, SamplingParams, TokensPrompt
 
-    llm = LLM(model=model_dir, **ENCDEC_COMPUTE[compute])
+    llm = LLM(model=model_dir, device=device, attention_backend=backend, **ENCDEC_COMPUTE[compute])
     prompts = [TokensPrompt(prompt_token_ids=w["ids"]) for w in workload]
     params = [SamplingParams(temperature=0.0, max_tokens=w["max_tokens"], ignore_eos=True)
               for w in workload]
+    if device != "cpu":  # GPU kernels load on first use: one short untimed run first
+        llm.generate(prompts[:8], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    steps = llm.llm_engine.stats.num_steps
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
+    synchronize(device)
     seconds = time.perf_counter() - start
     return {"seconds": seconds, "tokens": [o.outputs[0].token_ids for o in outputs],
-            "steps": llm.llm_engine.stats.num_steps}
+            "steps": llm.llm_engine.stats.num_steps - steps}
 
 
-def run_hf(model_dir: str, workload: list[dict], family: str, threads: int) -> dict:
+def run_hf(model_dir: str, workload: list[dict], family: str, dtype: str, device: str,
+           threads: int) -> dict:
     import torch
     from transformers import AutoModelForSeq2SeqLM
 
     decoder_prompt, pad_id = FAMILIES[family].decoder_prompt, FAMILIES[family].pad_id
-    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
+    model.to(device)
     tokens: list = [None] * len(workload)
-    start = time.perf_counter()
+
+    def generate(batch: list[int], max_tokens: int):
+        width = max(len(workload[i]["ids"]) for i in batch)
+        ids = torch.full((len(batch), width), pad_id)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, i in enumerate(batch):
+            n = len(workload[i]["ids"])
+            ids[row, :n] = torch.tensor(workload[i]["ids"])
+            mask[row, :n] = 1
+        return model.generate(
+            ids.to(device), attention_mask=mask.to(device),
+            decoder_input_ids=torch.tensor([decoder_prompt] * len(batch), device=device),
+            do_sample=False, num_beams=1, max_new_tokens=max_tokens, min_length=0,
+            eos_token_id=None, forced_bos_token_id=None, forced_eos_token_id=None,
+            no_repeat_ngram_size=0, pad_token_id=pad_id)
+
     with torch.inference_mode():
+        if device != "cpu":  # GPU kernels load on first use: one short untimed run first
+            generate(list(range(min(8, len(workload)))), 4)
+        start = time.perf_counter()
         for batch in static_batches(workload):
-            width = max(len(workload[i]["ids"]) for i in batch)
-            ids = torch.full((len(batch), width), pad_id)
-            mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, i in enumerate(batch):
-                n = len(workload[i]["ids"])
-                ids[row, :n] = torch.tensor(workload[i]["ids"])
-                mask[row, :n] = 1
-            new = max(workload[i]["max_tokens"] for i in batch)
-            out = model.generate(
-                ids, attention_mask=mask, decoder_input_ids=torch.tensor([decoder_prompt] * len(batch)),
-                do_sample=False, num_beams=1, max_new_tokens=new, min_length=0, eos_token_id=None,
-                forced_bos_token_id=None, forced_eos_token_id=None, no_repeat_ngram_size=0,
-                pad_token_id=pad_id)
+            out = generate(batch, max(workload[i]["max_tokens"] for i in batch))
             for row, i in enumerate(batch):
                 first = len(decoder_prompt)
                 tokens[i] = out[row, first:first + workload[i]["max_tokens"]].tolist()
+    synchronize(device)
     return {"seconds": time.perf_counter() - start, "tokens": tokens}
 
 
@@ -208,7 +225,11 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench")
     parser.add_argument("--engines", default="encdec,hf,ct2",
-                        help="of encdec, encdec-bf16, encdec-int8, hf, ct2, ct2-int8")
+                        help="of encdec, encdec-bf16, encdec-fp16, encdec-int8, hf, hf-fp16, ct2, "
+                             "ct2-int8")
+    parser.add_argument("--device", default="cpu", help="encdec's and Hugging Face's")
+    parser.add_argument("--attention-backend", choices=["torch", "xformers"],
+                        help="encdec's (default: the selector's choice)")
     parser.add_argument("--json", type=Path, help="default: benchmarks/results/FAMILY.json")
     args = parser.parse_args(argv)
     args.json = args.json or Path(f"benchmarks/results/{args.family}.json")
@@ -216,15 +237,16 @@ def main(argv=None) -> int:
     family = FAMILIES[args.family]
     model_dir = family.make_checkpoint(args.work_dir / f"{family.checkpoint}-{args.seed}", args.seed)
     workload = make_workload(args.num_docs, args.seed, **family.workload)
-    runners = {
-        "encdec": lambda: run_isolated(run_encdec, str(model_dir), workload, "float32",
-                                       args.threads),
-        "encdec-bf16": lambda: run_isolated(run_encdec, str(model_dir), workload, "bfloat16",
-                                            args.threads),
-        "encdec-int8": lambda: run_isolated(run_encdec, str(model_dir), workload, "int8",
-                                            args.threads),
-        "hf": lambda: run_isolated(run_hf, str(model_dir), workload, args.family, args.threads),
-    }
+    encdec_runs = {"encdec": "float32", "encdec-bf16": "bfloat16", "encdec-fp16": "float16",
+                   "encdec-int8": "int8"}
+    hf_runs = {"hf": "float32", "hf-fp16": "float16"}
+    runners = {name: lambda c=compute: run_isolated(run_encdec, str(model_dir), workload, c,
+                                                    args.device, args.attention_backend,
+                                                    args.threads)
+               for name, compute in encdec_runs.items()}
+    runners |= {name: lambda d=dtype: run_isolated(run_hf, str(model_dir), workload, args.family, d,
+                                                   args.device, args.threads)
+                for name, dtype in hf_runs.items()}
     if "ct2" in args.engines:
         ct2_dir = convert_ct2(model_dir, args.work_dir / f"{family.checkpoint}-{args.seed}-ct2",
                               family.ct2_config)

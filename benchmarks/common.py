@@ -90,7 +90,13 @@ def write_json(path: Path, payload: dict) -> None:
 
 # encdec's LLM options per compute type (faster-whisper's and CTranslate2's names)
 ENCDEC_COMPUTE = {"float32": {}, "bfloat16": {"dtype": "bfloat16"},
-                  "int8": {"quantization": "int8"}}
+                  "float16": {"dtype": "float16"}, "int8": {"quantization": "int8"}}
+
+
+def synchronize(device: str) -> None:
+    """Wait for a GPU's queued work, so that a timer read next counts it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
 
 
 def prefix_agreement(outputs: list[list[int]], reference: list[list[int]]) -> float:

@@ -58,6 +58,9 @@ def xformers_failure(device: torch.device) -> str:
         q = torch.zeros(1, 2, 1, 8, device=device, dtype=torch.float16)
         memory_efficient_attention(q, q, q)
     except Exception as err:  # any failure means: do not use it
+        if "wasn't build with CUDA support" in str(err):
+            return ("its C++/CUDA extensions did not load: the wheel was built for another torch "
+                    "or CUDA version (`python -m xformers.info` says which)")
         return f"{type(err).__name__}: {err}".split("\n")[0]
     return ""
 

@@ -117,3 +117,21 @@ def test_engine_modules_do_not_import_xformers():
     code = ("import sys, encdec, encdec.attention.selector, encdec.worker.model_runner, "
             "encdec.attention.backends.torch_sdpa; assert 'xformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_probe_names_a_wheel_built_for_another_torch(monkeypatch):
+    """xformers' PyPI wheel on another torch build: the user is told why, not the raw dispatch."""
+    ops = pytest.importorskip("xformers.ops")
+
+    def no_kernels(*args, **kwargs):
+        raise NotImplementedError("No operator found for `memory_efficient_attention_forward` "
+                                  "with inputs:\n`cutlassF-pt` is not supported because:\n"
+                                  "    xFormers wasn't build with CUDA support")
+
+    monkeypatch.setattr(ops, "memory_efficient_attention", no_kernels)
+    selector.xformers_failure.cache_clear()
+    try:
+        failure = selector.xformers_failure(torch.device("cpu"))
+    finally:
+        selector.xformers_failure.cache_clear()
+    assert "C++/CUDA extensions did not load" in failure and "another torch" in failure

@@ -13,9 +13,9 @@ from encdec.attention.metadata import AttentionType
 from encdec.attention.selector import ENV_VAR, get_attn_backend
 from tests.attention.helpers import (HEAD_SIZE, NUM_HEADS, empty_cache, fill_history, group,
                                      layer_inputs, mixed_batch, prepare)
-from tests.cuda.helpers import HAS_XFORMERS
+from tests.cuda.helpers import XFORMERS_SKIP
 
-pytestmark = pytest.mark.skipif(not HAS_XFORMERS, reason="xformers not installed")
+pytestmark = pytest.mark.skipif(bool(XFORMERS_SKIP), reason=XFORMERS_SKIP)
 
 CUDA = torch.device("cuda")
 ENC, DEC, CROSS = AttentionType.ENCODER, AttentionType.DECODER, AttentionType.ENCODER_DECODER
