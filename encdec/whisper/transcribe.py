@@ -50,13 +50,13 @@ async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = N
                            on_segments: Optional[Callable[[int, list[Segment]], None]] = None,
                            **options: Any) -> list[Transcription]:
     """`transcribe` through an `AsyncLLMEngine`: its windows join the engine's batch with every
-    other caller's requests; audio is decoded off the event loop. `on_segments(index, segments)`
-    gets each input's segments in time order as they are final (`TranscriptionJob`)."""
+    other caller's requests; audio decoding and the job's set-up (voice activity detection,
+    window cuts) run off the event loop. `on_segments(index, segments)` gets each input's
+    segments in time order as they are final (`TranscriptionJob`)."""
     sources = _as_input_list(inputs)
-    audios = await asyncio.get_running_loop().run_in_executor(
-        None, lambda: [load_audio(source) for source in sources])
-    job = make_job(engine, audios, language, task, timestamps, initial_prompt, on_progress,
-                   on_segments, options)
+    job = await asyncio.get_running_loop().run_in_executor(
+        None, lambda: make_job(engine, [load_audio(source) for source in sources], language, task,
+                               timestamps, initial_prompt, on_progress, on_segments, options))
     await run_job_async(engine, job, word_aligner(engine.engine.model_runner.model, engine.model_config))
     return job.results(_names(sources))
 
