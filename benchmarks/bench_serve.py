@@ -9,8 +9,10 @@ Two tasks, each against its own baseline, every server in its own process on loo
   of 150-400 tokens, exactly 64 generated tokens per summary (min = max), greedy.
 * transcribe: `encdec serve` (`/v1/audio/transcriptions`) vs a FastAPI app around
   faster-whisper's `WhisperModel` (beam_size=1, temperature fallback: its defaults otherwise),
-  both in `--compute-type` (float32 or int8: encdec's `--quantization int8`). The bundled
-  tiny.en weights for both; espeak-ng clips of 4-12 s.
+  both in `--compute-type`: float32, int8 (encdec's `--quantization int8`) or bfloat16
+  (encdec's `--dtype bfloat16`; faster-whisper in bfloat16 where CTranslate2 runs it on this
+  CPU, else in float32, its only float type here). The bundled tiny.en weights for both;
+  espeak-ng clips of 4-12 s.
 
 The baselines serve one request at a time (a lock around the model), as such wrappers and
 whisper.cpp's server do. Each client sends its next request when the last one is answered;
@@ -18,7 +20,7 @@ a level sends a bounded number of requests (6, 24, 64 at 1, 8, 32 clients). Repo
 requests/s over the level's wall time and p50 / p95 latency.
 
     python -m benchmarks.bench_serve [--threads 2] [--tasks summarize,transcribe]
-        [--compute-type float32|int8] [--out benchmarks/results/serve.json]
+        [--compute-type float32|bfloat16|int8] [--out benchmarks/results/serve.json]
 """
 from __future__ import annotations
 
@@ -89,6 +91,13 @@ def tiny_en_dir() -> str:
 # ----------------------------------------------------------------------------- baseline servers
 
 
+def faster_whisper_compute_type(requested: str) -> str:
+    """`requested` if CTranslate2 runs it on this CPU, else float32."""
+    import ctranslate2
+
+    return requested if requested in ctranslate2.get_supported_compute_types("cpu") else "float32"
+
+
 def baseline_app(kind: str, model: str, threads: int, compute_type: str):
     """A plain FastAPI app around one Hugging Face or faster-whisper model, one request at a time."""
     import threading
@@ -118,7 +127,8 @@ def baseline_app(kind: str, model: str, threads: int, compute_type: str):
     else:
         from faster_whisper import WhisperModel
 
-        whisper = WhisperModel(model, device="cpu", compute_type=compute_type, cpu_threads=threads)
+        whisper = WhisperModel(model, device="cpu", compute_type=faster_whisper_compute_type(compute_type),
+                               cpu_threads=threads)
 
         def run(path: str) -> str:
             with lock:
@@ -203,16 +213,17 @@ async def level(url: str, task: str, items: list, model: str, clients: int, coun
             "p50_s": statistics.median(latencies), "p95_s": cuts[18]}
 
 
-def measure(name: str, command: list[str], port: int, task: str, items: list, model: str,
-            threads: int, log) -> list[dict]:
+def measure(name: str, compute_type: str, command: list[str], port: int, task: str, items: list,
+            model: str, threads: int, log) -> list[dict]:
     proc = start(command, port, threads)
     try:
         rows = []
         for clients, count in LEVELS:
             load = os.getloadavg()[0]
             row = asyncio.run(level(f"http://127.0.0.1:{port}", task, items, model, clients, count))
-            row.update(system=name, task=task, load_before=load, load_after=os.getloadavg()[0])
-            log(f"{name} {task} x{clients}: {row['req_per_s']:.2f} req/s, p50 {row['p50_s']:.2f} s, "
+            row.update(system=name, compute_type=compute_type, task=task, load_before=load,
+                       load_after=os.getloadavg()[0])
+            log(f"{name} ({compute_type}) {task} x{clients}: {row['req_per_s']:.2f} req/s, p50 {row['p50_s']:.2f} s, "
                 f"p95 {row['p95_s']:.2f} s (load {load:.2f}->{row['load_after']:.2f})")
             rows.append(row)
         return rows
@@ -226,8 +237,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tasks", default="summarize,transcribe",
                         help="comma-separated: summarize, transcribe (default: both)")
-    parser.add_argument("--compute-type", choices=["float32", "int8"], default="float32",
-                        help="the transcription servers' weights (summaries stay float32)")
+    parser.add_argument("--compute-type", choices=["float32", "bfloat16", "int8"], default="float32",
+                        help="the transcription servers' precision (summaries stay float32)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.json")
     parser.add_argument("--serve-baseline", choices=["hf", "fw"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -243,25 +254,29 @@ def main() -> None:
     clips = make_clips(work, 12)
     me = [sys.executable, "-m", "benchmarks.bench_serve", "--threads", str(args.threads),
           "--compute-type", args.compute_type]
-    int8 = ["--quantization", "int8"] if args.compute_type == "int8" else []
+    precision = {"float32": [], "bfloat16": ["--dtype", "bfloat16"],
+                 "int8": ["--quantization", "int8"]}[args.compute_type]
     tasks = args.tasks.split(",")
     rows = []
     for task, items, model, baseline, name, options in (
             ("summarize", articles, checkpoint, "hf", "hf-pipeline", []),
-            ("transcribe", clips, "tiny.en", "fw", "faster-whisper", int8)):
+            ("transcribe", clips, "tiny.en", "fw", "faster-whisper", precision)):
         if task not in tasks:
             continue
+        compute = args.compute_type if task == "transcribe" else "float32"
         port = free_port()
-        rows += measure("encdec", [sys.executable, "-m", "encdec", "serve", "--model", model, *options,
-                                   "--port", str(port), "--log-level", "warning"],
+        rows += measure("encdec", compute, [sys.executable, "-m", "encdec", "serve", "--model", model,
+                                            *options, "--port", str(port), "--log-level", "warning"],
                         port, task, items, model, args.threads, print)
         port = free_port()
         baseline_model = model if baseline == "hf" else tiny_en_dir()
-        rows += measure(name, [*me, "--serve-baseline", baseline, "--model", baseline_model,
-                               "--port", str(port)], port, task, items, model, args.threads, print)
+        baseline_compute = faster_whisper_compute_type(compute) if baseline == "fw" else compute
+        rows += measure(name, baseline_compute, [*me, "--serve-baseline", baseline, "--model",
+                                                 baseline_model, "--port", str(port)],
+                        port, task, items, model, args.threads, print)
     table = markdown_table(
-        ["task", "system", "clients", "requests", "req/s", "p50 s", "p95 s", "load"],
-        [[r["task"], r["system"], r["clients"], r["requests"], r["req_per_s"], r["p50_s"], r["p95_s"],
+        ["task", "system", "compute", "clients", "requests", "req/s", "p50 s", "p95 s", "load"],
+        [[r["task"], r["system"], r["compute_type"], r["clients"], r["requests"], r["req_per_s"], r["p50_s"], r["p95_s"],
           f"{r['load_before']:.1f}-{r['load_after']:.1f}"] for r in rows])
     print(table)
     at32 = {(r["task"], r["system"]): r for r in rows if r["clients"] == 32}
@@ -269,8 +284,9 @@ def main() -> None:
         if task not in tasks:
             continue
         ours, theirs = at32[(task, "encdec")], at32[(task, baseline)]
-        print(f"{task} at 32 clients: encdec {ours['req_per_s'] / theirs['req_per_s']:.2f}x the "
-              f"requests/s of {baseline}, p95 {ours['p95_s']:.2f} s vs {theirs['p95_s']:.2f} s")
+        print(f"{task} at 32 clients: encdec ({ours['compute_type']}) "
+              f"{ours['req_per_s'] / theirs['req_per_s']:.2f}x the requests/s of {baseline} "
+              f"({theirs['compute_type']}), p95 {ours['p95_s']:.2f} s vs {theirs['p95_s']:.2f} s")
     write_json(args.out, {"machine": machine(), "args": vars(args) | {"out": str(args.out)}, "rows": rows})
 
 

@@ -17,6 +17,7 @@ _EXPORTS = {
     "TextPrompt": "encdec.inputs",
     "TokensPrompt": "encdec.inputs",
     "ExplicitEncoderDecoderPrompt": "encdec.inputs",
+    "CrossKVPrompt": "encdec.inputs",
     "zip_enc_dec_prompts": "encdec.inputs",
     "RequestOutput": "encdec.outputs",
     "CompletionOutput": "encdec.outputs",
@@ -26,7 +27,7 @@ __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
     from encdec.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineOverloaded
-    from encdec.inputs import ExplicitEncoderDecoderPrompt, TextPrompt, TokensPrompt, zip_enc_dec_prompts
+    from encdec.inputs import CrossKVPrompt, ExplicitEncoderDecoderPrompt, TextPrompt, TokensPrompt, zip_enc_dec_prompts
     from encdec.llm import LLM
     from encdec.outputs import CompletionOutput, RequestOutput
     from encdec.sampling.params import RequestOutputKind, SamplingParams

@@ -28,5 +28,6 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     # Each decoder layer's cross-attention (keys, values), [heads, encoder_len, head_size], on
-    # the final output of a request added with `return_cross_kv` (Whisper's word alignment).
+    # the final output of a request added with `return_cross_kv` (Whisper's word alignment and
+    # temperature fallback: `CrossKVPrompt`).
     cross_kv: Optional[list[tuple[Any, Any]]] = None

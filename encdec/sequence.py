@@ -138,6 +138,7 @@ class EncoderDecoderInputs:
     encoder_prompt: Optional[str] = None
     prompt: Optional[str] = None
     encoder_features: Any = None  # e.g. Whisper log-mel [n_mels, frames]; None for text
+    cross_kv: Any = None  # a CrossKVPrompt's (keys, values) per layer: the encoder does not run
 
 
 class SequenceGroup:
@@ -145,17 +146,18 @@ class SequenceGroup:
 
     def __init__(self, request_id: str, seqs: list[Sequence], sampling_params: SamplingParams,
                  arrival_time: float, encoder_seq: Sequence, encoder_features: Any = None,
-                 generator: Any = None, beam_search: Any = None, return_cross_kv: bool = False):
+                 generator: Any = None, beam_search: Any = None, return_cross_kv: Any = False,
+                 prompt_cross_kv: Any = None):
         self.request_id = request_id
         self.seqs = {seq.seq_id: seq for seq in seqs}
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
         self.encoder_seq = encoder_seq
         self.encoder_features = encoder_features
+        self.prompt_cross_kv = prompt_cross_kv  # given in place of the encoder's work (kept for recompute)
         self.generator = generator  # torch.Generator the group samples from
         self.beam_search = beam_search  # the request's BeamSearch state, for beam search
-        self.return_cross_kv = return_cross_kv  # keep the cross cache's contents when it finishes
-        self.cross_kv: Any = None  # ... here, read before its blocks are freed
+        self.return_cross_kv = return_cross_kv  # True, or a test of the final output (LLMEngine.add_request)
 
     def get_seqs(self, status: Optional[SequenceStatus] = None) -> list[Sequence]:
         if status is None:
@@ -210,4 +212,5 @@ class SequenceGroupMetadata:
     encoder_seq_data: Optional[SequenceData] = None
     cross_block_table: Optional[list[int]] = None
     encoder_features: Any = None
+    prompt_cross_kv: Any = None
     generator: Any = None

@@ -95,7 +95,8 @@ class SelfAttention(nn.Module):
 
 class CrossAttention(nn.Module):
     """Decoder-to-encoder attention; keys/values are projected only when the encoder ran
-    (the request's first step) and are read from the cross cache afterwards."""
+    (the request's first step) and are read from the cross cache afterwards. Prefills whose
+    keys/values were given (`cross_kv`, rows after the projected ones) skip the projection."""
 
     def __init__(self, spec: LayerSpec, backend: AttentionBackend):
         super().__init__()
@@ -106,11 +107,14 @@ class CrossAttention(nn.Module):
         self.attn = Attention(spec.num_heads, spec.attn_head_size, spec.attn_scale, backend)
 
     def forward(self, x: torch.Tensor, encoder_hidden_states: Optional[torch.Tensor],
-                kv_cache: Optional[torch.Tensor], meta: AttentionMetadata) -> torch.Tensor:
+                kv_cache: Optional[torch.Tensor], meta: AttentionMetadata,
+                cross_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         q = self.q_proj(x)
         k = v = None
         if encoder_hidden_states is not None:
             k, v = self.kv_proj(encoder_hidden_states).split(self.inner_dim, dim=-1)
+        if cross_kv is not None:
+            k, v = cross_kv if k is None else (torch.cat([k, cross_kv[0]]), torch.cat([v, cross_kv[1]]))
         return self.out_proj(self.attn(q, k, v, kv_cache, meta, AttentionType.ENCODER_DECODER))
 
 
@@ -183,13 +187,14 @@ class DecoderLayer(nn.Module):
 
     def forward(self, h: torch.Tensor, encoder_h: Optional[torch.Tensor], kv_cache: torch.Tensor,
                 meta: AttentionMetadata,
-                position_bias: Optional[RelativePositionBias] = None) -> torch.Tensor:
+                position_bias: Optional[RelativePositionBias] = None,
+                cross_kv: Optional[tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         if self.normalize_before:
             h = h + self.self_attn(self.self_attn_layer_norm(h), kv_cache, meta, position_bias)
-            h = h + self.encoder_attn(self.encoder_attn_layer_norm(h), encoder_h, kv_cache, meta)
+            h = h + self.encoder_attn(self.encoder_attn_layer_norm(h), encoder_h, kv_cache, meta, cross_kv)
             return h + self.ffn(self.final_layer_norm(h))
         h = self.self_attn_layer_norm(h + self.self_attn(h, kv_cache, meta, position_bias))
-        h = self.encoder_attn_layer_norm(h + self.encoder_attn(h, encoder_h, kv_cache, meta))
+        h = self.encoder_attn_layer_norm(h + self.encoder_attn(h, encoder_h, kv_cache, meta, cross_kv))
         return self.final_layer_norm(h + self.ffn(h))
 
 

@@ -40,17 +40,19 @@ class WhisperEncoder(nn.Module):
 
     def forward(self, features: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """[B, n_mels, 3000] log-mel features -> [B * 1500, d_model] encoder states, in passes
-        of at most `WINDOWS_PER_PASS` windows."""
+        of at most `WINDOWS_PER_PASS` windows. The features are the step's first B prefills
+        (those after them came with their cross keys and values)."""
         assert features.shape[-1] == self.num_frames, \
             f"Whisper features need {self.num_frames} frames, got {features.shape[-1]}"
-        if len(features) <= WINDOWS_PER_PASS:
+        if len(features) == meta.num_prefills <= WINDOWS_PER_PASS:
             return self._encode(features, meta)
         lens = meta.encoder_seq_lens
-        return torch.cat([
+        passes = [
             self._encode(features[i:i + WINDOWS_PER_PASS], dataclasses.replace(
                 meta, num_prefills=min(WINDOWS_PER_PASS, len(features) - i),
                 encoder_seq_lens=lens[i:i + WINDOWS_PER_PASS], backend_cache={}))
-            for i in range(0, len(features), WINDOWS_PER_PASS)])
+            for i in range(0, len(features), WINDOWS_PER_PASS)]
+        return passes[0] if len(passes) == 1 else torch.cat(passes)
 
     def _encode(self, features: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         x = F.gelu(self.conv1(features.to(self.conv1.weight.dtype)))
@@ -74,10 +76,11 @@ class WhisperDecoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 encoder_h: Optional[torch.Tensor], kv_caches: list[torch.Tensor],
-                meta: AttentionMetadata) -> torch.Tensor:
+                meta: AttentionMetadata,
+                cross_kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None) -> torch.Tensor:
         h = self.embed_tokens(input_ids) + self.embed_positions(positions)
-        for layer, kv_cache in zip(self.layers, kv_caches):
-            h = layer(h, encoder_h, kv_cache, meta)
+        for i, (layer, kv_cache) in enumerate(zip(self.layers, kv_caches)):
+            h = layer(h, encoder_h, kv_cache, meta, cross_kv=cross_kv[i] if cross_kv else None)
         return self.layer_norm(h)
 
 
@@ -100,12 +103,15 @@ class WhisperForConditionalGeneration(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], attn_metadata: AttentionMetadata,
-                encoder_input_features: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Decoder hidden states; the encoder runs only when the step has prefills (features)."""
+                encoder_input_features: Optional[torch.Tensor] = None,
+                cross_kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]] = None) -> torch.Tensor:
+        """Decoder hidden states; the encoder runs only when the step has prefills with
+        features. `cross_kv`: per layer, the cross keys and values of the prefills after those
+        (`EncoderDecoderModelRunner`)."""
         encoder_h = None
         if encoder_input_features is not None and encoder_input_features.numel():
             encoder_h = self.model.encoder(encoder_input_features, attn_metadata)
-        return self.model.decoder(input_ids, positions, encoder_h, kv_caches, attn_metadata)
+        return self.model.decoder(input_ids, positions, encoder_h, kv_caches, attn_metadata, cross_kv)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.proj_out(hidden_states)

@@ -226,5 +226,6 @@ class Scheduler:
             encoder_seq_data=group.encoder_seq.data,
             cross_block_table=self.block_manager.get_cross_block_table(group),
             encoder_features=group.encoder_features if is_prompt else None,
+            prompt_cross_kv=group.prompt_cross_kv if is_prompt else None,
             generator=group.generator,
         )

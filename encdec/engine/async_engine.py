@@ -24,7 +24,7 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from encdec.engine.llm_engine import LLMEngine
 from encdec.outputs import RequestOutput
@@ -122,7 +122,8 @@ class AsyncLLMEngine:
     # -- requests ------------------------------------------------------------------------
     async def generate(self, prompt: Any, sampling_params: SamplingParams,
                        request_id: Optional[str] = None,
-                       return_cross_kv: bool = False) -> AsyncIterator[RequestOutput]:
+                       return_cross_kv: Union[bool, Callable[[RequestOutput], bool]] = False
+                       ) -> AsyncIterator[RequestOutput]:
         """Add a request and yield its outputs until the last one (`finished` set);
         `return_cross_kv` as for `LLMEngine.add_request`."""
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 import torch
 
@@ -116,10 +116,12 @@ class LLMEngine:
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams,
-                    arrival_time: Optional[float] = None, return_cross_kv: bool = False) -> None:
+                    arrival_time: Optional[float] = None,
+                    return_cross_kv: Union[bool, Callable[[RequestOutput], bool]] = False) -> None:
         """Validate and queue one request; raises ValueError and leaves nothing behind.
         `return_cross_kv`: its final output carries the cross-attention keys and values
-        (`RequestOutput.cross_kv`), read from the cache before its blocks are freed."""
+        (`RequestOutput.cross_kv`), read from the cache before its blocks are freed; a callable
+        decides on the final output (called in the engine's thread)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"request {request_id!r}: sampling params must be a SamplingParams, "
                              f"got {type(params).__name__}")
@@ -142,7 +144,8 @@ class LLMEngine:
                      if params.seed is not None else self.generator)
         group = SequenceGroup(request_id, [seq], params, arrival_time or time.monotonic(),
                               encoder_seq, inputs.encoder_features, generator,
-                              BeamSearch(params) if params.use_beam_search else None, return_cross_kv)
+                              BeamSearch(params) if params.use_beam_search else None, return_cross_kv,
+                              inputs.cross_kv)
         self.groups[request_id] = group
         self.scheduler.add_seq_group(group)
 
@@ -227,14 +230,15 @@ class LLMEngine:
             self.num_steps += 1
             sampler_output = self.model_runner.execute_model(metadata, self.cache_engine.gpu_cache)
             self._process_model_outputs(sched.scheduled_seq_groups, sampler_output)
-        for group in sched.scheduled_seq_groups:
-            if group.return_cross_kv and group.is_finished():
-                group.cross_kv = self.cache_engine.gather(
+        outputs = [self.output_processor.make_output(g)
+                   for g in sched.scheduled_seq_groups + sched.ignored_seq_groups]
+        for group, out in zip(sched.scheduled_seq_groups, outputs):
+            wanted = group.return_cross_kv
+            if out is not None and out.finished and wanted and (wanted is True or wanted(out)):
+                out.cross_kv = self.cache_engine.gather(
                     self.block_manager.get_cross_block_table(group), len(group.encoder_seq))
         for group in self.scheduler.free_finished_seq_groups() + sched.ignored_seq_groups:
             self.groups.pop(group.request_id)
-        outputs = (self.output_processor.make_output(g)
-                   for g in sched.scheduled_seq_groups + sched.ignored_seq_groups)
         return [out for out in outputs if out is not None]
 
     def _process_model_outputs(self, groups: list[SequenceGroup], outputs: SamplerOutput) -> None:

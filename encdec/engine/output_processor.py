@@ -54,7 +54,7 @@ class OutputProcessor:
         first = next(iter(group.seqs.values()))
         return RequestOutput(group.request_id, first.prompt, list(first.data.prompt_token_ids),
                              group.encoder_seq.prompt, list(group.encoder_seq.data.prompt_token_ids),
-                             outputs, finished, group.cross_kv)
+                             outputs, finished)
 
     def abort(self, request_id: str) -> None:
         self.states.pop(request_id, None)

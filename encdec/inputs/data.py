@@ -20,13 +20,22 @@ class TokensPrompt(TypedDict):
     multi_modal_data: NotRequired[dict[str, Any]]
 
 
+class CrossKVPrompt(TypedDict):
+    """An encoder side already run: every decoder layer's cross-attention (keys, values), each
+    `[num_heads, encoder_len, head_size]`, as an earlier request's `RequestOutput.cross_kv`
+    gives them. The encoder and the cross projections are skipped (Whisper: a window decoded
+    again at another temperature)."""
+
+    cross_kv: list
+
+
 SingletonPrompt = Union[str, TextPrompt, TokensPrompt, list]
 
 
 class ExplicitEncoderDecoderPrompt(TypedDict):
     """Both sides given; each is any singleton form, the decoder side may be None."""
 
-    encoder_prompt: SingletonPrompt
+    encoder_prompt: Union[SingletonPrompt, CrossKVPrompt]
     decoder_prompt: Optional[SingletonPrompt]
 
 

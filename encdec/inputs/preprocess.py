@@ -1,16 +1,20 @@
 """Turn any accepted prompt into `EncoderDecoderInputs`, validating it at the edge.
 
 Encoder side: text is tokenized with special tokens, token ids pass unchanged, audio becomes
-features through the model's audio processor. Decoder side: None gives the model's default
-decoder prompt (BART: [<DEC>, <BOS>] = [2, 0]); text is tokenized without special tokens; any
-token list not starting with <DEC> (decoder_start_token_id) gets it prepended, unless it starts
-with one of the model's `extra_decoder_start_token_ids` (Whisper's <|startofprev|>, which opens
-a text prompt before <|startoftranscript|>). The model family supplies the default prompt, the
+features through the model's audio processor, an audio model's `CrossKVPrompt` (cross keys and
+values from an earlier output) is checked against the cache's shape and replaces the encoder.
+Decoder side: None gives the model's default decoder prompt (BART: [<DEC>, <BOS>] = [2, 0]);
+text is tokenized without special tokens; any token list not starting with <DEC>
+(decoder_start_token_id) gets it prepended, unless it starts with one of the model's
+`extra_decoder_start_token_ids` (Whisper's <|startofprev|>, which opens a text prompt before
+<|startoftranscript|>). The model family supplies the default prompt, the
 special tokens and the audio processor (`encdec.models.registry`).
 """
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
+
+import torch
 
 from encdec.config import ModelConfig
 from encdec.inputs.data import is_explicit_encoder_decoder_prompt
@@ -38,11 +42,43 @@ class InputPreprocessor:
             encoder_prompt, decoder_prompt = prompt["encoder_prompt"], prompt.get("decoder_prompt")
         else:
             encoder_prompt, decoder_prompt = prompt, None
-        enc_text, enc_ids, features = self._encoder_side(encoder_prompt)
+        cross_kv = None
+        if isinstance(encoder_prompt, dict) and "cross_kv" in encoder_prompt:
+            cross_kv = self._cross_kv(encoder_prompt)
+            enc_text, enc_ids, features = None, [0] * cross_kv[0][0].shape[1], None
+        else:
+            enc_text, enc_ids, features = self._encoder_side(encoder_prompt)
         dec_text, dec_ids = self._decoder_side(decoder_prompt)
         return EncoderDecoderInputs(encoder_prompt_token_ids=enc_ids, prompt_token_ids=dec_ids,
                                     encoder_prompt=enc_text, prompt=dec_text,
-                                    encoder_features=features)
+                                    encoder_features=features, cross_kv=cross_kv)
+
+    def _cross_kv(self, prompt: dict) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A `CrossKVPrompt`'s (keys, values) per decoder layer, checked against the cache."""
+        if set(prompt) != {"cross_kv"}:
+            raise ValueError(f"encoder_prompt with 'cross_kv' takes no other keys, got {sorted(prompt)}")
+        if self.audio_processor is None:
+            raise ValueError("encoder_prompt['cross_kv'] is for audio models (Whisper): this "
+                             "model's encoder takes text")
+        config = self.model_config
+        layers = prompt["cross_kv"]
+        if not isinstance(layers, (list, tuple)) or len(layers) != config.num_decoder_layers:
+            raise ValueError(f"encoder_prompt['cross_kv'] must hold (keys, values) for each of the "
+                             f"model's {config.num_decoder_layers} decoder layers")
+        first = layers[0][0] if isinstance(layers[0], (list, tuple)) and layers[0] else None
+        length = first.shape[1] if isinstance(first, torch.Tensor) and first.dim() == 3 else 0
+        shape = (config.num_decoder_heads, length, config.head_size)
+        for pair in layers:
+            if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(
+                    isinstance(t, torch.Tensor) and tuple(t.shape) == shape and t.dtype == config.dtype
+                    for t in pair)):
+                raise ValueError(f"encoder_prompt['cross_kv']: every layer needs (keys, values), "
+                                 f"each a {config.dtype} tensor [num_heads={shape[0]}, "
+                                 f"encoder_len, head_size={shape[2]}] of one encoder_len")
+        if not 0 < length <= config.max_encoder_len:
+            raise ValueError(f"encoder_prompt['cross_kv'] covers {length} encoder positions; the "
+                             f"model takes 1 to {config.max_encoder_len}")
+        return [tuple(pair) for pair in layers]
 
     def _encoder_side(self, prompt: Any) -> tuple[Optional[str], list[int], Any]:
         text, ids, mm_data = _parse_singleton(prompt, "encoder_prompt")

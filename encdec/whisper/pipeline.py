@@ -14,7 +14,10 @@ when another one finishes, while other files' windows keep the batch full.
 * Front end: the engine's Whisper audio hook, openai-whisper style (the log-mel of the
   window itself, features zero-padded to 3000 frames): it reproduces faster-whisper's text.
 * Decoding: greedy with temperature fallback (`TranscribeOptions`), with openai-whisper's
-  rules (`encdec.whisper.decoding`). Each window's prompt ends at <|startoftranscript|> (after `<|startofprev|>` and the
+  rules (`encdec.whisper.decoding`). A decode that fails gets its window's cross-attention
+  keys and values from the engine (the request's `return_cross_kv` test), and the window's
+  decodes at higher temperatures reuse them (a `CrossKVPrompt`): one encoder run per window,
+  as faster-whisper reuses its encoder output. Each window's prompt ends at <|startoftranscript|> (after `<|startofprev|>` and the
   initial prompt, if any); its control tokens are forced by `ControlProcessor`, which also
   reads the no-speech probability and, for `language=None` on a multilingual model, the
   language from the same step (`encdec.whisper.control`): one encoder run per window. A
@@ -49,6 +52,7 @@ start 12 s late; decoding with timestamps and printing none loses nothing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import numbers
 import uuid
@@ -169,7 +173,6 @@ class Decode:
     text: str
     avg_logprob: float
     temperature: float
-    cross_kv: Any = None  # the window's cross-attention keys and values (word timestamps)
 
     @property
     def compression_ratio(self) -> float:
@@ -187,6 +190,7 @@ class Window:
     state: WindowState
     follow_ups: int = 0
     previous_text: str = ""  # a follow-up's: the text kept before it in its chain
+    cross_kv: Any = None  # its cross-attention keys and values: fallbacks and word alignment
     decodes: list[Decode] = field(default_factory=list)  # one per temperature tried
     segments: list[Segment] = field(default_factory=list)
     done: bool = False  # decoded (or silent): its segments are final
@@ -210,7 +214,9 @@ class WindowRequest:
     params: SamplingParams
     window: Window
     num_forced: int  # control tokens forced after the prompt, before the sampled ones
-    return_cross_kv: bool = False  # the driver asks the engine for the window's cross cache
+    # the driver asks the engine for the window's cross cache: always, or when a test of the
+    # final output says so
+    return_cross_kv: Union[bool, Callable[[RequestOutput], bool]] = False
 
 
 class TranscriptionJob:
@@ -280,6 +286,8 @@ class TranscriptionJob:
         """Take a window's decode; returns its next request: the same window at the next
         temperature, or a follow-up for the rest of its audio (or nothing)."""
         window = request.window
+        if window.cross_kv is None:
+            window.cross_kv = output.cross_kv
         window.decodes.append(self._best_decode(request, output))
         failed = self._needs_fallback(window.decodes[-1], window.state.no_speech_prob)
         if failed and len(window.decodes) < len(self.options.temperature):
@@ -290,8 +298,9 @@ class TranscriptionJob:
             self.unaligned.append((window, decode))  # done once `align` gave it words
         else:
             window.done = True
+            window.cross_kv = None
             self._report(window.input_index)
-        window.decodes = []  # their cross caches are not needed any more
+        window.decodes = []
         return self._next(window, follow_up)
 
     def align(self, aligner: Callable[[list[list[int]], list[Any]], list[tuple[Any, Any]]]) -> None:
@@ -303,7 +312,7 @@ class TranscriptionJob:
         prefixes = [self._alignment_prefix(window) for window, _ in batch]
         texts = [[t for seg in window.segments for t in seg.tokens] for window, _ in batch]
         results = aligner([prefix + text for prefix, text in zip(prefixes, texts)],
-                          [decode.cross_kv for _, decode in batch])
+                          [window.cross_kv for window, _ in batch])
         for (window, _), prefix, text, (scores, logits) in zip(batch, prefixes, texts, results):
             rows = slice(len(prefix) - 1, len(prefix) + len(text))  # predicting text, then <|endoftext|>
             frames = max(1, round(window.duration * FRAMES_PER_SECOND))
@@ -319,6 +328,7 @@ class TranscriptionJob:
                 window.segments = drop_hallucinations(window.segments, threshold, last_speech, window.offset,
                                                       window.offset + window.duration)
             window.done = True
+            window.cross_kv = None
             self._report(index)
 
     def _alignment_prefix(self, window: Window) -> list[int]:
@@ -402,7 +412,7 @@ class TranscriptionJob:
             num_text = len(sampled) - (1 if sampled and sampled[-1] == self.tokens.eot else 0)
             decodes.append(Decode(sampled, decode_text(self.tokenizer, sampled, self.tokens),
                                   completion.cumulative_logprob / (num_text + 1),
-                                  request.params.temperature, output.cross_kv))
+                                  request.params.temperature))
         return max(decodes, key=lambda d: d.avg_logprob)
 
     def _needs_fallback(self, decode: Decode, no_speech_prob: float) -> bool:
@@ -412,6 +422,10 @@ class TranscriptionJob:
             return False  # silence: the no-speech rule decides
         return unsure or (o.compression_ratio_threshold is not None
                           and decode.compression_ratio > o.compression_ratio_threshold)
+
+    def _fails(self, request: WindowRequest, output: RequestOutput) -> bool:
+        """Whether `output` is a decode `finish` will try again at the next temperature."""
+        return self._needs_fallback(self._best_decode(request, output), request.window.state.no_speech_prob)
 
     def _best_failed(self, decodes: list[Decode]) -> Decode:
         """When every temperature failed: the likeliest decode that is not too repetitive
@@ -428,14 +442,18 @@ class TranscriptionJob:
         prefix = control_prefix(self.tokens, window.state.language, self.options.task,
                                 self.decode_timestamps)
         decoder_prompt = self._decoder_prompt(self.context[window.input_index])
-        prompt = {"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (self._audio(window), SAMPLE_RATE)}},
-                  "decoder_prompt": decoder_prompt}
+        encoder_prompt = ({"cross_kv": window.cross_kv} if window.cross_kv is not None else
+                          {"prompt": "", "multi_modal_data": {"audio": (self._audio(window), SAMPLE_RATE)}})
+        prompt = {"encoder_prompt": encoder_prompt, "decoder_prompt": decoder_prompt}
         params = SamplingParams(max_tokens=self._max_tokens(decoder_prompt) + len(prefix),
                                 output_kind=RequestOutputKind.FINAL_ONLY,
                                 logits_processors=[ControlProcessor(self.tokens, prefix, self.rules, window.state)],
                                 **self._decoding(window))
-        request = WindowRequest(next(self._ids), prompt, params, window, len(prefix),
-                                self.options.word_timestamps)
+        request = WindowRequest(next(self._ids), prompt, params, window, len(prefix))
+        if window.cross_kv is None and self.options.word_timestamps:
+            request.return_cross_kv = True
+        elif window.cross_kv is None and len(window.decodes) + 1 < len(self.options.temperature):
+            request.return_cross_kv = functools.partial(self._fails, request)
         self.requests_made.append(request)
         return request
 

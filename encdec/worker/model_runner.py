@@ -3,7 +3,9 @@
 Builds, with vectorized numpy over persistent CPU buffers whose numpy views share memory with
 torch tensors: decoder `input_ids`/`positions`/`slot_mapping`, and for groups in their
 first step the encoder inputs and `cross_slot_mapping`; plus `block_tables`,
-`cross_block_tables` and the lengths in `AttentionMetadata`. Prefill sequences come first.
+`cross_block_tables` and the lengths in `AttentionMetadata`. Prefill sequences come first:
+those the encoder runs for, then those whose prompt gave their cross keys and values
+(`prompt_cross_kv`, laid out as the cross projections' rows), then the decodes.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class ModelInput:
     encoder_input_ids: Optional[torch.Tensor]
     encoder_positions: Optional[torch.Tensor]
     encoder_input_features: Optional[torch.Tensor]
+    cross_kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]]  # per layer, [tokens, heads * head_size]
     logits_indices: torch.Tensor
     sampling_metadata: SamplingMetadata
 
@@ -68,7 +71,7 @@ class EncoderDecoderModelRunner:
 
     def prepare_inputs(self, metadata_list: list[SequenceGroupMetadata]) -> ModelInput:
         """Flatten the scheduled sequences (prefills first) into model inputs and metadata."""
-        groups = sorted(metadata_list, key=lambda g: not g.is_prompt)
+        groups = sorted(metadata_list, key=lambda g: (not g.is_prompt, g.prompt_cross_kv is not None))
         rows = [(g, seq_id, data) for g in groups for seq_id, data in g.seq_data.items()]
         num_prefills = sum(1 for g, _, _ in rows if g.is_prompt)
         datas: list[SequenceData] = [data for _, _, data in rows]
@@ -85,6 +88,8 @@ class EncoderDecoderModelRunner:
 
         # Encoder side: one encoder sequence per prefill (a prefill group has one decoder seq).
         prefill_groups = [g for g, _, _ in rows[:num_prefills]]
+        encoded = [g for g in prefill_groups if g.prompt_cross_kv is None]
+        given = prefill_groups[len(encoded):]
         encoder_lens = np.fromiter((len(g.encoder_seq_data) for g, _, _ in rows), np.int64, len(rows))
         cross_tables = pad_block_tables([g.cross_block_table for g, _, _ in rows])
         enc_layout = token_layout(np.zeros(num_prefills, np.int64), encoder_lens[:num_prefills])
@@ -92,14 +97,22 @@ class EncoderDecoderModelRunner:
                                    self.block_size)
 
         encoder_input_ids = encoder_positions = encoder_features = None
-        if num_prefills:
-            self.num_encoder_runs += num_prefills
-            if prefill_groups[0].encoder_features is not None:
-                encoder_features = self._to_device(torch.stack([g.encoder_features for g in prefill_groups]))
+        if encoded:
+            self.num_encoder_runs += len(encoded)
+            if encoded[0].encoder_features is not None:
+                encoder_features = self._to_device(torch.stack([g.encoder_features for g in encoded]))
             else:
-                enc_ids = np.concatenate([g.encoder_seq_data.prompt_token_ids for g in prefill_groups])
+                enc_ids = np.concatenate([g.encoder_seq_data.prompt_token_ids for g in encoded])
                 encoder_input_ids = self._to_device(self._encoder_input_ids.put(enc_ids))
-            encoder_positions = self._to_device(self._encoder_positions.put(enc_layout.positions))
+            num_encoded_tokens = int(encoder_lens[:len(encoded)].sum())
+            encoder_positions = self._to_device(
+                self._encoder_positions.put(enc_layout.positions[:num_encoded_tokens]))
+        cross_kv = None
+        if given:
+            cross_kv = [tuple(self._to_device(torch.cat([_as_rows(g.prompt_cross_kv[layer][side])
+                                                         for g in given]))
+                              for side in (0, 1))
+                        for layer in range(len(given[0].prompt_cross_kv))]
 
         seq_lens = layout.seq_lens.tolist()
         query_lens = (num_tokens - num_computed)
@@ -127,6 +140,7 @@ class EncoderDecoderModelRunner:
             encoder_input_ids=encoder_input_ids,
             encoder_positions=encoder_positions,
             encoder_input_features=encoder_features,
+            cross_kv=cross_kv,
             logits_indices=self._to_device(torch.from_numpy(layout.query_start_loc[1:] - 1)),
             sampling_metadata=SamplingMetadata.from_groups(groups),
         )
@@ -141,7 +155,14 @@ class EncoderDecoderModelRunner:
         elif model_input.encoder_input_ids is not None:
             kwargs["encoder_input_ids"] = model_input.encoder_input_ids
             kwargs["encoder_positions"] = model_input.encoder_positions
+        if model_input.cross_kv is not None:
+            kwargs["cross_kv"] = model_input.cross_kv
         hidden = self.model(model_input.input_ids, model_input.positions, kv_caches,
                             model_input.attn_metadata, **kwargs)
         logits = self.model.compute_logits(hidden[model_input.logits_indices])
         return self.sampler(logits.float(), model_input.sampling_metadata)
+
+
+def _as_rows(heads: torch.Tensor) -> torch.Tensor:
+    """[num_heads, tokens, head_size] -> [tokens, num_heads * head_size], as projections give them."""
+    return heads.transpose(0, 1).reshape(heads.shape[1], -1)
