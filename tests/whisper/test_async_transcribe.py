@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from encdec import AsyncLLMEngine
 from encdec.audio import SAMPLE_RATE
+from encdec.whisper.pipeline import TranscriptionJob
 
 
 def test_async_transcripts_equal_the_offline_ones(tiny_en, corpus, long_clips):
@@ -23,5 +25,32 @@ def test_async_transcripts_equal_the_offline_ones(tiny_en, corpus, long_clips):
     key = [(t.text, [(s.start, s.end, s.tokens) for s in t.segments]) for t in offline]
     assert [(t.text, [(s.start, s.end, s.tokens) for s in t.segments]) for t in together] == key
     assert [t.text for t in one_by_one] == [t.text for t in offline[:4]]
+    bm = engine.engine.block_manager
+    assert bm.get_num_free_gpu_blocks() == bm.num_total_gpu_blocks
+
+
+def test_async_fallbacks_reuse_cross_kv_and_match_the_offline_ones(tiny_en, corpus, monkeypatch):
+    """Every decode made unsure: the engine thread decides to return a window's cross keys and
+    values, and its fallback decodes from them, as offline (one clip at a time: same batches)."""
+    options = dict(language="en", temperature=(0.0, 0.4), best_of=2, logprob_threshold=0.0)
+    clips = [clip.pair for clip in corpus[4:6]]
+    offline = [tiny_en.transcribe([clip], **options)[0] for clip in clips]
+    engine = AsyncLLMEngine.from_model("tiny.en", num_gpu_blocks=2 * 110, swap_space=0.05)
+    decided = []  # (thread, the window's decode failed) per first decode
+    fails = TranscriptionJob._fails
+    monkeypatch.setattr(TranscriptionJob, "_fails", lambda job, request, output: decided.append(
+        (threading.current_thread(), fails(job, request, output))) or decided[-1][1])
+
+    async def main():
+        results = [(await engine.transcribe([clip], **options))[0] for clip in clips]
+        await engine.shutdown()
+        return results
+
+    served = asyncio.run(main())
+    assert [failed for _, failed in decided] == [True, True]
+    assert all(thread is not threading.main_thread() for thread, _ in decided)
+    assert engine.engine.stats.num_encoder_runs == len(clips)  # two decodes a window, one encoder run
+    assert [[(s.tokens, s.temperature) for s in t.segments] for t in served] == \
+        [[(s.tokens, s.temperature) for s in t.segments] for t in offline]
     bm = engine.engine.block_manager
     assert bm.get_num_free_gpu_blocks() == bm.num_total_gpu_blocks
