@@ -248,21 +248,20 @@ def main() -> None:
         serve_baseline(args.serve_baseline, args.model, args.port, args.threads, args.compute_type)
         return
 
+    tasks = args.tasks.split(",")
+    if not set(tasks) <= {"summarize", "transcribe"}:
+        parser.error(f"--tasks takes summarize and/or transcribe, got {args.tasks!r}")
     work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
-    checkpoint = str(make_checkpoint(work / "bart"))
-    articles = make_articles(16)
-    clips = make_clips(work, 12)
     me = [sys.executable, "-m", "benchmarks.bench_serve", "--threads", str(args.threads),
           "--compute-type", args.compute_type]
     precision = {"float32": [], "bfloat16": ["--dtype", "bfloat16"],
                  "int8": ["--quantization", "int8"]}[args.compute_type]
-    tasks = args.tasks.split(",")
+    setups = {  # task -> (inputs, model, baseline, its name, encdec's options), made when run
+        "summarize": lambda: (make_articles(16), str(make_checkpoint(work / "bart")), "hf", "hf-pipeline", []),
+        "transcribe": lambda: (make_clips(work, 12), "tiny.en", "fw", "faster-whisper", precision)}
     rows = []
-    for task, items, model, baseline, name, options in (
-            ("summarize", articles, checkpoint, "hf", "hf-pipeline", []),
-            ("transcribe", clips, "tiny.en", "fw", "faster-whisper", precision)):
-        if task not in tasks:
-            continue
+    for task in [t for t in setups if t in tasks]:
+        items, model, baseline, name, options = setups[task]()
         compute = args.compute_type if task == "transcribe" else "float32"
         port = free_port()
         rows += measure("encdec", compute, [sys.executable, "-m", "encdec", "serve", "--model", model,
