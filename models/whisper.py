@@ -44,8 +44,6 @@ class WhisperEncoder(nn.Module):
         (those after them came with their cross keys and values)."""
         assert features.shape[-1] == self.num_frames, \
             f"Whisper features need {self.num_frames} frames, got {features.shape[-1]}"
-        if len(features) == meta.num_prefills <= WINDOWS_PER_PASS:
-            return self._encode(features, meta)
         lens = meta.encoder_seq_lens
         passes = [
             self._encode(features[i:i + WINDOWS_PER_PASS], dataclasses.replace(

@@ -107,12 +107,8 @@ class EncoderDecoderModelRunner:
             num_encoded_tokens = int(encoder_lens[:len(encoded)].sum())
             encoder_positions = self._to_device(
                 self._encoder_positions.put(enc_layout.positions[:num_encoded_tokens]))
-        cross_kv = None
-        if given:
-            cross_kv = [tuple(self._to_device(torch.cat([_as_rows(g.prompt_cross_kv[layer][side])
-                                                         for g in given]))
-                              for side in (0, 1))
-                        for layer in range(len(given[0].prompt_cross_kv))]
+        cross_kv = [tuple(self._to_device(side) for side in layer) for layer in _joined_cross_kv(given)] \
+            if given else None
 
         seq_lens = layout.seq_lens.tolist()
         query_lens = (num_tokens - num_computed)
@@ -163,6 +159,12 @@ class EncoderDecoderModelRunner:
         return self.sampler(logits.float(), model_input.sampling_metadata)
 
 
-def _as_rows(heads: torch.Tensor) -> torch.Tensor:
-    """[num_heads, tokens, head_size] -> [tokens, num_heads * head_size], as projections give them."""
-    return heads.transpose(0, 1).reshape(heads.shape[1], -1)
+def _joined_cross_kv(groups: list[SequenceGroupMetadata]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the groups' given (keys, values) one after another, as the cross projections
+    lay them out: [tokens, num_heads * head_size] each."""
+    def rows(heads: torch.Tensor) -> torch.Tensor:  # [num_heads, tokens, head_size]
+        return heads.transpose(0, 1).reshape(heads.shape[1], -1)
+
+    return [(torch.cat([rows(g.prompt_cross_kv[layer][0]) for g in groups]),
+             torch.cat([rows(g.prompt_cross_kv[layer][1]) for g in groups]))
+            for layer in range(len(groups[0].prompt_cross_kv))]
