@@ -34,7 +34,7 @@ LOOPS_SOURCE = Path(__file__).with_name("cpu_decode_loops.py")
 _EXPORTS = {"decode_float32": "float32", "decode_bfloat16": "uint16"}
 
 
-def _processor() -> str:
+def processor() -> str:
     """The processor's model and instruction-set flags (Linux), else its architecture."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
@@ -47,14 +47,18 @@ def _processor() -> str:
 @functools.lru_cache(maxsize=1)
 def module_name() -> str:
     digest = hashlib.sha256()
-    for part in (LOOPS_SOURCE.read_bytes(), np.__version__.encode(), _processor().encode()):
+    for part in (LOOPS_SOURCE.read_bytes(), np.__version__.encode(), processor().encode()):
         digest.update(part)
     return f"encdec_decode_{digest.hexdigest()[:16]}"
 
 
+def cache_folder() -> Path:
+    """Where compiled kernels live: `$NUMBA_CACHE_DIR` when set, else the package's `__pycache__`."""
+    return Path(os.environ.get("NUMBA_CACHE_DIR") or Path(__file__).with_name("__pycache__"))
+
+
 def module_path() -> Path:
-    folder = os.environ.get("NUMBA_CACHE_DIR") or Path(__file__).with_name("__pycache__")
-    return Path(folder) / (module_name() + importlib.machinery.EXTENSION_SUFFIXES[0])
+    return cache_folder() / (module_name() + importlib.machinery.EXTENSION_SUFFIXES[0])
 
 
 def load() -> Optional[ModuleType]:

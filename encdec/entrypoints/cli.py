@@ -28,6 +28,7 @@ from encdec.entrypoints.ray.serve import add_ray_options
 from encdec.entrypoints.summaries import Article, ArticleTooLong, prepare_article, summary_params
 from encdec.entrypoints.translate_cli import add_translate
 from encdec.entrypoints.transcribe_args import add_transcribe_arguments, checked_options, number
+from encdec.kernels import cpu_attention
 from encdec.kernels.cpu_decode import compile_decode_kernels
 from encdec.llm import LLM
 from encdec.models.quantization import COMPUTE_TYPES, QUANTIZATION_METHODS, resolve_compute_type
@@ -371,11 +372,14 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def run_warmup(args: argparse.Namespace) -> int:
-    """Compile the CPU kernels (decode attention, word-timestamp alignment) once, where every
-    later process loads them from."""
+    """Compile the CPU kernels (decode and prefill attention, word-timestamp alignment) once,
+    where every later process loads them from."""
     start = time.perf_counter()
     for made in compile_decode_kernels(resolve_dtype(args.dtype)):
         print(f"{PROG}: decode attention: {made}")
+    prefill = (f"compiled at {cpu_attention.library_path()}" if cpu_attention.available()
+               else "torch's SDPA (the C kernel needs AVX-512 with AVX512_BF16 and a C compiler)")
+    print(f"{PROG}: prefill attention: {prefill}")
     dtw(np.zeros((1, 1)))
     print(f"{PROG}: CPU kernels ({args.dtype}) ready in {time.perf_counter() - start:.1f} s")
     return 0

@@ -12,6 +12,8 @@ from typing import Optional
 
 import pytest
 
+from encdec.kernels import cpu_attention
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "numba", "transformers", "fastapi", "uvicorn", "ray", "sentencepiece", "pandas")
 
@@ -46,6 +48,9 @@ def test_warmup_compiles_the_kernels(warm_cache):
     lines = warm_cache[1].splitlines()
     assert lines[0].startswith("encdec: decode attention: serial loop compiled ahead of time: "
                                + warm_cache[0]["NUMBA_CACHE_DIR"])
+    if cpu_attention.cpu_supported():
+        assert (f"encdec: prefill attention: compiled at {warm_cache[0]['NUMBA_CACHE_DIR']}/"
+                "encdec_attention_") in warm_cache[1]
     assert lines[-1].startswith("encdec: CPU kernels (float32) ready in ")
 
 

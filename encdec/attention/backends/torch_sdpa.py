@@ -1,7 +1,9 @@
 """CPU attention backend: per-sequence (or equal-length batched) attention, never a dense
 (tokens)^2 mask; decode steps read the paged caches with the compiled kernel of
 `kernels/cpu_decode.py` (float32, bfloat16) or the torch reference (other dtypes). Attention
-over bfloat16 (or float16) tensors computes its scores, softmax and sums in float32.
+over bfloat16 (or float16) tensors computes its scores, softmax and sums in float32. Prefills
+without a causal mask or bias (encoders, cross-attention) run `kernels/cpu_attention.py` in
+float32 and bfloat16 where it runs, torch's SDPA elsewhere.
 
 - ENCODER: non-causal attention inside each encoder sequence (torch's SDPA; `dense_attention`
   where a position bias is added).
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.attention.metadata import AttentionMetadata, AttentionType
 from encdec.attention.position_bias import RelativePositionBias
+from encdec.kernels import cpu_attention
 from encdec.kernels.cache_ops import reshape_and_cache
 from encdec.kernels.cpu_decode import paged_decode_attention
 from encdec.kernels.paged_attention import paged_attention
@@ -131,8 +134,14 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: 
     q: [sum(q_lens), H, D]; k, v: [sum(kv_lens), H, D]. With `causal`, q_lens == kv_lens.
     `bias` ([H, >= max(q_lens), >= max(kv_lens)], causal masking included) is added to every
     sequence's scores. Sequences of one length run as one batched call, others one call per
-    sequence. Other dtypes than float32 are computed in float32 and returned in their own.
+    sequence. Without a causal mask or bias, float32 and bfloat16 on the CPU run the kernel of
+    `kernels/cpu_attention.py` where it runs. Other dtypes than float32 are computed in float32
+    and returned in their own.
     """
+    if not causal and bias is None:
+        out = cpu_attention.attention(q, k, v, q_lens, kv_lens, scale)
+        if out is not None:
+            return out
     if q.dtype != torch.float32:
         return varlen_attention(q.float(), k.float(), v.float(), q_lens, kv_lens, causal, scale,
                                 bias).to(q.dtype)
