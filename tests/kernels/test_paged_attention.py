@@ -148,6 +148,33 @@ def test_serial_and_parallel_loops_agree():
         np.testing.assert_allclose(outs[0], outs[1], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kernel", [cpu_decode_loops.decode_serial, cpu_decode_loops.decode_parallel])
+def test_sequences_sharing_their_blocks_read_them_once_with_the_same_results(kernel):
+    """Beams over one cross cache: rows 1-3 share row 1's blocks and length (one group), row 4
+    shares them with a shorter length, row 5 all but its last block (each its own). Each gets the bits
+    it gets alone, and the same results as the reference."""
+    cache, tables, keys, values = build_paged([70, 37], 16, num_blocks=32, seed=21)
+    rows = [1, 0, 0, 0, 0, 0]
+    tables = tables[rows].clone()
+    tables[5, 4] = tables[0, 0]  # another (filled) last block
+    seq_lens = np.array([37, 70, 70, 70, 50, 70], dtype=np.int64)
+    assert cpu_decode_loops._group_starts(tables.numpy(), seq_lens, 16).tolist() == [0, 1, 4, 5, 6]
+    query = torch.randn(6, NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(22)).numpy()
+    args = (cache[0].reshape(-1, NUM_HEADS, HEAD_SIZE).numpy(),
+            cache[1].reshape(-1, NUM_HEADS, HEAD_SIZE).numpy())
+    bias = np.random.default_rng(23).standard_normal((NUM_HEADS, 70), dtype=np.float32)
+    together = np.empty_like(query)
+    kernel(query, *args, tables.numpy(), seq_lens, 16, np.float32(0.3), bias, together)
+    for i in range(6):
+        alone = np.empty_like(query[i:i + 1])
+        kernel(query[i:i + 1], *args, tables.numpy()[i:i + 1], seq_lens[i:i + 1], 16, np.float32(0.3),
+               bias, alone)
+        np.testing.assert_array_equal(alone[0], together[i])
+    reference = paged_attention(torch.from_numpy(query), cache, tables, seq_lens.tolist(), 0.3,
+                                distance_bias=torch.from_numpy(bias))
+    torch.testing.assert_close(torch.from_numpy(together), reference, atol=1e-6, rtol=1e-5)
+
+
 @pytest.mark.parametrize("attention", DECODE_KERNELS)
 def test_rejects_zero_length(attention):
     cache, tables, _, _ = build_paged([4, 4], 4, num_blocks=4)
