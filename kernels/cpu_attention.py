@@ -13,7 +13,7 @@ only its output to bfloat16.
 The library is built with the system's C compiler (`$CC`, else `cc`; under a second) on first
 use or by `encdec warmup`, into the kernels' cache folder, under a name carrying a hash of the
 source and of the processor's features. Without AVX512_BF16 or a compiler `attention` returns
-None (after one warning where the build failed) and the caller keeps the float32 path.
+None (after one warning where the build failed) and the caller keeps torch's SDPA.
 """
 from __future__ import annotations
 
@@ -119,9 +119,11 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: Sequenc
     in their dtype. The (sequence, head) pairs are shared among torch's threads by their cost.
     """
     if not (q_lens and q.dtype in _DTYPES and all(_takes(t, q.dtype) for t in (q, k, v))
-            and min(kv_lens) > 0) or _library() is None:
+            and min(kv_lens) > 0):
         return None
     attend = _library()
+    if attend is None:
+        return None
     heads = q.shape[1]
     q_lens_np = np.asarray(q_lens, dtype=np.int64)
     kv_lens_np = np.asarray(kv_lens, dtype=np.int64)
@@ -144,5 +146,5 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: Sequenc
         cuts = [0, *np.searchsorted(cost, cost[-1] * np.arange(1, threads) / threads).tolist(), pairs]
         statuses = list(_pool(threads).map(run, cuts[:-1], cuts[1:]))
     if any(statuses):
-        raise MemoryError("bfloat16 prefill attention: no memory for the kernel's scratch buffers")
+        raise MemoryError("prefill attention: no memory for the kernel's scratch buffers")
     return out

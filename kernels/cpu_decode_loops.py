@@ -5,10 +5,10 @@ paged keys and values, on the calling thread (`decode_serial`) or spread over th
 Each sequence walks its block table itself and reads each token's keys and values once, as
 contiguous rows of the cache; consecutive sequences with the same blocks and length (a
 request's beams or samples over its cross cache) walk them together, reading each row once for
-all of them (5 beams: a fifth of the cross-attention's memory traffic). The parallel loop runs only where Numba's threading layer is
-thread-safe (TBB or OpenMP; on this project's 2-core machine it made decode steps about 15%
-faster than one thread, while a Python thread pool made them slower), and never in a forked
-child process (GNU OpenMP does not survive a fork).
+all of them. The parallel loop runs only where Numba's threading layer is thread-safe (TBB or
+OpenMP; on this project's 2-core machine it made decode steps about 15% faster than one thread,
+while a Python thread pool made them slower), and never in a forked child process (GNU OpenMP
+does not survive a fork).
 
 Arguments (both loops): query float32 [seqs, heads, head_size]; keys and values [slots, heads,
 head_size], float32 or the uint16 bits of bfloat16 (NumPy has no bfloat16; a bfloat16 is the

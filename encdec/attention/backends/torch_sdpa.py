@@ -5,8 +5,8 @@ over bfloat16 (or float16) tensors computes its scores, softmax and sums in floa
 without a causal mask or bias (encoders, cross-attention) run `kernels/cpu_attention.py` in
 float32 and bfloat16 where it runs, torch's SDPA elsewhere.
 
-- ENCODER: non-causal attention inside each encoder sequence (torch's SDPA; `dense_attention`
-  where a position bias is added).
+- ENCODER: non-causal attention inside each encoder sequence (the C kernel or torch's SDPA;
+  `dense_attention` where a position bias is added).
 - DECODER: new keys/values go into the paged self cache by `slot_mapping`; prefill sequences
   attend causally to their own tokens, decode tokens read the cache through `block_tables`.
 - ENCODER_DECODER: in a prefill step the encoder's keys/values go into the cross cache by
