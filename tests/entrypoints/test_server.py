@@ -84,6 +84,20 @@ def test_completions_n2_seeded(server, bart):
     assert all(len(top) <= 3 for top in logprobs.top_logprobs)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_logprobs_of_a_forced_token_are_valid_json(server, bart, stream):
+    """With no temperature the checkpoint's generation config applies, which forces EOS at the
+    last step (forced_eos_token_id): every other token's log-probability is -inf there. JSON
+    has no -inf; the server sends vLLM's -9999.0."""
+    result = server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=2,
+                                                logprobs=3, stream=stream)
+    choices = [c for chunk in result for c in chunk.choices] if stream else result.choices
+    last_tops = [top for c in choices for top in c.logprobs.top_logprobs][-1]
+    eos_text = bart.get_tokenizer().decode([2])
+    assert last_tops[eos_text] == 0.0
+    assert sorted(last_tops.values()) == [-9999.0, -9999.0, 0.0]
+
+
 def test_completions_streamed_with_usage(server, bart):
     chunks = list(server.client().completions.create(
         model="bart", prompt=ARTICLES, max_tokens=12, temperature=0.0, stream=True,

@@ -28,6 +28,7 @@ from encdec.outputs import CompletionOutput, RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 ENGINE_NAMES = {"encoder_prompt": "prompt", "beam_width": "n"}
+LOWEST_LOGPROB = -9999.0  # what vLLM sends for -inf
 
 
 def sampling_params(body: CompletionRequest, vocab_size: int) -> SamplingParams:
@@ -171,14 +172,15 @@ def decoder_prompt(prompt: Any) -> Any:
 def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]],
                         top: int, offset: int) -> CompletionLogProbs:
     """OpenAI's logprobs of some generated tokens: each token's text and log-probability, the
-    `top` likeliest alternatives, and where each token starts in the text (from `offset`)."""
+    `top` likeliest alternatives, and where each token starts in the text (from `offset`).
+    JSON has no -inf: a token ruled out (a forced token's alternatives) gets LOWEST_LOGPROB."""
     result = CompletionLogProbs()
     for token, candidates in zip(token_ids, logprobs):
         text = tokenizer.decode([token])
         result.tokens.append(text)
-        result.token_logprobs.append(candidates[token])
+        result.token_logprobs.append(max(candidates[token], LOWEST_LOGPROB))
         best = sorted(candidates.items(), key=lambda kv: kv[1], reverse=True)[:top]
-        result.top_logprobs.append({tokenizer.decode([t]): lp for t, lp in best})
+        result.top_logprobs.append({tokenizer.decode([t]): max(lp, LOWEST_LOGPROB) for t, lp in best})
         result.text_offset.append(offset)
         offset += len(text)
     return result
