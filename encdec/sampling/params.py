@@ -98,8 +98,8 @@ class SamplingParams:
         _check(self.top_k is None or (
             isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1)),
             f"top_k must be -1 (disabled) or an integer >= 1, got {self.top_k!r}")
-        _check(self.seed is None or isinstance(self.seed, int),
-               f"seed must be an int, got {self.seed!r}")
+        _check(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64),
+               f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
         _check(self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
                f"logprobs must be an integer >= 0, got {self.logprobs!r}")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
@@ -141,10 +141,10 @@ class SamplingParams:
         _check(width is None or width >= 2,
                f"beam search needs beam_width >= 2, got beam_width={width}")
         _check(self.temperature is None or self.temperature < _GREEDY_EPS,
-               "beam search is deterministic: temperature must be 0 (or unset), "
+               "temperature must be 0 (or unset): beam search is deterministic, "
                f"got {self.temperature}")
         _check(self.top_k in (None, -1) and self.top_p in (None, 1.0),
-               f"beam search does not sample: top_k must be -1 and top_p 1, "
+               f"top_k must be -1 and top_p 1: beam search does not sample, "
                f"got top_k={self.top_k}, top_p={self.top_p}")
         _check(width is None or self.n <= width,
                f"n={self.n} must be <= beam_width={width} (beam search returns the best n beams)")

@@ -46,6 +46,8 @@ def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
     (dict(n=0), "n must be an integer >= 1"),
     (dict(min_tokens=5, max_tokens=3), "min_tokens must be <= max_tokens"),
     (dict(logprobs=-1), "logprobs must be an integer >= 0"),
+    (dict(seed=2**64), r"seed must be an integer in \[-2\*\*63, 2\*\*64\)"),
+    (dict(seed=1.5), "seed must be an integer"),
 ])
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -17,7 +17,7 @@ def no_ray(monkeypatch):
     ("summarize", ["--min-tokens", "50", "--max-tokens", "10"],
      "--min-tokens must be <= --max-tokens=10, got 50"),
     ("summarize", ["--num-beams", "3", "--temperature", "0.5"],
-     "beam search is deterministic: --temperature must be 0 (or unset), got 0.5"),
+     "--temperature must be 0 (or unset): beam search is deterministic, got 0.5"),
     ("summarize", ["--model", "/nonexistent/bart"], "--model /nonexistent/bart: no such directory"),
     ("transcribe", ["--language", "klingon"], "--language: 'klingon' is not a language Whisper knows"),
     ("transcribe", ["--model", "huge"], "--model 'huge' is neither a bundled Whisper model"),

@@ -70,11 +70,14 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2, "best_of": 1}, 400, "best_of"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "logit_bias": {"x": 1}}, 400, "logit_bias"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "echo": True}, 400, "echo"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "seed": 2**64, "temperature": 1}, 400, "seed"),
     ("/v1/summarize", {"model": "bart", "input": []}, 400, "input"),
     ("/v1/summarize", {"model": "bart", "input": " "}, 400, "input"),
     ("/v1/summarize", {"model": "bart", "input": TEXT * 40, "truncate": False}, 400, "input"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "min_tokens": 9, "max_tokens": 3}, 400, "min_tokens"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "temperature": -1}, 400, "temperature"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "num_beams": 2, "temperature": 0.5}, 400, "temperature"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "seed": -2**63 - 1}, 400, "seed"),
 ]
 
 
