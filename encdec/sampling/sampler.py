@@ -123,8 +123,21 @@ def _sample(logits: torch.Tensor, params: SamplingParams, num_samples: int,
     probs = logits.softmax(dim=-1)
     probs = probs.repeat_interleave(num_samples, dim=0)
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise).argmax(dim=-1).view(-1, num_samples)
+    return (probs / exponential_like(probs, generator)).argmax(dim=-1).view(-1, num_samples)
+
+
+def exponential_like(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """Exp(1) draws shaped like `probs`: torch's `exponential_` stream, faster on the CPU.
+
+    There `exponential_` takes one double uniform u per element from the generator and returns
+    -log1p(-u), one element at a time (5 ms for five rows of Whisper's vocabulary here); drawing
+    the same uniforms with `uniform_` and transforming them vectorized takes a third of that and
+    leaves the generator in the same state. The vectorized log1p may differ from the scalar one
+    in the last bit of a double, which rounding to float32 hides."""
+    if probs.device.type != "cpu":
+        return torch.empty_like(probs).exponential_(generator=generator)
+    uniform = torch.empty(probs.shape, dtype=torch.float64).uniform_(generator=generator)
+    return uniform.neg_().log1p_().neg_().to(probs.dtype)
 
 
 def _group_output(g: SequenceGroupMetadata, tokens: torch.Tensor, scores: torch.Tensor,
