@@ -133,7 +133,7 @@ def exponential_like(probs: torch.Tensor, generator: Optional[torch.Generator]) 
     -log1p(-u), one element at a time (5 ms for five rows of Whisper's vocabulary here); drawing
     the same uniforms with `uniform_` and transforming them vectorized takes a third of that and
     leaves the generator in the same state. The vectorized log1p may differ from the scalar one
-    in the last bit of a double, which rounding to float32 hides."""
+    in the last bit of a double, which rounding to float32 almost always hides."""
     if probs.device.type != "cpu":
         return torch.empty_like(probs).exponential_(generator=generator)
     uniform = torch.empty(probs.shape, dtype=torch.float64).uniform_(generator=generator)
