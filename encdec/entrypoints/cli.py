@@ -498,12 +498,13 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     """`LLM`'s engine options, for `encdec serve` (each model gets its own engine and cache)."""
     add_model_options(p)
     p.add_argument("--block-size", type=positive_int, default=16, help="KV cache block size (default: 16)")
-    p.add_argument("--num-gpu-blocks", type=positive_int, default=None,
-                   help="KV cache blocks per model (default: from --kv-cache-space)")
-    p.add_argument("--kv-cache-space", type=non_negative_float, default=2.0,
-                   help="KV cache memory per model in GiB (default: 2)")
-    p.add_argument("--swap-space", type=non_negative_float, default=1.0,
-                   help="swap space per model in GiB for preempted requests (default: 1)")
+    per_model = "; once for every model, or once per --model in their order"
+    p.add_argument("--num-gpu-blocks", type=positive_int, action="append",
+                   help=f"KV cache blocks{per_model} (default: from --kv-cache-space)")
+    p.add_argument("--kv-cache-space", type=non_negative_float, action="append",
+                   help=f"KV cache memory in GiB{per_model} (default: 2)")
+    p.add_argument("--swap-space", type=non_negative_float, action="append",
+                   help=f"swap space in GiB for preempted requests{per_model} (default: 1)")
     p.add_argument("--max-num-seqs", type=positive_int, default=256,
                    help="sequences decoded at once per model (default: 256)")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=16384,

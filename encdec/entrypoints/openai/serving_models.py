@@ -10,6 +10,8 @@ from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 from encdec.entrypoints.openai.protocol import ModelCard, ModelList, unix_time
 
 logger = logging.getLogger("encdec.server")
+# Cache budgets: given once for every model, or once per --model in their order.
+CACHE_OPTIONS = ("num_gpu_blocks", "kv_cache_space", "swap_space")
 
 
 class ModelLoadError(RuntimeError):
@@ -63,7 +65,8 @@ class ServedModels:
 
 def load_models(models: Sequence[str], names: Sequence[str], max_waiting_requests: Any,
                 engine_options: dict[str, Any]) -> list[ServedModel]:
-    """One engine per model, each with its own cache; a model that fails stops start-up."""
+    """One engine per model, each with its own cache; a model that fails stops start-up.
+    `engine_options` as for `per_model_options`."""
     if names and len(names) != len(models):
         raise ModelLoadError(f"--served-model-name was given {len(names)} times for "
                              f"{len(models)} --model(s): give one name per model, or none")
@@ -71,11 +74,31 @@ def load_models(models: Sequence[str], names: Sequence[str], max_waiting_request
     if len(set(names)) != len(names):
         raise ModelLoadError(f"served model names must differ, got {names}")
     served = []
-    for path, name in zip(models, names):
+    for path, name, options in zip(models, names, per_model_options(engine_options, len(models))):
         logger.info("loading model %r as %r", path, name)
         try:
-            engine = AsyncLLMEngine.from_model(path, max_waiting_requests, **engine_options)
+            engine = AsyncLLMEngine.from_model(path, max_waiting_requests, **options)
         except Exception as err:
             raise ModelLoadError(f"cannot load model {path!r}: {type(err).__name__}: {err}") from err
         served.append(ServedModel(name, path, engine))
     return served
+
+
+def per_model_options(engine_options: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """Each of `count` models' engine options. A cache option (`CACHE_OPTIONS`) holds the
+    values its flag was given: one for every model, or one per model; None leaves the engine's
+    default. Every other option is every model's."""
+    per_model: list[dict[str, Any]] = [{} for _ in range(count)]
+    for option, value in engine_options.items():
+        if option not in CACHE_OPTIONS:
+            values = [value] * count
+        elif value is None:
+            continue
+        elif len(value) in (1, count):
+            values = list(value) * (count // len(value))
+        else:
+            raise ModelLoadError(f"--{option.replace('_', '-')} was given {len(value)} times for "
+                                 f"{count} --model(s): give one value for every model, or one per model")
+        for options, one in zip(per_model, values):
+            options[option] = one
+    return per_model
