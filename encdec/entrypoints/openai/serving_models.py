@@ -94,8 +94,10 @@ def per_model_options(engine_options: dict[str, Any], count: int) -> list[dict[s
             values = [value] * count
         elif value is None:
             continue
-        elif len(value) in (1, count):
-            values = list(value) * (count // len(value))
+        elif len(value) == 1:
+            values = list(value) * count
+        elif len(value) == count:
+            values = list(value)
         else:
             raise ModelLoadError(f"--{option.replace('_', '-')} was given {len(value)} times for "
                                  f"{count} --model(s): give one value for every model, or one per model")
