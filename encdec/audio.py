@@ -36,6 +36,8 @@ N_SAMPLES = CHUNK_LENGTH * SAMPLE_RATE  # 480000
 N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000
 
 STYLES = ("hf", "whisper")
+# Float samples past this overflow float32 in a window's power spectrum (up to (200 x peak)^2).
+MAX_AMPLITUDE = 1e16
 
 AudioSource = Union[str, os.PathLike, tuple]
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
@@ -72,6 +74,10 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
         raise ValueError(f"{name}: contains no audio samples")
     if not np.all(np.isfinite(audio)):
         raise ValueError(f"{name}: contains NaN or infinite samples")
+    peak = float(np.abs(audio).max())
+    if peak > MAX_AMPLITUDE:
+        raise ValueError(f"{name}: samples reach {peak:.3g}, past the {MAX_AMPLITUDE:g} the features "
+                         f"can hold (float audio is expected in [-1, 1])")
     if rate != sr:
         audio = _resample(audio, int(rate), sr)
     return np.ascontiguousarray(audio, dtype=np.float32)

@@ -256,12 +256,23 @@ def test_header_only_wav_has_no_samples(tmp_path):
         ((np.zeros(100, np.float32), -8000), "sample rate"),
         ((np.array([0.0, np.nan, 0.1], np.float32), 16000), "NaN"),
         ((np.array([0.0, np.inf], np.float32), 16000), "NaN or infinite"),
+        ((np.array([0.0, -1e20], np.float32), 16000), "samples reach 1e\\+20"),
         ((np.zeros((2, 3, 4), np.float32), 16000), "1-D or 2-D"),
     ],
 )
 def test_bad_waveforms(source, message):
     with pytest.raises(ValueError, match=message):
         A.load_audio(source)
+
+
+def test_loudest_float_audio_taken_has_finite_features():
+    """Samples up to MAX_AMPLITUDE (far past [-1, 1]) still give a finite log-mel."""
+    noise = np.random.default_rng(0).uniform(-1, 1, A.SAMPLE_RATE)
+    tone = np.sin(2 * np.pi * 1000 * np.arange(A.SAMPLE_RATE) / A.SAMPLE_RATE)  # one bin's worth
+    for signal in (noise, tone):
+        audio = A.load_audio(((signal * A.MAX_AMPLITUDE * 0.999).astype(np.float32), A.SAMPLE_RATE))
+        for style in A.STYLES:
+            assert torch.isfinite(A.windows_features([audio], style=style)).all()
 
 
 def test_bad_style_and_empty_window():

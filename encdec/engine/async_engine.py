@@ -11,7 +11,9 @@ the engine runs.
   outputs; leaving the `async for` early, or cancelling the task, aborts the request and
   frees its blocks.
 * `max_waiting_requests` bounds the requests not yet running (the inbox plus the scheduler's
-  waiting queue); past it `generate()` raises `EngineOverloaded` at once.
+  waiting queue); past it `generate()` raises `EngineOverloaded` at once. A job of several
+  requests (a list of prompts, a Whisper upload's windows) shares an `Admission`: it is taken
+  or refused whole.
 * If a step raises, every request in flight gets `EngineDeadError` (caused by the step's
   error), every request is aborted so all blocks are free, `is_healthy()` turns false and new
   requests are refused with the reason.
@@ -34,11 +36,19 @@ logger = logging.getLogger(__name__)
 
 
 class EngineOverloaded(RuntimeError):
-    """Too many requests are waiting; try again later (HTTP 503)."""
+    """Too many requests are waiting; try again later (HTTP 429)."""
 
 
 class EngineDeadError(RuntimeError):
     """The engine loop failed; the engine takes no more requests."""
+
+
+@dataclass
+class Admission:
+    """A job of several requests, taken or refused whole: the first of them to reach
+    `generate()` is checked against `max_waiting_requests`, the rest follow it in."""
+
+    admitted: bool = False
 
 
 @dataclass
@@ -101,6 +111,10 @@ class AsyncLLMEngine:
     def model_config(self) -> Any:
         return self.engine.model_config
 
+    @property
+    def scheduler_config(self) -> Any:
+        return self.engine.scheduler_config
+
     def is_healthy(self) -> bool:
         return self._dead is None
 
@@ -114,7 +128,7 @@ class AsyncLLMEngine:
 
     async def transcribe(self, inputs: Any, **options: Any) -> list:
         """Whisper: `LLM.transcribe`'s call and result, its windows in this engine's batch
-        (`encdec.whisper.transcribe.transcribe_async`)."""
+        (`encdec.whisper.transcribe.transcribe_async`), taken or refused whole."""
         from encdec.whisper.transcribe import transcribe_async
 
         return await transcribe_async(self, inputs, **options)
@@ -122,15 +136,17 @@ class AsyncLLMEngine:
     # -- requests ------------------------------------------------------------------------
     async def generate(self, prompt: Any, sampling_params: SamplingParams,
                        request_id: Optional[str] = None,
-                       return_cross_kv: Union[bool, Callable[[RequestOutput], bool]] = False
-                       ) -> AsyncIterator[RequestOutput]:
+                       return_cross_kv: Union[bool, Callable[[RequestOutput], bool]] = False,
+                       admission: Optional["Admission"] = None) -> AsyncIterator[RequestOutput]:
         """Add a request and yield its outputs until the last one (`finished` set);
-        `return_cross_kv` as for `LLMEngine.add_request`."""
+        `return_cross_kv` as for `LLMEngine.add_request`; `admission`: the job it is part of."""
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
         loop = asyncio.get_running_loop()
         stream = RequestStream(loop, asyncio.Queue(), loop.create_future())
         with self._lock:
-            self._check_accepting()
+            self._check_accepting(count_waiting=admission is None or not admission.admitted)
+            if admission is not None:
+                admission.admitted = True
             self._inbox.append(("add", request_id, prompt, sampling_params, stream, return_cross_kv))
         self._ensure_running()
         finished = refused = False
@@ -157,13 +173,14 @@ class AsyncLLMEngine:
         self._inbox.append(("abort", request_id))
         self._wakeup.set()
 
-    def _check_accepting(self) -> None:
+    def _check_accepting(self, count_waiting: bool = True) -> None:
         if self._dead is not None:
             raise EngineDeadError(f"the engine stopped after an error and takes no more requests: "
                                   f"{type(self._dead).__name__}: {self._dead}") from self._dead
         if self._stopping:
             raise EngineDeadError("the engine is shutting down")
-        if self.max_waiting_requests is not None and self.num_waiting() >= self.max_waiting_requests:
+        if (count_waiting and self.max_waiting_requests is not None
+                and self.num_waiting() >= self.max_waiting_requests):
             raise EngineOverloaded(f"{self.num_waiting()} requests are waiting "
                                    f"(max_waiting_requests={self.max_waiting_requests}); try again later")
 

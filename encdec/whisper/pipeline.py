@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import numbers
 import uuid
 from dataclasses import dataclass, field
@@ -149,13 +150,13 @@ class TranscribeOptions:
                              f"patience={self.patience!r}, beam_size={self.beam_size!r}")
         for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
             value = getattr(self, name)
-            if value is not None and not isinstance(value, numbers.Real):
+            if value is not None and (not isinstance(value, numbers.Real) or math.isnan(value)):
                 raise ValueError(f"{name} must be a number or None, got {value!r}")
         if isinstance(self.vad_parameters, dict):
             self.vad_parameters = VadOptions(**self.vad_parameters)
         self.suppress_tokens = _numbers("suppress_tokens", self.suppress_tokens, int)
         self.clip_timestamps = _numbers("clip_timestamps", self.clip_timestamps, float)
-        if any(t < 0 for t in self.clip_timestamps) or any(
+        if any(not 0 <= t < math.inf for t in self.clip_timestamps) or any(
                 b <= a for a, b in zip(self.clip_timestamps[::2], self.clip_timestamps[1::2])):
             raise ValueError(f"clip_timestamps must be start,end,start,end,... seconds with each "
                              f"end after its start, got {self.clip_timestamps}")

@@ -65,10 +65,14 @@ def make_job(engine: Any, audios: list, language: Optional[str], task: str, time
              initial_prompt: Optional[str], on_progress: Optional[Callable[[float], None]],
              on_segments: Optional[Callable[[int, list[Segment]], None]],
              options: dict) -> TranscriptionJob:
-    """A job for `engine`'s Whisper model, its options checked."""
+    """A job for `engine`'s Whisper model, its options checked, also against what the engine
+    runs at once (the fallback's default samples shrink to fit a smaller `max_num_seqs`)."""
     tokens = _model_tokens(engine)
+    max_num_seqs = engine.scheduler_config.max_num_seqs
+    options = {"best_of": min(TranscribeOptions.best_of, max_num_seqs), **options}
     checked = TranscribeOptions(_check_options(tokens, language, task), task, timestamps,
                                 initial_prompt, **options)
+    _check_engine_limits(checked, engine.model_config.vocab_size, max_num_seqs)
     return TranscriptionJob(tokens, engine.tokenizer, engine.model_config.max_decoder_len,
                             audios, checked, on_progress, on_segments)
 
@@ -107,12 +111,16 @@ def run_job(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = No
 
 async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = None) -> None:
     """Drive `job` through an `AsyncLLMEngine`: each window a task; cancelling aborts them all.
-    Alignment passes run off the event loop."""
+    Its windows are one job, taken or refused (`EngineOverloaded`) whole. Alignment passes
+    run off the event loop."""
+    from encdec.engine.async_engine import Admission
+
+    admission = Admission()
 
     async def decode(request):
         final = None
         async for out in engine.generate(request.prompt, request.params, request.request_id,
-                                         return_cross_kv=request.return_cross_kv):
+                                         return_cross_kv=request.return_cross_kv, admission=admission):
             final = out
         return request, final
 
@@ -143,6 +151,19 @@ def _model_tokens(engine: Any) -> WhisperTokens:
     if engine.tokenizer is None:
         raise ValueError("transcribe needs the model's tokenizer (tokenizer.json) to write text")
     return tokens
+
+
+def _check_engine_limits(options: TranscribeOptions, vocab_size: int, max_num_seqs: int) -> None:
+    """Token ids within the vocabulary; beams and fallback samples within `max_num_seqs`."""
+    for token in options.suppress_tokens:
+        if not (token == -1 or 0 <= token < vocab_size):
+            raise ValueError(f"suppress_tokens: {token} is neither -1 nor a token id of this model "
+                             f"(vocab_size={vocab_size})")
+    samples = options.best_of if any(t > 0 for t in options.temperature) else 1
+    for name, count in (("beam_size", options.beam_size or 1), ("best_of", samples)):
+        if count > max_num_seqs:
+            raise ValueError(f"{name}={count} is more than the engine runs at once "
+                             f"(max_num_seqs={max_num_seqs})")
 
 
 def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) -> Optional[str]:

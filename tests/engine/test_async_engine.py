@@ -13,6 +13,7 @@ import pytest
 
 from encdec import (LLM, AsyncLLMEngine, EngineDeadError, EngineOverloaded, RequestOutputKind,
                     SamplingParams)
+from encdec.engine.async_engine import Admission
 from encdec.engine.detokenizer import decode
 from tests.bart_checkpoints import make_bart_checkpoint
 from tests.conftest import assert_all_blocks_free
@@ -91,6 +92,9 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
     async def collect(prompt, params):
         return [out async for out in engine.generate(prompt, params)]
 
+    async def collect_in(prompt, params, admission):
+        return [out async for out in engine.generate(prompt, params, admission=admission)]
+
     async def main():
         good = asyncio.ensure_future(collect("The rain in spain", SamplingParams(temperature=0, max_tokens=4)))
         with pytest.raises(ValueError, match="stop_token_ids"):
@@ -104,6 +108,11 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
                                           for _ in range(6)), return_exceptions=True)
         refused = [r for r in results if isinstance(r, EngineOverloaded)]
         assert refused and len(refused) + sum(isinstance(r, list) for r in results) == 6
+        # a job of several requests is checked once, then added whole past the bound
+        admission = Admission()
+        params = SamplingParams(temperature=0, max_tokens=2)
+        job = await asyncio.gather(*(collect_in("A job", params, admission) for _ in range(6)))
+        assert all(outputs[-1].finished for outputs in job)
         await engine.shutdown()
 
     asyncio.run(main())

@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -47,6 +48,14 @@ def wav_bytes(seconds: float) -> bytes:
     return out.getvalue()
 
 
+def loud_wav() -> bytes:
+    """Float samples so large (1e20) that a log-mel spectrum of them overflows."""
+    out = io.BytesIO()
+    audio, rate = soundfile.read(SAMPLE, dtype="float32")
+    soundfile.write(out, audio * 1e20, rate, format="WAV", subtype="FLOAT")
+    return out.getvalue()
+
+
 def assert_error(response: httpx.Response, status: int, param) -> dict:
     assert response.status_code == status, response.text
     assert response.headers["x-request-id"]
@@ -78,6 +87,22 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/summarize", {"model": "bart", "input": TEXT, "temperature": -1}, 400, "temperature"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "num_beams": 2, "temperature": 0.5}, 400, "temperature"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "seed": -2**63 - 1}, 400, "seed"),
+    # JSON's lone surrogates are not Unicode: refused before they reach a tokenizer or a reply
+    ("/v1/completions", '{"model": "bart", "prompt": "ab\\ud800cd"}', 400, "prompt"),
+    ("/v1/completions", '{"model": "bart", "prompt": "x", "decoder_prompt": "\\udfff"}', 400, "decoder_prompt"),
+    ("/v1/completions", '{"model": "\\ud800", "prompt": "x"}', 400, "model"),
+    ("/v1/summarize", '{"model": "bart", "input": ["ok", "\\ud800"]}', 400, "input"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "logit_bias": {"\u00b2": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "logit_bias": {"9" * 5000: 1}}, 400, "logit_bias"),
+    # a field of several types is named alone (not pydantic's "prompt.list[int]")
+    ("/v1/completions", {"model": "bart", "prompt": 5}, 400, "prompt"),
+    ("/v1/completions", {"model": "bart", "prompt": ["a", 5]}, 400, "prompt"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "stop": [["a"]]}, 400, "stop"),
+    ("/v1/summarize", {"model": "bart", "input": None}, 400, "input"),
+    ("/v1/completions", '{"model": "bart", "prompt": "x", "temperature": NaN}', 400, "temperature"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "stream_options": {"include_usage": True}},
+     400, "stream_options"),
+    ("/v1/completions", "", 400, None),
 ]
 
 
@@ -94,6 +119,10 @@ def test_bad_json_requests(server):
         assert "application/json" in assert_error(wrong_type, 400, None)["message"]
         too_long = http.post("/v1/summarize", json={"model": "bart", "input": TEXT * 40, "truncate": False})
         assert "256" in too_long.json()["error"]["message"]
+        union = http.post("/v1/completions", json={"model": "bart", "prompt": 5})
+        assert "list[int], list[list[int]], str, list[str]" in union.json()["error"]["message"]
+        empty = http.post("/v1/completions", content="", headers={"Content-Type": "application/json"})
+        assert "empty" in empty.json()["error"]["message"]
 
 
 AUDIO_CASES = [  # (files, form fields, status, param)
@@ -119,6 +148,12 @@ AUDIO_CASES = [  # (files, form fields, status, param)
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"colour": "blue"}, 400, "colour"),
     ({"other": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {}, 400, "file"),
     ({"file": ("big.wav", b"\0" * (MAX_UPLOAD_MB * 1024 * 1024 + 1), "audio/wav")}, {}, 413, "file"),
+    ({"file": ("loud.wav", loud_wav(), "audio/wav")}, {"response_format": "verbose_json"}, 400, "file"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"temperature": "nan"}, 400, "temperature"),
+    # more beams or fallback samples than the server runs at once (--max-num-seqs 5)
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"beam_size": "6"}, 400, "beam_size"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"best_of": "6", "temperature": "0.5"},
+     400, "best_of"),
 ]
 
 
@@ -129,6 +164,9 @@ def test_bad_audio_requests(server):
             assert_error(response, status, param)
         as_json = http.post("/v1/audio/transcriptions", json={"model": "tiny.en"})
         assert "multipart/form-data" in assert_error(as_json, 400, None)["message"]
+        two_files = http.post("/v1/audio/transcriptions", data={"model": "tiny.en"},
+                              files=[("file", ("a.wav", SAMPLE.read_bytes())), ("file", ("b.wav", SAMPLE.read_bytes()))])
+        assert_error(two_files, 400, "file")
         translation = http.post("/v1/audio/translations", data={"model": "tiny.en"},
                                 files={"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")})
         assert "English-only" in assert_error(translation, 400, "model")["message"]
@@ -206,6 +244,36 @@ def test_disconnects_abort_their_requests(server):
     assert generated_tokens(server) - before < 2 * whole  # both were cut short
     assert server.metrics()[("encdec_http_requests_total",
                              (("endpoint", "/v1/completions"), ("status", "499")))] >= 1
+
+
+def test_many_prompts_are_taken_together(server):
+    """More prompts than --max-waiting-requests (2) in one request: admitted as one job."""
+    result = server.client().completions.create(model="bart", prompt=[TEXT] * 3, max_tokens=2, temperature=0)
+    assert len(result.choices) == 3
+    with server.http() as http:
+        summaries = http.post("/v1/summarize", json={"model": "bart", "input": [TEXT] * 3, "max_tokens": 2})
+    assert summaries.status_code == 200 and len(summaries.json()["summaries"]) == 3
+    server.wait_all_blocks_free()
+
+
+def test_a_client_leaving_mid_upload_is_counted_499(server):
+    def leaving_uploads() -> float:
+        return server.metrics().get(("encdec_http_requests_total", (
+            ("endpoint", "/v1/audio/transcriptions"), ("status", "499"))), 0.0)
+
+    before = leaving_uploads()
+    head = ("POST /v1/audio/transcriptions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Length: 100000\r\n"
+            "Content-Type: multipart/form-data; boundary=b\r\n\r\n"
+            '--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n')
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head.encode() + b"\0" * 1024)  # then leave, 99 KB short
+    deadline = time.monotonic() + 10
+    while leaving_uploads() == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert leaving_uploads() == before + 1
+    assert "500" not in {status for (name, labels), _ in server.metrics().items()
+                         if name == "encdec_http_requests_total" for key, status in labels if key == "status"}
 
 
 def test_still_serving_after_errors(server, tiny_bart_dir):

@@ -125,6 +125,34 @@ def test_option_errors(tiny_en, corpus):
     assert_all_blocks_free(tiny_en)
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(suppress_tokens=[10**8]), "suppress_tokens: 100000000 is neither -1 nor a token id"),
+    (dict(suppress_tokens="-2"), "suppress_tokens: -2"),
+    (dict(beam_size=300), r"beam_size=300 is more than the engine runs at once \(max_num_seqs=256\)"),
+    (dict(best_of=300, temperature=0.5), "best_of=300"),
+    (dict(clip_timestamps="1,inf"), "clip_timestamps"),
+    (dict(compression_ratio_threshold=float("nan")), "compression_ratio_threshold"),
+])
+def test_options_past_the_engine_are_refused_before_decoding(tiny_en, corpus, options, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_en.transcribe(corpus[0].pair, **options)
+    assert_all_blocks_free(tiny_en)
+
+
+def test_default_fallback_samples_fit_a_small_engine(corpus):
+    """openai-whisper's 5 samples per fallback shrink to max_num_seqs=2 (asked for, 5 is refused)."""
+    from encdec import LLM
+
+    small = LLM("tiny.en", max_num_seqs=2, num_gpu_blocks=400)
+    # every decode "repeats itself": the window falls back through all six temperatures, and
+    # the likeliest decode, a sampled one, is kept
+    (result,) = small.transcribe(corpus[0].pair, compression_ratio_threshold=0.01)
+    assert result.segments and result.segments[0].temperature > 0
+    with pytest.raises(ValueError, match="best_of=5"):
+        small.transcribe(corpus[0].pair, best_of=5)
+    assert_all_blocks_free(small)
+
+
 def test_openai_defaults_beam_search_matches_faster_whisper(tiny_en, reference_model, corpus):
     """openai-whisper's CLI defaults (beam 5, best_of 5, temperature fallback) against
     faster-whisper's defaults (the same)."""

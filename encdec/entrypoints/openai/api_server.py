@@ -60,7 +60,7 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key)
     json_body = [Depends(require_json)]
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> Response:
         dead = [m.name for m in models if not m.engine.is_healthy()]
         if dead:

@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from encdec.engine.async_engine import EngineDeadError, EngineOverloaded
 
@@ -39,8 +40,9 @@ class OpenAIError(Exception):
     def __init__(self, status: int, message: str, param: Optional[str] = None,
                  code: Optional[str] = None, headers: Optional[dict[str, str]] = None):
         super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers
+        self.status, self.code, self.headers = status, code, headers
+        self.message = printable(message)
+        self.param = None if param is None else printable(param)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": TYPES.get(self.status, "invalid_request_error"),
@@ -48,6 +50,11 @@ class OpenAIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def printable(text: str) -> str:
+    """`text` with lone surrogates (JSON's "\\ud800") escaped, so that it encodes as UTF-8."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def bad_request(message: str, param: Optional[str] = None) -> OpenAIError:
@@ -64,17 +71,48 @@ def value_error(err: ValueError, params: dict[str, str], default: Optional[str] 
 
 
 def validation_error(err: ValidationError | RequestValidationError, prefix: str = "") -> OpenAIError:
-    """A 400 for the first failed field of a request body or form."""
-    first = err.errors()[0]
-    loc = [str(part) for part in first.get("loc", ()) if part != "body"]
-    param = ".".join(loc) or None
-    if first.get("type") == "json_invalid":
+    """A 400 for the first failed field of a request body or form. A field that takes one of
+    several types is named alone, with the types it takes."""
+    errors = err.errors()
+    first = errors[0]
+    loc = error_path(first)
+    fields = [part for part in loc if not is_union_member(part)]
+    param = ".".join(fields) or None
+    kind = first.get("type")
+    if kind == "json_invalid":
         return bad_request(f"{prefix}the body is not valid JSON: {first.get('msg')}")
-    if first.get("type") == "extra_forbidden":
+    if kind == "missing" and param is None:
+        return bad_request(f"{prefix}the body is empty: send a JSON object")
+    if kind == "extra_forbidden":
         return bad_request(f"{prefix}unknown field {param!r}", param)
-    if first.get("type") == "missing":
+    if kind == "missing":
         return bad_request(f"{prefix}{param!r} is required", param)
-    return bad_request(f"{prefix}{param}: {first.get('msg')}" if param else first.get("msg", ""), param)
+    if fields != loc:
+        field = fields[0]
+        return bad_request(f"{prefix}{field}: expected one of {', '.join(union_members(errors, field))}", field)
+    message = str(first.get("ctx", {}).get("error", "")) if kind == "value_error" else first.get("msg", "")
+    return bad_request(f"{prefix}{param}: {message}" if param else message, param)
+
+
+def error_path(error: dict) -> list[str]:
+    """Where a pydantic error is, as field names (and list indices) below the body."""
+    return [str(part) for part in error.get("loc", ()) if part != "body"]
+
+
+def is_union_member(part: str) -> bool:
+    """Whether a part of pydantic's error location names a member of a union (`list[int]`)."""
+    return "[" in part or part in ("str", "int", "float", "bool")
+
+
+def union_members(errors: list[dict], field: str) -> list[str]:
+    """The types the union `field` takes, as its errors name them (one error per type)."""
+    members: list[str] = []
+    for error in errors:
+        path = error_path(error)
+        tags = [part for part in path if is_union_member(part)]
+        if path[:1] == [field] and tags and tags[0] not in members:
+            members.append(tags[0])
+    return members
 
 
 def add_error_handlers(app: FastAPI) -> None:
@@ -103,6 +141,7 @@ def add_error_handlers(app: FastAPI) -> None:
         return OpenAIError(500, str(err), code="engine_dead").response()
 
     @app.exception_handler(ClientDisconnected)
-    async def on_client_gone(request: Request, err: ClientDisconnected) -> Response:
+    @app.exception_handler(ClientDisconnect)  # starlette's, while an upload is read
+    async def on_client_gone(request: Request, err: Exception) -> Response:
         logger.info("request %s: the client disconnected; its work was aborted", request.state.request_id)
         return Response(status_code=CLIENT_CLOSED_REQUEST)

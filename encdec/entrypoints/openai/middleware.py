@@ -86,7 +86,7 @@ class ServingMiddleware:
             scheme, _, key = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key):
                 return OpenAIError(401, "missing or wrong API key: send Authorization: Bearer KEY",
-                                   code="invalid_api_key")
+                                   code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         if self.state.draining:
             return OpenAIError(503, "the server is shutting down", code="shutting_down")
         return None

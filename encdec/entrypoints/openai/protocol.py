@@ -5,13 +5,36 @@ Requests forbid unknown fields, so a misspelt option is a 400 naming it, not sil
 from __future__ import annotations
 
 import time
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class OpenAIBaseModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def unicode_text(cls, value: Any) -> Any:
+        """Text must be Unicode that encodes: JSON's lone surrogates ("\\ud800") are refused."""
+        for text in texts(value):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as err:
+                raise ValueError(f"the text holds a lone surrogate, \\u{ord(text[err.start]):04x} at "
+                                 f"position {err.start}, which is not valid Unicode") from None
+        return value
+
+
+def texts(value: Any) -> list[str]:
+    """Every string in a JSON value (dictionary keys too)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for key, item in value.items() for t in texts(key) + texts(item)]
+    if isinstance(value, list):
+        return [t for item in value for t in texts(item)]
+    return []
 
 
 def unix_time() -> int:
@@ -152,7 +175,7 @@ class TranslationRequest(OpenAIBaseModel):
 class TranscriptionRequest(TranslationRequest):
     """The form fields of `/v1/audio/transcriptions` besides `file`."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(populate_by_name=True)
 
     language: Optional[str] = None
     timestamp_granularities: list[Literal["word", "segment"]] = Field(

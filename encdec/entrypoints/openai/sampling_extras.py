@@ -53,8 +53,8 @@ class StopStrings:
 def logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
     parsed = {}
     for token, value in bias.items():
-        if not token.isdigit() or int(token) >= vocab_size:
-            raise bad_request(f"logit_bias: {token!r} is not a token id of this model "
+        if not (token.isascii() and token.isdigit() and len(token) <= 9) or int(token) >= vocab_size:
+            raise bad_request(f"logit_bias: {token[:20]!r} is not a token id of this model "
                               f"(vocab_size={vocab_size})", "logit_bias")
         if not -100.0 <= value <= 100.0:
             raise bad_request(f"logit_bias: {value} is outside [-100, 100]", "logit_bias")

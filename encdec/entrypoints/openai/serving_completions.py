@@ -15,6 +15,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from encdec.engine.async_engine import Admission
 from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
@@ -38,6 +39,8 @@ def sampling_params(body: CompletionRequest, vocab_size: int) -> SamplingParams:
                               ("presence_penalty", body.presence_penalty != 0.0)):
         if unsupported:
             raise bad_request(f"{name} is not supported by encoder/decoder completions", name)
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only for stream=true", "stream_options")
     best_of = body.best_of or body.n
     if best_of < body.n:
         raise bad_request(f"best_of={best_of} must be >= n={body.n}", "best_of")
@@ -65,8 +68,9 @@ class OpenAIServingCompletion:
         response_id = random_id("cmpl")
         counter = OutputCounter(self.metrics, served.name, request)
         stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
-        streams = [self._outputs(served, prompt, params, f"{response_id}-{i}", StopStrings(stops, body.stream))
-                   for i, prompt in enumerate(prompts)]
+        admission = Admission()  # the prompts are taken or refused (429) together
+        streams = [self._outputs(served, prompt, params, f"{response_id}-{i}", admission,
+                                 StopStrings(stops, body.stream)) for i, prompt in enumerate(prompts)]
         merged = merge_async_iterators(*streams)
         with bad_input(CompletionRequest, ENGINE_NAMES, "prompt"):
             if body.stream:
@@ -79,10 +83,10 @@ class OpenAIServingCompletion:
 
     @staticmethod
     async def _outputs(served: ServedModel, prompt: Any, params: SamplingParams, engine_id: str,
-                       stops: StopStrings) -> AsyncIterator[tuple[RequestOutput, list[CompletionOutput]]]:
+                       admission: Admission, stops: StopStrings) -> AsyncIterator[tuple[RequestOutput, list[CompletionOutput]]]:
         """Each engine output with its completions' deltas after the stop strings; aborts the
         request once every completion has stopped."""
-        async with contextlib.aclosing(served.engine.generate(prompt, params, engine_id)) as outputs:
+        async with contextlib.aclosing(served.engine.generate(prompt, params, engine_id, admission=admission)) as outputs:
             async for out in outputs:
                 yield out, [d for d in map(stops.cut, out.outputs) if d is not None]
                 if len(stops.stopped) == params.n:
@@ -92,7 +96,7 @@ class OpenAIServingCompletion:
     async def _collect(merged, counter: OutputCounter, num_prompts: int, n: int) -> list[list[Generated]]:
         generated = [[Generated() for _ in range(n)] for _ in range(num_prompts)]
         async for i, (out, deltas) in merged:
-            counter.count(out)
+            counter.count(out, deltas)
             for delta in deltas:
                 generated[i][delta.index].add(delta)
         return generated
@@ -117,7 +121,7 @@ class OpenAIServingCompletion:
         tokenizer = served.engine.tokenizer
         offsets: dict[int, int] = {}
         async for i, (out, deltas) in merged:
-            counter.count(out)
+            counter.count(out, deltas)
             choices = []
             for delta in deltas:
                 index = i * body.n + delta.index

@@ -59,14 +59,16 @@ class OutputCounter:
         self.seen: set[str] = set()
         self.prompt_tokens = self.completion_tokens = 0
 
-    def count(self, output: RequestOutput) -> None:
+    def count(self, output: RequestOutput, sent: Optional[list[CompletionOutput]] = None) -> None:
+        """Count `output`; `sent`: the completions' deltas that go out, where some were cut
+        (text past a stop string is not generated for the client)."""
         if output.request_id not in self.seen:
             self.seen.add(output.request_id)
             self.metrics.first_token.labels(self.model).observe(time.monotonic() - self.start)
             prompt = len(output.encoder_prompt_token_ids) + len(output.prompt_token_ids)
             self.prompt_tokens += prompt
             self.metrics.prompt_tokens.labels(self.model).inc(prompt)
-        generated = sum(len(c.token_ids) for c in output.outputs)
+        generated = sum(len(c.token_ids) for c in (output.outputs if sent is None else sent))
         self.completion_tokens += generated
         self.metrics.generation_tokens.labels(self.model).inc(generated)
 

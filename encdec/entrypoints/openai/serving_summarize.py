@@ -13,6 +13,7 @@ from typing import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from encdec.engine.async_engine import Admission
 from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import SummarizeRequest, SummarizeResponse, Summary
@@ -39,8 +40,10 @@ class OpenAIServingSummarize:
                 seed=body.seed, output_kind=RequestOutputKind.DELTA)
             response_id = random_id("sum")
             counter = OutputCounter(self.metrics, served.name, request)
+            admission = Admission()  # the articles are taken or refused (429) together
             merged = merge_async_iterators(*(
-                served.engine.generate({"prompt_token_ids": a.token_ids}, params, f"{response_id}-{i}")
+                served.engine.generate({"prompt_token_ids": a.token_ids}, params, f"{response_id}-{i}",
+                                       admission=admission)
                 for i, a in enumerate(articles)))
             if body.stream:
                 return await event_stream(request, self._chunks(body, response_id, articles, merged, counter))

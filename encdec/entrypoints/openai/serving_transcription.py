@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
 from encdec.audio import SAMPLE_RATE
-from encdec.entrypoints.openai.errors import bad_request, validation_error, value_error
+from encdec.entrypoints.openai.errors import OpenAIError, bad_request, validation_error, value_error
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (TranscriptionDelta, TranscriptionDone,
                                                 TranscriptionRequest, TranscriptionUsage,
@@ -72,8 +72,7 @@ class OpenAIServingTranscription:
             result = (await cancel_on_disconnect(
                 request, served.engine.transcribe([(audio, SAMPLE_RATE)], **options)))[0]
         except ValueError as err:
-            message = str(err)
-            raise bad_request(message, next((f for w, f in ERROR_FIELDS if w in message), None)) from err
+            raise transcribe_error(err) from err
         self._count(served, result)
         return response(result, body, task)
 
@@ -105,6 +104,15 @@ class OpenAIServingTranscription:
                 await asyncio.gather(job, return_exceptions=True)
 
 
+def transcribe_error(err: ValueError) -> OpenAIError:
+    """A 400 for a ValueError of `transcribe`: `param` is the form field its message starts
+    with, else the one its words point to."""
+    error = value_error(err, OPTION_PARAMS)
+    if error.param is None:
+        error.param = next((f for w, f in ERROR_FIELDS if w in error.message), None)
+    return error
+
+
 def granularities(body: AudioRequest) -> list[str]:
     return getattr(body, "timestamp_granularities", ["segment"])
 
@@ -118,6 +126,9 @@ def check_request(body: AudioRequest) -> None:
         if body.timestamp_granularities != ["segment"] and body.response_format != "verbose_json":
             raise bad_request(f"timestamp_granularities[] needs response_format=verbose_json, got "
                               f"{body.response_format!r}", "timestamp_granularities[]")
+    if body.hallucination_silence_threshold is not None and "word" not in granularities(body):
+        raise bad_request("hallucination_silence_threshold needs word timings: "
+                          "timestamp_granularities[]=word", "hallucination_silence_threshold")
 
 
 def request_options(body: AudioRequest) -> dict:

@@ -16,6 +16,7 @@ import numpy as np
 import soundfile
 from fastapi import Request
 from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException
 
 from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.entrypoints.openai.errors import OpenAIError, bad_request
@@ -45,7 +46,7 @@ async def discard_body(request: Request, max_bytes: int) -> None:
 async def read_form(request: Request, max_bytes: int) -> FormData:
     """The multipart form of `request`, refused with a 413 past `max_bytes`."""
     content_type = request.headers.get("content-type", "")
-    if not content_type.startswith("multipart/form-data"):
+    if content_type.split(";")[0].strip().lower() != "multipart/form-data":
         raise bad_request(f"Content-Type must be multipart/form-data, got {content_type or 'none'!r}")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
@@ -67,6 +68,8 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
     except UploadTooLarge:
         await discard_body(request, max_bytes)
         raise too_large(max_bytes) from None
+    except HTTPException as err:  # starlette's 400 for a malformed form
+        raise bad_request(f"the multipart form cannot be read: {err.detail}", "file") from None
 
 
 def form_fields(form: FormData) -> tuple[UploadFile, dict]:
