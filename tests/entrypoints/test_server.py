@@ -81,7 +81,12 @@ def test_completions_n2_seeded(server, bart):
     assert [c.text for c in result.choices] == expected
     logprobs = result.choices[0].logprobs
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) > 0
-    assert all(len(top) <= 3 for top in logprobs.top_logprobs)
+    assert all(len(top) <= 3 for top in logprobs.top_logprobs)  # the top 2 and the sampled token
+    assert all(token in top for token, top in zip(logprobs.tokens, logprobs.top_logprobs))
+    sampled_only = server.client().completions.create(model="bart", prompt=ARTICLES[1], seed=7,
+                                                      temperature=1.0, max_tokens=4, logprobs=0)
+    tops = sampled_only.choices[0].logprobs.top_logprobs
+    assert [list(top) for top in tops] == [[token] for token in sampled_only.choices[0].logprobs.tokens]
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -176,15 +176,17 @@ def decoder_prompt(prompt: Any) -> Any:
 def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]],
                         top: int, offset: int) -> CompletionLogProbs:
     """OpenAI's logprobs of some generated tokens: each token's text and log-probability, the
-    `top` likeliest alternatives, and where each token starts in the text (from `offset`).
-    JSON has no -inf: a token ruled out (a forced token's alternatives) gets LOWEST_LOGPROB."""
+    `top` likeliest alternatives (and the token itself), and where each token starts in the
+    text (from `offset`). JSON has no -inf: a token ruled out (a forced token's alternatives)
+    gets LOWEST_LOGPROB."""
     result = CompletionLogProbs()
     for token, candidates in zip(token_ids, logprobs):
         text = tokenizer.decode([token])
         result.tokens.append(text)
         result.token_logprobs.append(max(candidates[token], LOWEST_LOGPROB))
-        best = sorted(candidates.items(), key=lambda kv: kv[1], reverse=True)[:top]
-        result.top_logprobs.append({tokenizer.decode([t]): max(lp, LOWEST_LOGPROB) for t, lp in best})
+        best = dict(sorted(candidates.items(), key=lambda kv: kv[1], reverse=True)[:top])
+        best.setdefault(token, candidates[token])  # as OpenAI's: the sampled token is always there
+        result.top_logprobs.append({tokenizer.decode([t]): max(lp, LOWEST_LOGPROB) for t, lp in best.items()})
         result.text_offset.append(offset)
         offset += len(text)
     return result
