@@ -103,6 +103,10 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "stream_options": {"include_usage": True}},
      400, "stream_options"),
     ("/v1/completions", "", 400, None),
+    # JSON types as declared: no true for 1, no "yes" for true
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "max_tokens": True}, 400, "max_tokens"),
+    ("/v1/completions", {"model": "bart", "prompt": [True, False]}, 400, "prompt"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "stream": "yes"}, 400, "stream"),
 ]
 
 

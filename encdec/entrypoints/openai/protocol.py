@@ -26,6 +26,12 @@ class OpenAIBaseModel(BaseModel):
         return value
 
 
+class JSONRequest(OpenAIBaseModel):
+    """A JSON body: each value of its field's JSON type (no "yes" for true, no true for 1)."""
+
+    model_config = ConfigDict(strict=True)
+
+
 def texts(value: Any) -> list[str]:
     """Every string in a JSON value (dictionary keys too)."""
     if isinstance(value, str):
@@ -50,14 +56,14 @@ class UsageInfo(BaseModel):
     total_tokens: int = 0
 
 
-class StreamOptions(OpenAIBaseModel):
+class StreamOptions(JSONRequest):
     include_usage: bool = False
 
 
 # ----------------------------------------------------------------------------- completions
 
 
-class CompletionRequest(OpenAIBaseModel):
+class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
     `decoder_prompt`, `top_k`, `min_tokens`, `repetition_penalty`, `stop_token_ids`."""
 
@@ -112,7 +118,7 @@ class CompletionResponse(BaseModel):
 # ----------------------------------------------------------------------------- summarize
 
 
-class SummarizeRequest(OpenAIBaseModel):
+class SummarizeRequest(JSONRequest):
     """Unset decoding fields take the checkpoint's generation config."""
 
     model: str
