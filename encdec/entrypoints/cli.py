@@ -8,6 +8,7 @@ once after an install.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import os
 import re
@@ -27,7 +28,9 @@ from encdec.entrypoints.ray.batch_cli import add_batch
 from encdec.entrypoints.ray.serve import add_ray_options
 from encdec.entrypoints.summaries import Article, ArticleTooLong, prepare_article, summary_params
 from encdec.entrypoints.translate_cli import add_translate
-from encdec.entrypoints.transcribe_args import add_transcribe_arguments, checked_options, number
+from encdec.entrypoints.transcribe_args import (BOOL, MAX_SEQS, add_transcribe_arguments,
+                                                checked_options, ignored_vad_flags, number)
+from encdec.generation_config import resolve_sampling_params
 from encdec.kernels import cpu_attention
 from encdec.kernels.cpu_decode import compile_decode_kernels
 from encdec.llm import LLM
@@ -35,6 +38,7 @@ from encdec.models.quantization import COMPUTE_TYPES, QUANTIZATION_METHODS, reso
 from encdec.weights.loader import check_model, checkpoint_dir_problem
 from encdec.whisper.languages import english_only_warning, requested_language
 from encdec.whisper.timing import dtw
+from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Transcription
 from encdec.whisper.writers import format_timestamp, output_basename, write_result
 
@@ -54,15 +58,22 @@ status is 1 if any file failed, 0 otherwise.
 # ----------------------------------------------------------------------------- messages
 
 
+class UsageError(ValueError):
+    """A bad command line found after parsing: `main` reports it with the command's usage
+    (exit status 2)."""
+
+
 def error(message: str) -> None:
     """One `encdec: error: ...` line on stderr (above the progress bar, if one is showing)."""
     tqdm.write(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
 
 
 def file_error(name: str, err: BaseException) -> None:
-    """`encdec: error: FILE: reason`, without the file name repeated inside the reason."""
-    reason = (err.strerror if isinstance(err, OSError) and err.strerror else str(err)
-              or type(err).__name__)
+    """`encdec: error: FILE: reason`, without the file name repeated inside the reason (an OS
+    error, also one behind a decoding error, as its bare description: "permission denied")."""
+    cause = err if isinstance(err, OSError) else err.__cause__
+    reason = (cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror
+              else str(err) or type(err).__name__)
     for spelling in dict.fromkeys((name, str(Path(name)))):
         reason = reason.removeprefix(f"{spelling}: ").removesuffix(f": {spelling}")
     error(f"{name}: {reason}")
@@ -146,35 +157,74 @@ def report(result: Transcription, args: argparse.Namespace, with_header: bool) -
 
 
 def resolve_outputs(args: argparse.Namespace) -> None:
-    """Fill in the output defaults described in the epilog (format None: write no files)."""
+    """Fill in the output defaults described in the epilog (format None: write no files) and
+    make the output directory (UsageError if it cannot be written)."""
     if args.output_format is None and args.output_dir is None:
         return
     args.output_format = args.output_format or "all"
     args.output_dir = args.output_dir or "."
+    folder = Path(args.output_dir)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"--output_dir {args.output_dir}: not a directory")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--output_dir {args.output_dir}: {(err.strerror or str(err)).lower()}")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--output_dir {args.output_dir}: permission denied")
+
+
+def warn(message: str) -> None:
+    tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
+
+
+def check_transcribe_options(args: argparse.Namespace) -> None:
+    """The transcribe options that the parser alone cannot check, before anything loads."""
+    try:
+        args.transcribe_options, args.writer_options = checked_options(args)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    ignored = ignored_vad_flags(args)
+    if ignored:
+        warn(f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} nothing without "
+             f"--vad_filter True")
+    resolve_outputs(args)
+
+
+def check_whisper_model(llm: LLM, args: argparse.Namespace) -> None:
+    """--model, --task and --suppress_tokens against the loaded model (UsageError); warns of a
+    --language that an English-only model writes as English."""
+    config = llm.llm_engine.model_config
+    tokens = config.special_tokens
+    if not isinstance(tokens, WhisperTokens):
+        raise UsageError(f"--model {args.model}: not a Whisper model (transcribe needs one)")
+    if args.task == "translate" and not tokens.multilingual:
+        raise UsageError(f"--task translate needs a multilingual model; {args.model} is "
+                         f"English-only (it writes all speech as English: leave --task out)")
+    unknown = [token for token in args.suppress_tokens if token >= config.vocab_size]
+    if unknown:
+        raise UsageError(f"--suppress_tokens: {unknown[0]} is not a token id of {args.model} "
+                         f"(its ids end at {config.vocab_size - 1})")
+    warning = english_only_warning(tokens, args.model, args.language)
+    if warning:
+        warn(warning)
+        args.language = "en"
 
 
 def run_transcribe(args: argparse.Namespace) -> int:
+    if args.model_dir and (Path(args.model_dir) / args.model).is_dir():
+        args.model = str(Path(args.model_dir) / args.model)
     try:
         args.language = requested_language(args.language, "--language")
         check_model(args.model, "--model")
     except ValueError as err:
         error(str(err))
         return 2
-    try:
-        args.transcribe_options, args.writer_options = checked_options(args)
-    except ValueError as err:
-        error(str(err))
-        return 2
-    resolve_outputs(args)
+    check_transcribe_options(args)
     inputs, failed = load_inputs(args.files)
     if args.output_format is not None:
         inputs, clashes = drop_name_clashes(inputs)
         failed += clashes
-        try:
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            error(f"cannot create output directory {args.output_dir}: {err}")
-            return 1
     if not inputs:
         return 1
     if args.threads:
@@ -184,11 +234,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as err:
         error(f"cannot load model {args.model!r}: {err}")
         return 1
-    warning = english_only_warning(llm.llm_engine.model_config.special_tokens, args.model,
-                                   args.language)
-    if warning:
-        tqdm.write(f"{PROG}: warning: {warning}", file=sys.stderr)
-        args.language = "en"
+    check_whisper_model(llm, args)
     return 1 if failed + transcribe_all(llm, inputs, args) else 0
 
 
@@ -226,9 +272,11 @@ OPTIONS = {"max_tokens": "--max-tokens", "min_tokens": "--min-tokens", "beam_wid
            "seed": "--seed"}
 
 
-def option_wording(err: BaseException) -> str:
-    """A ValueError of the Python API, with its parameter names spelt as this command's options."""
-    return re.sub(r"\b(" + "|".join(OPTIONS) + r")\b", lambda m: OPTIONS[m.group(1)], str(err))
+def option_wording(err: BaseException, options: dict[str, str] = OPTIONS) -> str:
+    """A ValueError of the Python API, with its parameter names spelt as the command's `options`
+    (`dtype='float16'` -> `--dtype=float16`)."""
+    return re.sub(r"\b(" + "|".join(options) + r")\b(?:='([^']*)')?",
+                  lambda m: options[m[1]] + ("" if m[2] is None else f"={m[2]}"), str(err))
 
 
 def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, str]], int]:
@@ -243,6 +291,15 @@ def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, str]], int]:
     return texts, failed
 
 
+def cut_note(label: str, limit: int, left_out: int) -> None:
+    tqdm.write(f"{PROG}: note: {label}: cut to the model's limit of {limit} input tokens "
+               f"({left_out} tokens left out)", file=sys.stderr)
+
+
+def too_long(label: str, err: ArticleTooLong) -> None:
+    error(f"{label}: {err} (without --no-truncate it is cut to fit)")
+
+
 def articles(llm: LLM, texts: list[tuple[str, str]], truncate: bool) -> tuple[list[Article], int]:
     """Each text's encoder tokens, cut to the model's limit (a note on stderr) unless
     --no-truncate; texts that cannot be read are reported and left out."""
@@ -253,13 +310,12 @@ def articles(llm: LLM, texts: list[tuple[str, str]], truncate: bool) -> tuple[li
         try:
             article = prepare_article(text, engine.tokenizer, engine.model_config.hf_config, limit, truncate)
         except ArticleTooLong as err:
-            error(f"{label}: {err} (without --no-truncate it is cut to fit)")
+            too_long(label, err)
         except ValueError as err:
             error(f"{label}: {err}")
         else:
             if article.truncated_tokens:
-                tqdm.write(f"{PROG}: note: {label}: cut to the model's limit of {limit} input tokens "
-                           f"({article.truncated_tokens} tokens left out)", file=sys.stderr)
+                cut_note(label, limit, article.truncated_tokens)
             kept.append(article)
             continue
         failed += 1
@@ -275,10 +331,10 @@ def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple
               f"checkpoint directory)")
         return None, [], 2
     texts, failed = read_texts(args)
+    if not texts and not failed:
+        raise UsageError("give at least one TEXT or --file")
     if not texts:
-        if not failed:
-            error(f"{args.command}: give at least one TEXT or --file")
-        return None, [], 1 if failed else 2
+        return None, [], 1
     try:
         llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
                   quantization=args.quantization)
@@ -298,39 +354,92 @@ def decoding_options(args: argparse.Namespace) -> dict:
 
 def decoding_params(llm: LLM, args: argparse.Namespace):
     """SamplingParams from the decoding options of `summarize` / `translate` over the
-    checkpoint's generation config (ValueError for a bad value)."""
-    return summary_params(llm.llm_engine.generation_defaults, **decoding_options(args))
+    checkpoint's generation config (UsageError for a bad value)."""
+    try:
+        return summary_params(llm.llm_engine.generation_defaults, **decoding_options(args))
+    except ValueError as err:
+        raise UsageError(option_wording(err)) from None
+
+
+def check_min_tokens(llm: LLM, prompt: dict, params, args: argparse.Namespace) -> None:
+    """--min-tokens against the longest output `prompt` may get, which the checkpoint's
+    generation config and the model's length set when --max-tokens does not (UsageError)."""
+    if args.min_tokens is None:
+        return
+    engine = llm.llm_engine
+    decoder_ids = engine.input_preprocessor.preprocess(prompt).prompt_token_ids
+    longest = resolve_sampling_params(dataclasses.replace(params, min_tokens=None),
+                                      engine.generation_defaults, len(decoder_ids),
+                                      engine.model_config.max_decoder_len).max_tokens
+    if args.min_tokens > longest:
+        raise UsageError(f"--min-tokens {args.min_tokens}: the checkpoint's default max tokens is "
+                         f"{longest}; set --max-tokens" if args.max_tokens is None else
+                         f"--min-tokens {args.min_tokens}: the model writes at most {longest} tokens")
+
+
+def print_outputs(llm: LLM, prompts: list[dict], params, args: argparse.Namespace) -> int:
+    """Decode `prompts` (`params`: one SamplingParams, or one per prompt) and print one output
+    a line; 0, or 1 if the engine refused them."""
+    check_min_tokens(llm, prompts[0], params[0] if isinstance(params, list) else params, args)
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    except ValueError as err:
+        error(option_wording(err))
+        return 1
+    for output in outputs:
+        print(output.outputs[0].text.strip())
+    return 0
 
 
 def run_summarize(args: argparse.Namespace) -> int:
     llm, texts, failed = load_text_model(args)
     if llm is None:
         return failed
-    try:
-        params = decoding_params(llm, args)
-    except ValueError as err:
-        error(option_wording(err))
-        return 2
+    params = decoding_params(llm, args)
     inputs, unread = articles(llm, texts, args.truncate)
     if not inputs:
         return 1
-    try:
-        outputs = llm.generate([{"prompt_token_ids": a.token_ids} for a in inputs], params, use_tqdm=False)
-    except ValueError as err:
-        error(option_wording(err))
-        return 1
-    for output in outputs:
-        print(output.outputs[0].text.strip())
-    return 1 if failed + unread else 0
+    status = print_outputs(llm, [{"prompt_token_ids": a.token_ids} for a in inputs], params, args)
+    return 1 if status or failed + unread else 0
 
 
 # ----------------------------------------------------------------------------- serve
+
+
+def memory_gib(device: torch.device) -> float:
+    """How much memory `device` has (this machine's for the CPU), in GiB."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory / 2**30
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+
+
+def check_serve(args: argparse.Namespace) -> None:
+    """The serve options that span several flags, before any model loads (UsageError): a name
+    and cache budgets for each --model, budgets within the memory of the machine serving."""
+    from encdec.entrypoints.openai.serving_models import (CACHE_OPTIONS, ModelLoadError,
+                                                          per_model_options, served_names)
+
+    try:
+        served_names(args.models, args.served_model_names)
+        per_model_options({name: getattr(args, name) for name in CACHE_OPTIONS}, len(args.models))
+    except ModelLoadError as err:
+        raise UsageError(str(err)) from None
+    if args.ray:
+        return
+    for flag, values, device in (("--kv-cache-space", args.kv_cache_space, local_device(args.device)),
+                                 ("--swap-space", args.swap_space, torch.device("cpu"))):
+        limit = memory_gib(device)
+        for value in values or []:
+            if value > limit:
+                where = "this machine" if device.type == "cpu" else device
+                raise UsageError(f"{flag} {value:g}: more than {where}'s {limit:.1f} GiB of memory")
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from encdec.entrypoints.openai.api_server import run_server
     from encdec.entrypoints.openai.serving_models import ModelLoadError
 
+    check_serve(args)
     if args.ray:
         from encdec.entrypoints.ray.serve import run_ray_server
         try:
@@ -388,10 +497,27 @@ def run_warmup(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
-def positive_int(value: str) -> int:
-    if not value.isdigit() or int(value) < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value!r}")
-    return int(value)
+positive_int = number(int, 1)
+non_negative_int = number(int, 0)
+non_negative_float = number(float, 0)
+positive_float = number(float, 0, above=True)
+# torch crashes far above this; more threads than cores only slow it down
+MAX_THREADS = max(1024, os.cpu_count() or 1)
+
+
+def device_name(value: str) -> str:
+    """An argparse type: cpu, cuda, cuda:N or auto."""
+    if not re.fullmatch(r"cpu|cuda(:\d+)?|auto", value):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {value!r}")
+    return value
+
+
+def directory(value: str) -> str:
+    """An argparse type: an existing directory."""
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value}: no such directory")
+    return str(path)
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -406,7 +532,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
                         help="faster-whisper's name for --dtype and --quantization: float32, "
                              "bfloat16 or int8 (int8 weights, float32 activations); default: "
                              "what those two say")
-    parser.add_argument("--device", default=None,
+    parser.add_argument("--device", type=device_name, default=None,
                         help="cpu or cuda[:N] (default: cuda if available, else cpu)")
 
 
@@ -423,6 +549,9 @@ def add_transcribe(subparsers) -> None:
     g.add_argument("--model", default="tiny.en",
                    help="tiny.en or base (bundled), or a local Whisper checkpoint directory "
                         "(default: tiny.en)")
+    g.add_argument("--model_dir", "--model-dir", type=directory, default=None,
+                   help="a directory holding checkpoint directories: --model names one of them "
+                        "if there is one of that name (before the bundled models)")
     g.add_argument("--language", default=None,
                    help="language code or name such as en or English, or auto to detect it "
                         "(default: auto; English-only models use en)")
@@ -430,27 +559,16 @@ def add_transcribe(subparsers) -> None:
                    help="translate turns speech into English text (multilingual models only)")
     g.add_argument("--batch_size", "--batch-size", type=number(int, 1), default=8,
                    help="files per batch; all windows of a batch decode together (default: 8)")
-    g.add_argument("--threads", type=number(int, 0), default=0,
-                   help="CPU threads for torch; 0: torch's default (default: 0)")
+    g.add_argument("--threads", type=number(int, 0, MAX_THREADS), default=0,
+                   help=f"CPU threads for torch, at most {MAX_THREADS}; 0: torch's default "
+                        f"(default: 0)")
     add_model_options(g)
+    g.add_argument("--fp16", **BOOL, default=None,
+                   help="openai-whisper's switch: True runs float16 on CUDA unless --dtype or "
+                        "--compute_type is given; the CPU runs float32 regardless (default: what "
+                        "--dtype says)")
     add_transcribe_arguments(p)
     p.set_defaults(handler=run_transcribe)
-
-
-def non_negative_int(value: str) -> int:
-    if not value.isdigit():
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value!r}")
-    return int(value)
-
-
-def non_negative_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        number = -1.0
-    if not number >= 0.0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {value!r}")
-    return number
 
 
 def add_decoding_options(p: argparse.ArgumentParser) -> None:
@@ -460,17 +578,18 @@ def add_decoding_options(p: argparse.ArgumentParser) -> None:
                         "else 128)")
     p.add_argument("--min-tokens", type=non_negative_int, default=None,
                    help="shortest summary in tokens (default: the generation config's)")
-    p.add_argument("--num-beams", type=positive_int, default=None,
-                   help="beam search width; 1 decodes greedily (default: the generation config's)")
-    p.add_argument("--length-penalty", type=float, default=None,
+    p.add_argument("--num-beams", type=number(int, 1, MAX_SEQS), default=None,
+                   help=f"beam search width, at most {MAX_SEQS}; 1 decodes greedily (default: the "
+                        f"generation config's)")
+    p.add_argument("--length-penalty", type=number(float), default=None,
                    help="beam search: score = log-probability / length ** this (default: the "
                         "generation config's)")
     p.add_argument("--no-repeat-ngram-size", type=non_negative_int, default=None,
                    help="never repeat an n-gram of this size; 0 allows all (default: the "
                         "generation config's)")
-    p.add_argument("--temperature", type=non_negative_float, default=None,
-                   help="0 decodes greedily, higher samples; set, it replaces the config's "
-                        "beam search (default: the generation config's decoding)")
+    p.add_argument("--temperature", type=number(float, 0, 2), default=None,
+                   help="in [0, 2]: 0 decodes greedily, higher samples; set, it replaces the "
+                        "config's beam search (default: the generation config's decoding)")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling")
     p.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=True,
                    help="cut texts longer than the model's input limit to fit, with a note on "
@@ -501,7 +620,7 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     per_model = "; once for every model, or once per --model in their order"
     p.add_argument("--num-gpu-blocks", type=positive_int, action="append",
                    help=f"KV cache blocks{per_model} (default: from --kv-cache-space)")
-    p.add_argument("--kv-cache-space", type=non_negative_float, action="append",
+    p.add_argument("--kv-cache-space", type=positive_float, action="append",
                    help=f"KV cache memory in GiB{per_model} (default: 2)")
     p.add_argument("--swap-space", type=non_negative_float, action="append",
                    help=f"swap space in GiB for preempted requests{per_model} (default: 1)")
@@ -532,13 +651,14 @@ def add_serve(subparsers) -> None:
                    metavar="NAME", help="the name clients use for the --model at the same "
                                         "position (default: the --model value)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    p.add_argument("--port", type=number(int, 0, 65535), default=8000,
+                   help="port to listen on; 0: any free one (default: 8000)")
     p.add_argument("--api-key", default=os.environ.get("ENCDEC_API_KEY"),
                    help="require Authorization: Bearer KEY on every path but /health "
                         "(default: $ENCDEC_API_KEY; none: no key)")
-    p.add_argument("--max-upload-mb", type=non_negative_float, default=25,
+    p.add_argument("--max-upload-mb", type=positive_float, default=25,
                    help="largest audio upload in MiB; larger ones get 413 (default: 25)")
-    p.add_argument("--max-audio-seconds", type=non_negative_float, default=3600,
+    p.add_argument("--max-audio-seconds", type=positive_float, default=3600,
                    help="longest audio in seconds; longer ones get 400 (default: 3600)")
     p.add_argument("--max-waiting-requests", type=positive_int, default=None,
                    help="requests queued per model before new ones get 429 (default: no limit)")
@@ -558,7 +678,9 @@ def add_bench(subparsers) -> None:
                               description="Run a benchmark script; other options go to it "
                                           "(e.g. encdec bench bart --num-docs 16 --rounds 1).")
     p.add_argument("name", choices=BENCHMARKS)
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="options for the script")
+    # argparse counts a REMAINDER positional as required; an empty one is fine
+    p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="...",
+                   help="options for the script").required = False
     p.set_defaults(handler=run_bench)
 
 
@@ -578,8 +700,19 @@ def add_warmup(subparsers) -> None:
     p.set_defaults(handler=run_warmup)
 
 
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser that leaves the parser of the (innermost) command in `args.parser`, for
+    the usage errors found after parsing."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extra = super().parse_known_args(args, namespace)
+        if "parser" not in namespace:  # a subcommand's parser has set it first
+            namespace.parser = self
+        return namespace, extra
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG, description="Inference runtime for encoder/decoder transformers "
                                "(BART, T5, Marian, Whisper, ...) with continuous batching.",
         formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=16))
@@ -595,27 +728,63 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+MODEL_OPTIONS = {"compute_type": "--compute_type", "dtype": "--dtype", "quantization": "--quantization"}
+
+
+def runs_here(args: argparse.Namespace) -> bool:
+    """Whether the command's engines run in this process (not in Ray actors)."""
+    return args.command != "batch" and not getattr(args, "ray", False)
+
+
+def local_device(name: Optional[str]) -> torch.device:
+    """The device that --device names, on this machine (UsageError if it has no such device)."""
+    if name in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device, count = torch.device(name), torch.cuda.device_count()
+    if device.type == "cuda" and (device.index or 0) >= count:
+        raise UsageError(f"--device {name}: " + (f"this machine has {count} CUDA device(s)" if count
+                                                  else "CUDA is not available on this machine"))
+    return device
+
+
+def resolve_model_options(args: argparse.Namespace) -> None:
+    """--compute_type as --dtype and --quantization, the three checked against each other, and
+    a local --device against the machine; transcribe's --fp16 True as float16 on CUDA when no
+    dtype is given (UsageError)."""
+    try:
+        dtype, quantization = resolve_compute_type(args.compute_type, args.dtype, args.quantization)
+    except ValueError as err:
+        raise UsageError(option_wording(err, MODEL_OPTIONS)) from None
+    if quantization and dtype not in ("auto", "float32"):
+        raise UsageError(f"--quantization {quantization} runs with float32 activations, not "
+                         f"--dtype {dtype}")
+    if runs_here(args):
+        device = local_device(args.device)
+        if getattr(args, "fp16", None) and dtype == "auto" and device.type == "cuda":
+            dtype = "float16"
+    args.dtype, args.quantization = dtype, quantization
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; returns the exit status (argparse usage errors: 2)."""
+    """Run the command line; returns the exit status (usage errors: 2, with the command's usage)."""
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)
-        if extra:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        if "compute_type" in args:  # one spelling from here on: dtype and quantization
-            try:
-                args.dtype, args.quantization = resolve_compute_type(
-                    args.compute_type, args.dtype, args.quantization)
-            except ValueError as error:
-                parser.error(f"--compute_type: {error}")
+        try:
+            if extra:
+                raise UsageError(f"unrecognized arguments: {' '.join(extra)}")
+            if "compute_type" in args:  # one spelling from here on: dtype and quantization
+                resolve_model_options(args)
+            # The imports (torch's above all) leave hundreds of thousands of objects that the
+            # garbage collector's full passes would walk again and again while a model loads
+            # (0.2-0.3 s of a short transcription's start-up); none of them is garbage, so they
+            # move out of its sight.
+            gc.freeze()
+            return args.handler(args)
+        except UsageError as err:
+            args.parser.error(str(err))
     except SystemExit as exit_:
         return exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 2)
-    # The imports (torch's above all) leave hundreds of thousands of objects that the garbage
-    # collector's full passes would walk again and again while a model loads (0.2-0.3 s of a
-    # short transcription's start-up); none of them is garbage, so they move out of its sight.
-    gc.freeze()
-    try:
-        return args.handler(args)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import re
 from typing import Any, Callable
 
-from encdec.entrypoints.whisper_options import NAMES, transcribe_options
+from encdec.config import SchedulerConfig
+from encdec.entrypoints.whisper_options import NAMES, VAD_NAMES, transcribe_options
 from encdec.whisper.pipeline import TranscribeOptions
 from encdec.whisper.vad import VadOptions
 from encdec.whisper.writers import FORMATS, WriterOptions
@@ -23,6 +25,7 @@ DEFAULTS = {f.name: f.default for f in dataclasses.fields(TranscribeOptions)}
 WRITER_NAMES = tuple(f.name for f in dataclasses.fields(WriterOptions) if f.name != "task")
 PASSED_ELSEWHERE = ("language", "task")  # given to LLM.transcribe by the command itself
 FAST_GREEDY = "--beam_size 1 --no_fallback"
+MAX_SEQS = SchedulerConfig.max_num_seqs  # sequences the engine decodes at once: beams, samples
 VAD_HELP = {
     "threshold": "speech probability that starts speech",
     "neg_threshold": "probability below which speech ends (default: None, threshold - 0.15)",
@@ -44,40 +47,62 @@ def str2bool(value: str) -> bool:
 BOOL = dict(type=str2bool, metavar="{True,False}")  # openai-whisper's boolean flags
 
 
-def number(kind: Callable[[str], Any], minimum: float = float("-inf"),
-           none: bool = False) -> Callable[[str], Any]:
-    """An argparse type: a `kind` number >= `minimum`; with `none`, also `None` (openai-whisper's
-    `optional_int` / `optional_float`)."""
+def number(kind: Callable[[str], Any], minimum: float = -math.inf, maximum: float = math.inf,
+           none: bool = False, above: bool = False, infinite: bool = False) -> Callable[[str], Any]:
+    """An argparse type: a `kind` number in [minimum, maximum] (over `minimum` with `above`),
+    finite unless `infinite`; with `none`, also `None` (openai-whisper's `optional_int` /
+    `optional_float`)."""
+    if minimum > -math.inf and maximum < math.inf:
+        bounds = f" in {'(' if above else '['}{minimum:g}, {maximum:g}]"
+    elif minimum > -math.inf:
+        bounds = f" {'>' if above else '>='} {minimum:g}"
+    else:
+        bounds = f" <= {maximum:g}" if maximum < math.inf else ""
+    finite = "finite " if maximum == math.inf and not infinite else ""
+    what = "an integer" if kind is int else f"a {finite}number"
+    expected = f"{what}{bounds}{' or None' if none else ''}"
+
     def parse(value: str) -> Any:
         if none and value == "None":
             return None
         try:
             parsed = kind(value)
         except ValueError:
-            parsed = None
-        if parsed is None or not parsed >= minimum:
-            raise argparse.ArgumentTypeError(
-                f"expected {'an integer' if kind is int else 'a number'}"
-                f"{f' >= {minimum:g}' if minimum > float('-inf') else ''}"
-                f"{' or None' if none else ''}, got {value!r}")
+            parsed = math.nan
+        if not ((minimum < parsed if above else minimum <= parsed) and parsed <= maximum
+                and (infinite or kind is int or math.isfinite(parsed))):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
         return parsed
+    return parse
+
+
+def number_list(item: Callable[[str], Any], expected: str) -> Callable[[str], list]:
+    """An argparse type: comma-separated values of the argparse type `item` (empty: none)."""
+    def parse(value: str) -> list:
+        try:
+            return [item(v) for v in value.split(",")] if value.strip() else []
+        except argparse.ArgumentTypeError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}") from None
     return parse
 
 
 def add_decoding(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
-    g.add_argument("--beam_size", type=number(int, 1, none=True), default=5,
+    g.add_argument("--beam_size", type=number(int, 1, MAX_SEQS, none=True), default=5,
                    help=f"beams at temperature 0; 1 decodes greedily (default: 5; fastest: "
-                        f"{FAST_GREEDY})")
-    g.add_argument("--best_of", type=number(int, 1), default=5,
-                   help="samples per decode at temperatures above 0, the likeliest kept (default: 5)")
-    g.add_argument("--patience", type=number(float, 0, none=True), default=None,
+                        f"{FAST_GREEDY}); at most {MAX_SEQS}")
+    g.add_argument("--best_of", type=number(int, 1, MAX_SEQS), default=5,
+                   help=f"samples per decode at temperatures above 0, the likeliest kept; at most "
+                        f"{MAX_SEQS} (default: 5)")
+    g.add_argument("--patience", type=number(float, 0, none=True, above=True), default=None,
                    help="beam search patience: wait for beam_size * patience finished beams "
                         "(default: 1.0)")
-    g.add_argument("--temperature", type=number(float, 0), default=0.0,
-                   help="first temperature of each window's decode; 0 decodes greedily or with "
-                        "beams (default: 0)")
+    g.add_argument("--temperature", type=number(float, 0, 2), default=0.0,
+                   help="first temperature of each window's decode, in [0, 2]; 0 decodes greedily "
+                        "or with beams (default: 0)")
     g.add_argument("--suppress_tokens", default=DEFAULTS["suppress_tokens"],
+                   type=number_list(number(int, -1), "comma-separated token ids (integers >= 0, "
+                                                     "or -1)"),
                    help="comma-separated token ids never sampled; -1: the model's list of "
                         "symbols (default: -1)")
     g.add_argument("--suppress_blank", **BOOL, default=DEFAULTS["suppress_blank"],
@@ -127,11 +152,17 @@ def add_timestamps(p: argparse.ArgumentParser) -> None:
                    help="time every word (cross-attention alignment); json and verbose_json "
                         "list the words (default: False)")
     g.add_argument("--clip_timestamps", default=DEFAULTS["clip_timestamps"],
+                   type=number_list(number(float, 0), "comma-separated seconds (numbers >= 0)"),
                    help="start,end,start,end,... seconds to transcribe; an open last clip runs "
                         "to the end (default: 0, everything)")
     g.add_argument("--hallucination_silence_threshold", type=number(float, 0, none=True),
                    default=None, help="with --word_timestamps True: drop text that looks made "
                                       "up between silences longer than this many seconds")
+    for side, joins in (("prepend", "next"), ("append", "previous")):
+        default = DEFAULTS[f"{side}_punctuations"]
+        g.add_argument(f"--{side}_punctuations", default=default,
+                       help=f"with --word_timestamps True: these marks join the {joins} word; "
+                            f"default: {default}")
 
 
 def add_vad(p: argparse.ArgumentParser) -> None:
@@ -141,7 +172,8 @@ def add_vad(p: argparse.ArgumentParser) -> None:
                    help="transcribe only the speech regions, mapping times back (default: False)")
     for field in dataclasses.fields(VadOptions):
         kind = int if field.type == "int" else float
-        g.add_argument(f"--vad_{field.name}", type=number(kind, 0, none=field.default is None),
+        g.add_argument(f"--vad_{field.name}", type=number(kind, 0, none=field.default is None,
+                                                          infinite=field.default == math.inf),
                        default=argparse.SUPPRESS,
                        help=VAD_HELP[field.name] + ("" if field.default is None
                                                     else f" (default: {field.default})"))
@@ -181,6 +213,11 @@ def flag_wording(message: str) -> str:
     """An option error with each option name spelt as its flag (`beam_size` -> `--beam_size`)."""
     names = sorted((*NAMES, *WRITER_NAMES), key=len, reverse=True)
     return re.sub(r"(?<![\w-])(" + "|".join(names) + r")\b", r"--\1", message)
+
+
+def ignored_vad_flags(args: argparse.Namespace) -> list[str]:
+    """The --vad_* flags given without --vad_filter True, which then do nothing."""
+    return [] if args.vad_filter else [f"--{name}" for name in VAD_NAMES if name in args]
 
 
 def checked_options(args: argparse.Namespace) -> tuple[dict[str, Any], WriterOptions]:

@@ -1,72 +1,119 @@
 """`encdec translate`: text translation with a Marian, mBART-50 or T5 checkpoint.
 
-The model family says how the languages are given (`encdec.models.registry.translation_inputs`):
-a Marian checkpoint translates its own language pair (a multilingual one takes the target as
-`>>fr<<`), mBART-50 takes source and target codes (`en_XX`, `fr_XX`; the target code is forced
-as the first generated token), T5 writes "translate English to German: " in front of the text.
-Decoding follows the checkpoint's generation config unless options say otherwise, as for
-`encdec summarize`. One translation per line on stdout, TEXTs first, then --files.
+The model family says how the languages are given: a Marian checkpoint translates its own
+language pair (a multilingual one takes the target as `>>fr<<`), mBART-50 takes source and
+target codes (`en_XX`, `fr_XX`; the target code is forced as the first generated token), T5
+takes the codes of one of its translation tasks (`en` and `de` for "translate English to
+German: ", which goes in front of the text). Texts longer than the model's input limit are cut
+to fit, as for `encdec summarize`, unless --no-truncate. Decoding follows the checkpoint's
+generation config unless options say otherwise, as for `encdec summarize`. One translation per
+line on stdout, TEXTs first, then --files.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Any
 
-from encdec.models.registry import translation_inputs
+from encdec.entrypoints.summaries import ArticleTooLong
+from encdec.models.registry import get_model_family, translation_inputs
+
+TRANSLATORS = "Marian, mBART-50 or T5"
 
 
 def add_translate(subparsers) -> None:
     from encdec.entrypoints.cli import add_decoding_options, add_model_options
 
-    p = subparsers.add_parser("translate", help="translate text with a Marian, mBART-50 or T5 checkpoint",
+    p = subparsers.add_parser("translate", help=f"translate text with a {TRANSLATORS} checkpoint",
                               description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to translate")
     p.add_argument("--file", dest="files", action="append", default=[], metavar="F",
                    help="read a text from F (- for stdin); may be repeated")
     p.add_argument("--model", required=True, metavar="DIR",
-                   help="local Hugging Face checkpoint directory (Marian, mBART-50 or T5)")
+                   help=f"local Hugging Face checkpoint directory ({TRANSLATORS})")
     p.add_argument("--source-lang", default=None,
-                   help="language of the texts: en_XX for mBART-50, English for T5 (Marian: the "
+                   help="language of the texts: en_XX for mBART-50, en for T5 (Marian: the "
                         "checkpoint's own)")
     p.add_argument("--target-lang", default=None,
-                   help="language to translate into: fr_XX for mBART-50, French for T5, fr for a "
+                   help="language to translate into: fr_XX for mBART-50, de for T5, fr for a "
                         "multilingual Marian checkpoint")
     add_decoding_options(p)
     add_model_options(p)
     p.set_defaults(handler=run_translate)
 
 
+def t5_pairs(hf_config: Any) -> list[tuple[str, str]]:
+    """The (source, target) codes of a T5 checkpoint's translation tasks."""
+    pairs = []
+    for task in getattr(hf_config, "task_specific_params", None) or {}:
+        source, to, target = task.removeprefix("translation_").partition("_to_")
+        if task.startswith("translation_") and to:
+            pairs.append((source, target))
+    return pairs
+
+
+def check_languages(args: argparse.Namespace, hf_config: Any) -> None:
+    """--model against what translates, and a T5 checkpoint's --source-lang and --target-lang
+    against its translation tasks (UsageError)."""
+    from encdec.entrypoints.cli import UsageError
+
+    family = get_model_family(getattr(hf_config, "architectures", None))
+    if family.translation is None:
+        raise UsageError(f"--model {args.model}: a {family.model_type} checkpoint does not "
+                         f"translate (translate takes {TRANSLATORS} checkpoints)")
+    pairs = t5_pairs(hf_config)
+    if family.model_type == "t5" and (args.source_lang, args.target_lang) not in pairs:
+        problem = (f"--source-lang {args.source_lang} --target-lang {args.target_lang}: no such "
+                   f"task" if args.source_lang and args.target_lang else
+                   "--source-lang and --target-lang are required for T5")
+        known = ", ".join(f"{source} to {target}" for source, target in pairs) or "nothing"
+        raise UsageError(f"{problem}; this checkpoint translates {known}")
+
+
+def fitted(ids: list[int], limit: int, truncate: bool) -> list[int]:
+    """`ids` cut to `limit` tokens as Hugging Face's `truncation=True` cuts them, the closing
+    special token kept (ArticleTooLong if they do not fit and `truncate` is False)."""
+    if len(ids) <= limit:
+        return ids
+    if not truncate:
+        raise ArticleTooLong(f"the text has {len(ids)} tokens, more than the model's limit of "
+                             f"{limit} input tokens")
+    return ids[:limit - 1] + ids[-1:]
+
+
 def run_translate(args: argparse.Namespace) -> int:
-    from encdec.entrypoints.cli import decoding_params, error, load_text_model, option_wording
+    from encdec.entrypoints.cli import (UsageError, cut_note, decoding_params, error,
+                                        load_text_model, print_outputs, too_long)
 
     llm, texts, failed = load_text_model(args)
     if llm is None:
         return failed
     engine = llm.llm_engine
-    limit = engine.model_config.max_encoder_len
-    try:
-        params = decoding_params(llm, args)
-    except ValueError as err:
-        error(option_wording(err))
-        return 2
-    try:
-        requests = [translation_inputs(engine.tokenizer, engine.model_config.hf_config, text,
-                                       args.source_lang, args.target_lang) for _, text in texts]
-    except ValueError as err:  # the languages: the same for every text
-        error(f"--source-lang / --target-lang: {err}")
-        return 2
+    hf_config, limit = engine.model_config.hf_config, engine.model_config.max_encoder_len
+    check_languages(args, hf_config)
+    params = decoding_params(llm, args)
     prompts, request_params = [], []
-    for (label, _), inputs in zip(texts, requests):
-        if len(inputs.prompt_token_ids) > limit:
-            error(f"{label}: {len(inputs.prompt_token_ids)} tokens, more than the model's limit "
-                  f"of {limit} input tokens")
+    for label, text in texts:
+        if not text.strip():
+            error(f"{label}: the text to translate is empty")
             failed += 1
             continue
-        prompts.append({"prompt_token_ids": inputs.prompt_token_ids})
+        try:
+            inputs = translation_inputs(engine.tokenizer, hf_config, text, args.source_lang,
+                                        args.target_lang)
+        except ValueError as err:  # the languages: the same for every text
+            raise UsageError(f"--source-lang / --target-lang: {err}") from None
+        try:
+            ids = fitted(inputs.prompt_token_ids, limit, args.truncate)
+        except ArticleTooLong as err:
+            too_long(label, err)
+            failed += 1
+            continue
+        if len(ids) < len(inputs.prompt_token_ids):
+            cut_note(label, limit, len(inputs.prompt_token_ids) - len(ids))
+        prompts.append({"prompt_token_ids": ids})
         forced = inputs.forced_bos_token_id
         request_params.append(params if forced is None
                               else dataclasses.replace(params, forced_bos_token_id=forced))
-    if prompts:
-        for output in llm.generate(prompts, request_params, use_tqdm=False):
-            print(output.outputs[0].text.strip())
-    return 1 if failed else 0
+    status = print_outputs(llm, prompts, request_params, args) if prompts else 0
+    return 1 if status or failed else 0

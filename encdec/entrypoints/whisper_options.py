@@ -11,6 +11,7 @@ the option at fault.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any, Optional
 
@@ -18,6 +19,7 @@ from encdec.whisper.pipeline import TranscribeOptions
 from encdec.whisper.vad import VadOptions
 
 FALLBACK_INCREMENT = 0.2
+MIN_INCREMENT = 0.01  # at most 101 temperatures from 0 to 1
 VAD_PREFIX = "vad_"
 VAD_NAMES = {VAD_PREFIX + f.name: f.name for f in dataclasses.fields(VadOptions)}  # user's -> field
 # every name `transcribe_options` takes
@@ -27,8 +29,11 @@ NAMES = (*(f.name for f in dataclasses.fields(TranscribeOptions) if f.name != "v
 
 def fallback_temperatures(start: float, increment: Optional[float] = FALLBACK_INCREMENT) -> tuple[float, ...]:
     """`start, start + increment, ...` while <= 1.0 (just `start` for no increment)."""
-    if increment is not None and increment < 0:
-        raise ValueError(f"temperature_increment_on_fallback must be >= 0 or None, got {increment}")
+    if not 0 <= start <= 2:
+        raise ValueError(f"temperature must be a number in [0, 2], got {start}")
+    if increment is not None and not (increment == 0 or MIN_INCREMENT <= increment < math.inf):
+        raise ValueError(f"temperature_increment_on_fallback must be 0, None or a number >= "
+                         f"{MIN_INCREMENT}, got {increment}")
     if not increment:
         return (start,)
     steps = max(int((1.0 - start) / increment + 1e-6), 0)

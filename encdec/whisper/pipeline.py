@@ -73,7 +73,8 @@ from encdec.whisper.silence import (COMPRESSION_RATIO_THRESHOLD, LOGPROB_THRESHO
                                     NO_SPEECH_THRESHOLD, compression_ratio, is_no_speech, is_silent)
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
-from encdec.whisper.timing import FRAMES_PER_SECOND, align_words, drop_hallucinations, words_into_segments
+from encdec.whisper.timing import (APPEND_PUNCTUATIONS, FRAMES_PER_SECOND, PREPEND_PUNCTUATIONS, align_words,
+                                   drop_hallucinations, words_into_segments)
 from encdec.whisper.vad import SpeechMap, VadOptions
 from encdec.whisper.windows import split_windows
 
@@ -95,8 +96,9 @@ class TranscribeOptions:
     faster-whisper's `hotwords` come first in every prompt. `suppress_tokens` ("-1": the
     model's list) and `suppress_blank` as in openai-whisper; `clip_timestamps`
     ("start,end,start,...", seconds; an open last clip runs to the end) limits the audio
-    transcribed. `word_timestamps` gives each segment its `words` (`encdec.whisper.timing`);
-    with them, `hallucination_silence_threshold` (seconds) drops a segment that looks like a
+    transcribed. `word_timestamps` gives each segment its `words` (`encdec.whisper.timing`;
+    the marks of `prepend_punctuations` and `append_punctuations` join the next and the previous
+    word, as in openai-whisper); with them, `hallucination_silence_threshold` (seconds) drops a segment that looks like a
     hallucination between silences, and the rest of its window (openai-whisper re-decodes
     from there; those stretches are silence). Sampling is seeded per window
     from `seed`, so a transcript does not depend on what else shares the batch. `vad_filter`
@@ -132,6 +134,8 @@ class TranscribeOptions:
     vad_filter: bool = False
     vad_parameters: Union[VadOptions, dict, None] = None
     word_timestamps: bool = False
+    prepend_punctuations: str = PREPEND_PUNCTUATIONS
+    append_punctuations: str = APPEND_PUNCTUATIONS
     hallucination_silence_threshold: Optional[float] = None
 
     def __post_init__(self) -> None:
@@ -323,7 +327,9 @@ class TranscriptionJob:
                                 window.state.language or "en", window.offset)
             index = window.input_index
             last_speech = max(self.last_speech[index], window.offset)
-            self.last_speech[index] = words_into_segments(words, window.segments, last_speech)
+            self.last_speech[index] = words_into_segments(
+                words, window.segments, last_speech,
+                (self.options.prepend_punctuations, self.options.append_punctuations))
             threshold = self.options.hallucination_silence_threshold
             if threshold is not None:
                 window.segments = drop_hallucinations(window.segments, threshold, last_speech, window.offset,

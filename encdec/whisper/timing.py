@@ -139,14 +139,15 @@ def align_words(tokenizer: Any, text_tokens: list[int], weights: np.ndarray, tok
     return words
 
 
-def merge_punctuation(words: list[Word]) -> None:
-    """In place: an opening mark (a word of its own, after a space) goes to the word after it,
-    a closing mark to the word before it; the mark's entry is left empty (no text, no tokens)
-    and each word keeps its own times."""
+def merge_punctuation(words: list[Word], prepend: str = PREPEND_PUNCTUATIONS,
+                      append: str = APPEND_PUNCTUATIONS) -> None:
+    """In place: an opening mark (one of `prepend`, a word of its own after a space) goes to
+    the word after it, a closing mark (one of `append`) to the word before it; the mark's entry
+    is left empty (no text, no tokens) and each word keeps its own times."""
     following = len(words) - 1
     for i in range(len(words) - 2, -1, -1):
         mark, word = words[i], words[following]
-        if mark.word.startswith(" ") and mark.word.strip() in PREPEND_PUNCTUATIONS:
+        if mark.word.startswith(" ") and mark.word.strip() in prepend:
             word.word, word.tokens = mark.word + word.word, mark.tokens + word.tokens
             mark.word, mark.tokens = "", []
         else:
@@ -154,17 +155,19 @@ def merge_punctuation(words: list[Word]) -> None:
     previous = 0
     for j in range(1, len(words)):
         word, mark = words[previous], words[j]
-        if not word.word.endswith(" ") and mark.word in APPEND_PUNCTUATIONS:
+        if not word.word.endswith(" ") and mark.word in append:
             word.word, word.tokens = word.word + mark.word, word.tokens + mark.tokens
             mark.word, mark.tokens = "", []
         else:
             previous = j
 
 
-def words_into_segments(words: list[Word], segments: list[Segment], last_speech: float) -> float:
+def words_into_segments(words: list[Word], segments: list[Segment], last_speech: float,
+                        punctuations: tuple[str, str] = (PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)) -> float:
     """Give each segment its words (in token order), trim overlong words at sentence and segment
-    boundaries with the median word duration, and fit segment and word times to each other.
-    Returns the end of the last speech, for the next window."""
+    boundaries with the median word duration, join the marks of `punctuations` (prepended,
+    appended) to their words, and fit segment and word times to each other. Returns the end of
+    the last speech, for the next window."""
     durations = np.array([w.end - w.start for w in words])
     durations = durations[durations > 0]
     median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
@@ -175,7 +178,7 @@ def words_into_segments(words: list[Word], segments: list[Segment], last_speech:
                 word.end = word.start + longest
             elif previous.word.strip() in SENTENCE_END_MARKS:
                 word.start = word.end - longest
-    merge_punctuation(words)
+    merge_punctuation(words, *punctuations)
     position = 0
     for segment in segments:
         taken, mine = 0, []

@@ -6,6 +6,7 @@ get the same `LLM` (the first call goes through the real loader).
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import re
 import subprocess
@@ -48,6 +49,13 @@ def stderr_lines(err: str) -> list[str]:
 
 def error_lines(err: str) -> list[str]:
     return [line for line in stderr_lines(err) if line.startswith("encdec: error:")]
+
+
+def usage_error(err: str, command: str) -> str:
+    """The one error line of a usage error, after the command's usage."""
+    assert err.startswith(f"usage: encdec {command} "), err
+    [line] = [line for line in stderr_lines(err) if line.startswith(f"encdec {command}: error: ")]
+    return line.removeprefix(f"encdec {command}: error: ")
 
 
 def parse_cues(text: str) -> list[tuple[int | None, int, int, str]]:
@@ -126,15 +134,73 @@ def test_model_and_option_errors(tmp_path, capsys):
     assert cli.main(["transcribe", str(SAMPLE), "--model", str(tmp_path)]) == 2
     [error] = error_lines(capsys.readouterr().err)
     assert error.startswith(f"encdec: error: --model {str(tmp_path)!r}")
-    assert cli.main(["transcribe", str(SAMPLE), "--task", "translate"]) == 1
-    [error] = error_lines(capsys.readouterr().err)
-    assert error.startswith(f"encdec: error: {SAMPLE}: ") and "English-only" in error
+    assert cli.main(["transcribe", str(SAMPLE), str(SAMPLE), "--task", "translate"]) == 2
+    err = capsys.readouterr().err
+    assert usage_error(err, "transcribe") == (
+        "--task translate needs a multilingual model; tiny.en is English-only (it writes all "
+        "speech as English: leave --task out)")
+    assert error_lines(err) == []  # once, not once per file
+
+
+def test_a_text_model_is_refused_once(tiny_bart_dir, capsys):
+    assert cli.main(["transcribe", str(SAMPLE), str(SAMPLE), "--model", str(tiny_bart_dir)]) == 2
+    err = capsys.readouterr().err
+    assert usage_error(err, "transcribe") == (
+        f"--model {tiny_bart_dir}: not a Whisper model (transcribe needs one)")
+    assert error_lines(err) == []
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused_once(capsys):
+    assert cli.main(["transcribe", str(SAMPLE), str(SAMPLE), "--suppress_tokens=-1,99999999"]) == 2
+    err = capsys.readouterr().err
+    assert usage_error(err, "transcribe") == (
+        "--suppress_tokens: 99999999 is not a token id of tiny.en (its ids end at 51863)")
+    assert error_lines(err) == []
+
+
+@pytest.mark.parametrize("output", ["afile", "afile/sub"])
+def test_output_dir_is_checked_before_transcribing(tmp_path, monkeypatch, capsys, output):
+    monkeypatch.setattr(cli, "load_audio", lambda name: pytest.fail("audio decoded"))
+    (tmp_path / "afile").touch()
+    target = tmp_path / output
+    assert cli.main(["transcribe", str(SAMPLE), "-o", str(target)]) == 2
+    assert usage_error(capsys.readouterr().err, "transcribe") == f"--output_dir {target}: not a directory"
+
+
+def test_unwritable_output_dir_is_found_before_transcribing(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "load_audio", lambda name: pytest.fail("audio decoded"))
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: False)  # tests may run as root
+    assert cli.main(["transcribe", str(SAMPLE), "-o", str(tmp_path)]) == 2
+    assert usage_error(capsys.readouterr().err, "transcribe") == f"--output_dir {tmp_path}: permission denied"
+
+
+def test_read_errors_say_what_went_wrong_once(monkeypatch, capsys):
+    def unreadable(name):  # as encdec.audio words what the decoders raise
+        cause = PermissionError(errno.EACCES, "Permission denied", f"/tmp/folder/{name}")
+        raise ValueError(f"{name}: not a readable audio file ({cause})") from cause
+
+    monkeypatch.setattr(cli, "load_audio", unreadable)
+    assert cli.main(["transcribe", "unr.wav"]) == 1
+    assert error_lines(capsys.readouterr().err) == ["encdec: error: unr.wav: permission denied"]
+
+
+def test_punctuation_flags_reach_the_word_timings(tmp_path):
+    words = []
+    for marks in ([], ["--append_punctuations", ""]):
+        assert cli.main(["transcribe", str(SAMPLE), "-f", "json", "-o", str(tmp_path),
+                         "--word_timestamps", "True", *marks]) == 0
+        data = json.loads((tmp_path / "hello.json").read_text())
+        words.append([w["word"].strip() for s in data["segments"] for w in s["words"]])
+    assert words[0] == SAMPLE_TEXT.split()
+    assert words[1] == SAMPLE_TEXT.replace(".", " .").split()  # no mark joins the word before
 
 
 def test_usage_errors(capsys):
     assert cli.main(["transcribe"]) == 2
     assert cli.main(["transcribe", "x.wav", "--batch-size", "0"]) == 2
+    capsys.readouterr()
     assert cli.main(["transcribe", "x.wav", "--bogus"]) == 2
+    assert usage_error(capsys.readouterr().err, "transcribe") == "unrecognized arguments: --bogus"
     assert cli.main([]) == 2
     assert cli.main(["bench", "nosuch"]) == 2
 
@@ -152,7 +218,7 @@ def test_summarize(tiny_bart_dir, tmp_path, capsys):
                        "--file", str(article), "--file", str(gone), "--max-tokens", "8"])
     captured = capsys.readouterr()
     assert status == 1  # the missing file; the two texts are still summarized
-    assert error_lines(captured.err) == [f"encdec: error: {gone}: No such file or directory"]
+    assert error_lines(captured.err) == [f"encdec: error: {gone}: no such file or directory"]
     assert len(captured.out.splitlines()) == 2
 
 
@@ -182,8 +248,19 @@ def test_summarize_truncates_and_says_so(tiny_bart_dir, capsys):
 def test_summarize_words_errors_as_options(tiny_bart_dir, capsys):
     assert cli.main(["summarize", "--model", str(tiny_bart_dir), "text", "--min-tokens", "9",
                      "--max-tokens", "3"]) == 2
-    assert error_lines(capsys.readouterr().err) == [
-        "encdec: error: --min-tokens must be <= --max-tokens=3, got 9"]
+    assert usage_error(capsys.readouterr().err, "summarize") == (
+        "--min-tokens must be <= --max-tokens=3, got 9")
+    # the length limit of the checkpoint's generation config (max_length 20, less the 2-token
+    # decoder prompt), which the user did not set
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "text", "--min-tokens", "100000"]) == 2
+    assert usage_error(capsys.readouterr().err, "summarize") == (
+        "--min-tokens 100000: the checkpoint's default max tokens is 18; set --max-tokens")
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "text", "--min-tokens", "300",
+                     "--max-tokens", "300"]) == 2
+    assert usage_error(capsys.readouterr().err, "summarize") == (
+        "--min-tokens 300: the model writes at most 254 tokens")
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir)]) == 2
+    assert usage_error(capsys.readouterr().err, "summarize") == "give at least one TEXT or --file"
     assert cli.main(["summarize", "--model", str(tiny_bart_dir / "missing"), "text"]) == 2
     assert error_lines(capsys.readouterr().err)[0].startswith(
         f"encdec: error: --model {tiny_bart_dir / 'missing'}: no such directory")

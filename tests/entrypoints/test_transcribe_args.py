@@ -11,6 +11,7 @@ import pytest
 
 from encdec.entrypoints import cli
 from encdec.whisper.pipeline import TranscribeOptions
+from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription, Word
 from encdec.whisper.vad import VadOptions
 from tests.entrypoints.conftest import SAMPLE
@@ -21,7 +22,9 @@ WORDS = ["Thank", "you", "for", "calling."]
 class RecordingLLM:
     """Answers every input with one segment of four timed words; keeps the options it got."""
 
-    llm_engine = SimpleNamespace(model_config=SimpleNamespace(special_tokens=None))
+    llm_engine = SimpleNamespace(model_config=SimpleNamespace(
+        special_tokens=WhisperTokens(eot=1, sot=0, no_timestamps=None, multilingual=True),
+        vocab_size=100))
 
     def __init__(self):
         self.calls: list[dict] = []
@@ -162,7 +165,6 @@ def test_subtitle_flags(llm, tmp_path):
      "--hallucination_silence_threshold needs --word_timestamps=True"),
     (["--beam_size", "1", "--patience", "2"], "--patience must be a number > 0, with --beam_size >= 2"),
     (["--vad_threshold", "1.5"], "--vad_threshold must be in (0, 1)"),
-    (["--temperature", "3"], "--temperature must be"),
     (["--clip_timestamps", "3,1"], "--clip_timestamps must be"),
     (["--vad_filter", "True", "--clip_timestamps", "1,2"], "--clip_timestamps and --vad_filter exclude"),
 ])
@@ -174,12 +176,12 @@ def test_option_errors_name_the_flag(llm, capsys, argv, message):
 
 @pytest.mark.parametrize("argv, message", [
     (["--word_timestamps", "yes"], "argument --word_timestamps: expected True or False, got 'yes'"),
-    (["--beam_size", "0"], "argument --beam_size: expected an integer >= 1 or None, got '0'"),
-    (["--best_of", "x"], "argument --best_of: expected an integer >= 1, got 'x'"),
-    (["--temperature_increment_on_fallback", "-1"], "expected a number >= 0 or None, got '-1'"),
+    (["--beam_size", "0"], "argument --beam_size: expected an integer in [1, 256] or None, got '0'"),
+    (["--best_of", "x"], "argument --best_of: expected an integer in [1, 256], got 'x'"),
+    (["--temperature_increment_on_fallback", "-1"], "expected a finite number >= 0 or None, got '-1'"),
     (["--vad_speech_pad_ms", "1.5"], "argument --vad_speech_pad_ms: expected an integer >= 0"),
     (["--max_line_width", "0"], "argument --max_line_width: expected an integer >= 1"),
-    (["--threads", "-1"], "argument --threads: expected an integer >= 0, got '-1'"),
+    (["--threads", "-1"], f"argument --threads: expected an integer in [0, {cli.MAX_THREADS}], got '-1'"),
     (["-f", "doc"], "argument --output_format/-f/--output-format: invalid choice: 'doc'"),
 ])
 def test_usage_errors(llm, capsys, argv, message):
@@ -212,3 +214,38 @@ def test_help_groups_the_flags(capsys):
             assert re.search(rf"\n  {re.escape(flag.strip())}[ ,\n]", by_title[title]), (title, flag)
     assert "-f FORMAT" in by_title["output"] and "-o OUTPUT_DIR" in by_title["output"]
     assert "--beam_size 1 --no_fallback" in out  # the fast greedy switch is documented
+
+
+@pytest.mark.parametrize("gpu, argv, dtype", [
+    (False, ["--fp16", "True"], "auto"),  # the CPU runs float32 regardless, as openai-whisper's
+    (True, ["--fp16", "True"], "float16"),
+    (True, ["--fp16", "True", "--dtype", "bfloat16"], "bfloat16"),
+    (True, ["--fp16", "True", "--compute_type", "float32"], "float32"),
+    (True, ["--fp16", "False"], "auto"),
+    (True, [], "auto"),
+])
+def test_fp16_is_float16_on_cuda_unless_a_dtype_is_given(monkeypatch, gpu, argv, dtype):
+    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(cli.torch.cuda, "device_count", lambda: int(gpu))
+    loaded = []
+    monkeypatch.setattr(cli, "load_llm", lambda args: loaded.append(args.dtype) or RecordingLLM())
+    assert run(*argv) == 0
+    assert loaded == [dtype]
+
+
+def test_model_dir_is_looked_in_before_the_bundled_models(tmp_path, monkeypatch):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "config.json").write_text("{}")
+    models = []
+    monkeypatch.setattr(cli, "load_llm", lambda args: models.append(args.model) or RecordingLLM())
+    assert run("--model_dir", str(tmp_path), "--model", "mine") == 0
+    assert run("--model_dir", str(tmp_path), "--model", "tiny.en") == 0  # not there: bundled
+    assert models == [str(tmp_path / "mine"), "tiny.en"]
+
+
+def test_vad_flags_without_vad_filter_get_a_warning(llm, capsys):
+    assert run("--vad_threshold", "0.3", "--vad_speech_pad_ms", "100") == 0
+    assert ("encdec: warning: --vad_threshold, --vad_speech_pad_ms do nothing without --vad_filter "
+            "True") in capsys.readouterr().err
+    assert run("--vad_filter", "True", "--vad_threshold", "0.3") == 0
+    assert "warning" not in capsys.readouterr().err

@@ -1,13 +1,17 @@
 """`encdec translate` prints what Hugging Face's generate() translates, for Marian (its own
 language pair) and mBART-50 (source and target codes, the target forced first), and names the
-language option when a language is unknown."""
+language option when a language is unknown; T5 takes the codes of its translation tasks, long
+texts are cut to fit (as `encdec summarize` cuts them) and empty ones refused."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from encdec.entrypoints.cli import main
+from encdec.entrypoints.translate_cli import fitted
 from tests.family_checkpoints import make_family_checkpoint
 
 TEXTS = ["The rain in spain falls mainly on the plain.", "We need more chairs for the meeting room."]
@@ -59,3 +63,53 @@ def test_mbart50_target_language(tmp_path, capsys):
     status, lines, err = translate(capsys, model_dir, "--source-lang", "en_XX", "--target-lang", "xx")
     assert status == 2 and not lines
     assert "--target-lang" in err and "unknown language 'xx'" in err
+
+
+@pytest.fixture(scope="module")
+def t5_dir(tmp_path_factory):
+    return make_family_checkpoint("t5", tmp_path_factory.mktemp("t5"), seed=1)  # en to de
+
+
+def usage_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: encdec translate ")
+    return err.splitlines()[-1].removeprefix("encdec translate: error: ")
+
+
+def test_languages_and_models_that_cannot_translate(t5_dir, tiny_bart_dir, capsys):
+    t5 = ["translate", "--model", str(t5_dir), "text"]
+    assert usage_error(capsys, t5) == (
+        "--source-lang and --target-lang are required for T5; this checkpoint translates en to de")
+    assert usage_error(capsys, [*t5, "--source-lang", "English", "--target-lang", "German"]) == (
+        "--source-lang English --target-lang German: no such task; this checkpoint translates en "
+        "to de")
+    assert usage_error(capsys, ["translate", "--model", str(tiny_bart_dir), "text"]) == (
+        f"--model {tiny_bart_dir}: a bart checkpoint does not translate (translate takes Marian, "
+        f"mBART-50 or T5 checkpoints)")
+
+
+def test_long_texts_are_cut_as_hugging_face_cuts_them(t5_dir, capsys):
+    long_text = " ".join(TEXTS * 100)
+    status, lines, err = translate(capsys, t5_dir, "--source-lang", "en", "--target-lang", "de",
+                                   long_text)
+    assert status == 0 and len(lines) == len(TEXTS) + 1
+    assert re.search(r"encdec: note: TEXT 1: cut to the model's limit of 512 input tokens \(\d+ "
+                     r"tokens left out\)", err)
+
+    status, lines, err = translate(capsys, t5_dir, "--source-lang", "en", "--target-lang", "de",
+                                   "--no-truncate", long_text)
+    assert status == 1 and len(lines) == len(TEXTS)
+    assert re.search(r"encdec: error: TEXT 1: the text has \d+ tokens, more than the model's limit "
+                     r"of 512 input tokens \(without --no-truncate it is cut to fit\)", err)
+
+    tokenizer = AutoTokenizer.from_pretrained(str(t5_dir))
+    ids = tokenizer("translate English to German: " + long_text)["input_ids"]
+    assert fitted(ids, 512, truncate=True) == tokenizer(
+        "translate English to German: " + long_text, truncation=True, max_length=512)["input_ids"]
+
+
+def test_empty_texts_are_refused(t5_dir, capsys):
+    status, lines, err = translate(capsys, t5_dir, "--source-lang", "en", "--target-lang", "de", " ")
+    assert status == 1 and len(lines) == len(TEXTS)
+    assert "encdec: error: TEXT 1: the text to translate is empty" in err

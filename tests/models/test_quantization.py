@@ -163,5 +163,5 @@ def test_cli_refuses_a_contradicting_compute_type(capsys):
     from encdec.entrypoints import cli
 
     assert cli.main(["transcribe", "x.wav", "--compute_type", "int8", "--dtype", "bfloat16"]) == 2
-    assert "--compute_type: compute_type='int8' runs in float32, which contradicts dtype='bfloat16'" \
-        in capsys.readouterr().err
+    assert "encdec transcribe: error: --compute_type=int8 runs in float32, which contradicts " \
+           "--dtype=bfloat16" in capsys.readouterr().err

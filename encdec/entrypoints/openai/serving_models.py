@@ -67,14 +67,9 @@ def load_models(models: Sequence[str], names: Sequence[str], max_waiting_request
                 engine_options: dict[str, Any]) -> list[ServedModel]:
     """One engine per model, each with its own cache; a model that fails stops start-up.
     `engine_options` as for `per_model_options`."""
-    if names and len(names) != len(models):
-        raise ModelLoadError(f"--served-model-name was given {len(names)} times for "
-                             f"{len(models)} --model(s): give one name per model, or none")
-    names = list(names) or list(models)
-    if len(set(names)) != len(names):
-        raise ModelLoadError(f"served model names must differ, got {names}")
     served = []
-    for path, name, options in zip(models, names, per_model_options(engine_options, len(models))):
+    for path, name, options in zip(models, served_names(models, names),
+                                   per_model_options(engine_options, len(models))):
         logger.info("loading model %r as %r", path, name)
         try:
             engine = AsyncLLMEngine.from_model(path, max_waiting_requests, **options)
@@ -82,6 +77,19 @@ def load_models(models: Sequence[str], names: Sequence[str], max_waiting_request
             raise ModelLoadError(f"cannot load model {path!r}: {type(err).__name__}: {err}") from err
         served.append(ServedModel(name, path, engine))
     return served
+
+
+def served_names(models: Sequence[str], names: Sequence[str]) -> list[str]:
+    """The name each model is served as: its --served-model-name, else its --model value."""
+    if names and len(names) != len(models):
+        raise ModelLoadError(f"--served-model-name was given {len(names)} times for "
+                             f"{len(models)} --model(s): give one name per model, or none")
+    names = list(names) or list(models)
+    twice = [name for name in names if names.count(name) > 1]
+    if twice:
+        raise ModelLoadError(f"two models would be served as {twice[0]}: give each --model its own "
+                             f"--served-model-name")
+    return names
 
 
 def per_model_options(engine_options: dict[str, Any], count: int) -> list[dict[str, Any]]:
