@@ -15,6 +15,7 @@ change transcripts of short clips, so callers pick one on purpose.
 from __future__ import annotations
 
 import functools
+import io
 import logging
 import os
 import warnings
@@ -86,12 +87,14 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
 def _read_file(path: Path) -> tuple[np.ndarray, int]:
     if path.is_dir():
         raise ValueError(f"{path}: is a directory, not an audio file")
-    if not path.is_file():
+    if not path.exists():
         raise AudioFileNotFoundError(f"audio file not found: {path}")
-    if path.stat().st_size == 0:
+    # a pipe or a device (/dev/stdin, <(...)) is read whole first: the decoders seek
+    source = path if path.is_file() else io.BytesIO(path.read_bytes())
+    if (path.stat().st_size if path.is_file() else source.getbuffer().nbytes) == 0:
         raise ValueError(f"{path}: audio file is empty")
     try:
-        data, rate = soundfile.read(path, dtype="float32", always_2d=True)
+        data, rate = soundfile.read(source, dtype="float32", always_2d=True)
         return data.mean(axis=1), rate
     except Exception as error:  # libsndfile cannot decode it; try librosa's fallback
         sf_error = error
@@ -99,11 +102,17 @@ def _read_file(path: Path) -> tuple[np.ndarray, int]:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            data, rate = librosa.load(path, sr=None, mono=True, dtype=np.float32)
+            data, rate = librosa.load(_rewound(source), sr=None, mono=True, dtype=np.float32)
     except Exception as error:
         reason = str(error) or str(sf_error) or type(error).__name__
         raise ValueError(f"{path}: not a readable audio file ({reason})") from error
     return data, rate
+
+
+def _rewound(source):
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    return source
 
 
 def _as_float_array(waveform: ArrayLike, name: str) -> np.ndarray:

@@ -4,8 +4,11 @@
 against faster-whisper's ``FeatureExtractor`` used the way its ``transcribe`` does.
 """
 
+import os
 import shutil
 import subprocess
+import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -225,6 +228,18 @@ def test_missing_file(tmp_path):
         A.load_audio(path)
     with pytest.raises(ValueError, match="nope.wav"):
         A.load_audio(str(path))
+
+
+def test_a_pipe_is_read_whole(tmp_path):
+    """A FIFO (as `<(...)` or /dev/stdin give) decodes like the file written into it."""
+    sample = Path(__file__).resolve().parents[1] / "samples" / "hello.wav"
+    fifo = tmp_path / "pipe.wav"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(sample.read_bytes()))
+    writer.start()
+    audio = A.load_audio(fifo)
+    writer.join()
+    np.testing.assert_array_equal(audio, A.load_audio(sample))
 
 
 def test_non_audio_file(tmp_path):
