@@ -1,5 +1,5 @@
 """The `encdec` command line: `transcribe` audio with Whisper, `summarize` text with BART-family
-checkpoints, `translate` (`encdec.entrypoints.translate_cli`), `serve` models over HTTP
+checkpoints (`encdec.entrypoints.summarize_cli`), `translate` (`encdec.entrypoints.translate_cli`), `serve` models over HTTP
 (`encdec.entrypoints.openai`), `batch` jobs on Ray (`encdec.entrypoints.ray`).
 
 `bench NAME` runs a benchmark script of the source checkout; `warmup` compiles the CPU kernels
@@ -8,7 +8,6 @@ once after an install.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
 import os
 import re
@@ -26,23 +25,22 @@ from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.config import resolve_dtype
 from encdec.entrypoints.ray.batch_cli import add_batch
 from encdec.entrypoints.ray.serve import add_ray_options
-from encdec.entrypoints.summaries import Article, ArticleTooLong, prepare_article, summary_params
+from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error, option_wording, warn
+from encdec.entrypoints.summarize_cli import add_summarize
 from encdec.entrypoints.translate_cli import add_translate
-from encdec.entrypoints.transcribe_args import (BOOL, MAX_SEQS, add_transcribe_arguments,
-                                                checked_options, ignored_vad_flags, number)
-from encdec.generation_config import resolve_sampling_params
+from encdec.entrypoints.transcribe_args import (BOOL, add_transcribe_arguments, checked_options,
+                                                ignored_vad_flags, non_negative_float, number,
+                                                positive_float, positive_int)
 from encdec.kernels import cpu_attention
 from encdec.kernels.cpu_decode import compile_decode_kernels
 from encdec.llm import LLM
 from encdec.models.quantization import COMPUTE_TYPES, QUANTIZATION_METHODS, resolve_compute_type
-from encdec.weights.loader import check_model, checkpoint_dir_problem
+from encdec.weights.loader import check_model
 from encdec.whisper.languages import english_only_warning, requested_language
 from encdec.whisper.timing import dtw
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Transcription
 from encdec.whisper.writers import format_timestamp, output_basename, write_result
-
-PROG = "encdec"
 
 TRANSCRIBE_EPILOG = """\
 output: each file's transcript goes to stdout, with one "[MM:SS.mmm --> MM:SS.mmm] text" line per
@@ -54,30 +52,6 @@ Progress (seconds of audio done) goes to stderr. A file that cannot be read or t
 one "encdec: error: FILE: reason" line on stderr; the other files still finish, and the exit
 status is 1 if any file failed, 0 otherwise.
 """
-
-# ----------------------------------------------------------------------------- messages
-
-
-class UsageError(ValueError):
-    """A bad command line found after parsing: `main` reports it with the command's usage
-    (exit status 2)."""
-
-
-def error(message: str) -> None:
-    """One `encdec: error: ...` line on stderr (above the progress bar, if one is showing)."""
-    tqdm.write(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr)
-
-
-def file_error(name: str, err: BaseException) -> None:
-    """`encdec: error: FILE: reason`, without the file name repeated inside the reason (an OS
-    error, also one behind a decoding error, as its bare description: "permission denied")."""
-    cause = err if isinstance(err, OSError) else err.__cause__
-    reason = (cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror
-              else str(err) or type(err).__name__)
-    for spelling in dict.fromkeys((name, str(Path(name)))):
-        reason = reason.removeprefix(f"{spelling}: ").removesuffix(f": {spelling}")
-    error(f"{name}: {reason}")
-
 
 # ----------------------------------------------------------------------------- transcribe
 
@@ -174,10 +148,6 @@ def resolve_outputs(args: argparse.Namespace) -> None:
         raise UsageError(f"--output_dir {args.output_dir}: permission denied")
 
 
-def warn(message: str) -> None:
-    tqdm.write(f"{PROG}: warning: {message}", file=sys.stderr)
-
-
 def check_transcribe_options(args: argparse.Namespace) -> None:
     """The transcribe options that the parser alone cannot check, before anything loads."""
     try:
@@ -261,146 +231,6 @@ def transcribe_all(llm: LLM, inputs: list[tuple[str, np.ndarray]], args: argpars
     finally:
         bar.close()
     return failed
-
-
-# ----------------------------------------------------------------------------- summarize
-
-# SamplingParams names in messages -> the options that set them
-OPTIONS = {"max_tokens": "--max-tokens", "min_tokens": "--min-tokens", "beam_width": "--num-beams",
-           "use_beam_search": "--num-beams", "length_penalty": "--length-penalty",
-           "no_repeat_ngram_size": "--no-repeat-ngram-size", "temperature": "--temperature",
-           "seed": "--seed"}
-
-
-def option_wording(err: BaseException, options: dict[str, str] = OPTIONS) -> str:
-    """A ValueError of the Python API, with its parameter names spelt as the command's `options`
-    (`dtype='float16'` -> `--dtype=float16`)."""
-    return re.sub(r"\b(" + "|".join(options) + r")\b(?:='([^']*)')?",
-                  lambda m: options[m[1]] + ("" if m[2] is None else f"={m[2]}"), str(err))
-
-
-def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, str]], int]:
-    """`(label, text)` of the TEXT arguments, then of each --file ("-" is stdin)."""
-    texts, failed = [(f"TEXT {i}", text) for i, text in enumerate(args.texts, start=1)], 0
-    for name in args.files:
-        try:
-            texts.append((name, sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as err:
-            file_error(name, err)
-            failed += 1
-    return texts, failed
-
-
-def cut_note(label: str, limit: int, left_out: int) -> None:
-    tqdm.write(f"{PROG}: note: {label}: cut to the model's limit of {limit} input tokens "
-               f"({left_out} tokens left out)", file=sys.stderr)
-
-
-def too_long(label: str, err: ArticleTooLong) -> None:
-    error(f"{label}: {err} (without --no-truncate it is cut to fit)")
-
-
-def articles(llm: LLM, texts: list[tuple[str, str]], truncate: bool) -> tuple[list[Article], int]:
-    """Each text's encoder tokens, cut to the model's limit (a note on stderr) unless
-    --no-truncate; texts that cannot be read are reported and left out."""
-    engine = llm.llm_engine
-    limit = engine.model_config.max_encoder_len
-    kept, failed = [], 0
-    for label, text in texts:
-        try:
-            article = prepare_article(text, engine.tokenizer, engine.model_config.hf_config, limit, truncate)
-        except ArticleTooLong as err:
-            too_long(label, err)
-        except ValueError as err:
-            error(f"{label}: {err}")
-        else:
-            if article.truncated_tokens:
-                cut_note(label, limit, article.truncated_tokens)
-            kept.append(article)
-            continue
-        failed += 1
-    return kept, failed
-
-
-def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple[str, str]], int]:
-    """The checkpoint of `encdec summarize | translate` and the texts; `(None, [], status)` when
-    the command cannot go on (the reason already on stderr)."""
-    problem = checkpoint_dir_problem(Path(args.model).expanduser())
-    if problem:
-        error(f"--model {args.model}: {problem} ({args.command} takes a local Hugging Face "
-              f"checkpoint directory)")
-        return None, [], 2
-    texts, failed = read_texts(args)
-    if not texts and not failed:
-        raise UsageError("give at least one TEXT or --file")
-    if not texts:
-        return None, [], 1
-    try:
-        llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
-                  quantization=args.quantization)
-    except (ValueError, OSError) as err:
-        error(f"cannot load model {args.model!r}: {err}")
-        return None, [], 1
-    return llm, texts, failed
-
-
-def decoding_options(args: argparse.Namespace) -> dict:
-    """The decoding options of `summarize`, `translate` and `batch summarize`, as `summary_params`
-    takes them (unset ones are None)."""
-    return dict(max_tokens=args.max_tokens, min_tokens=args.min_tokens, num_beams=args.num_beams,
-                length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-                temperature=args.temperature, seed=args.seed)
-
-
-def decoding_params(llm: LLM, args: argparse.Namespace):
-    """SamplingParams from the decoding options of `summarize` / `translate` over the
-    checkpoint's generation config (UsageError for a bad value)."""
-    try:
-        return summary_params(llm.llm_engine.generation_defaults, **decoding_options(args))
-    except ValueError as err:
-        raise UsageError(option_wording(err)) from None
-
-
-def check_min_tokens(llm: LLM, prompt: dict, params, args: argparse.Namespace) -> None:
-    """--min-tokens against the longest output `prompt` may get, which the checkpoint's
-    generation config and the model's length set when --max-tokens does not (UsageError)."""
-    if args.min_tokens is None:
-        return
-    engine = llm.llm_engine
-    decoder_ids = engine.input_preprocessor.preprocess(prompt).prompt_token_ids
-    longest = resolve_sampling_params(dataclasses.replace(params, min_tokens=None),
-                                      engine.generation_defaults, len(decoder_ids),
-                                      engine.model_config.max_decoder_len).max_tokens
-    if args.min_tokens > longest:
-        raise UsageError(f"--min-tokens {args.min_tokens}: the checkpoint's default max tokens is "
-                         f"{longest}; set --max-tokens" if args.max_tokens is None else
-                         f"--min-tokens {args.min_tokens}: the model writes at most {longest} tokens")
-
-
-def print_outputs(llm: LLM, prompts: list[dict], params, args: argparse.Namespace) -> int:
-    """Decode `prompts` (`params`: one SamplingParams, or one per prompt) and print one output
-    a line; 0, or 1 if the engine refused them."""
-    check_min_tokens(llm, prompts[0], params[0] if isinstance(params, list) else params, args)
-    try:
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-    except ValueError as err:
-        error(option_wording(err))
-        return 1
-    for output in outputs:
-        print(output.outputs[0].text.strip())
-    return 0
-
-
-def run_summarize(args: argparse.Namespace) -> int:
-    llm, texts, failed = load_text_model(args)
-    if llm is None:
-        return failed
-    params = decoding_params(llm, args)
-    inputs, unread = articles(llm, texts, args.truncate)
-    if not inputs:
-        return 1
-    status = print_outputs(llm, [{"prompt_token_ids": a.token_ids} for a in inputs], params, args)
-    return 1 if status or failed + unread else 0
 
 
 # ----------------------------------------------------------------------------- serve
@@ -497,10 +327,6 @@ def run_warmup(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
-positive_int = number(int, 1)
-non_negative_int = number(int, 0)
-non_negative_float = number(float, 0)
-positive_float = number(float, 0, above=True)
 # torch crashes far above this; more threads than cores only slow it down
 MAX_THREADS = max(1024, os.cpu_count() or 1)
 
@@ -569,48 +395,6 @@ def add_transcribe(subparsers) -> None:
                         "--dtype says)")
     add_transcribe_arguments(p)
     p.set_defaults(handler=run_transcribe)
-
-
-def add_decoding_options(p: argparse.ArgumentParser) -> None:
-    """The summarization options of `encdec summarize` (the same as `/v1/summarize`'s)."""
-    p.add_argument("--max-tokens", type=positive_int, default=None,
-                   help="longest summary in tokens (default: the checkpoint's generation config, "
-                        "else 128)")
-    p.add_argument("--min-tokens", type=non_negative_int, default=None,
-                   help="shortest summary in tokens (default: the generation config's)")
-    p.add_argument("--num-beams", type=number(int, 1, MAX_SEQS), default=None,
-                   help=f"beam search width, at most {MAX_SEQS}; 1 decodes greedily (default: the "
-                        f"generation config's)")
-    p.add_argument("--length-penalty", type=number(float), default=None,
-                   help="beam search: score = log-probability / length ** this (default: the "
-                        "generation config's)")
-    p.add_argument("--no-repeat-ngram-size", type=non_negative_int, default=None,
-                   help="never repeat an n-gram of this size; 0 allows all (default: the "
-                        "generation config's)")
-    p.add_argument("--temperature", type=number(float, 0, 2), default=None,
-                   help="in [0, 2]: 0 decodes greedily, higher samples; set, it replaces the "
-                        "config's beam search (default: the generation config's decoding)")
-    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
-    p.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=True,
-                   help="cut texts longer than the model's input limit to fit, with a note on "
-                        "stderr; --no-truncate reports them as errors instead (default: on)")
-
-
-def add_summarize(subparsers) -> None:
-    p = subparsers.add_parser("summarize", help="summarize text with a BART, PEGASUS or T5 checkpoint",
-                              description="Summarize texts with a BART, PEGASUS or T5 checkpoint, "
-                                          "decoding as its "
-                                          "generation config says unless options say otherwise; "
-                                          "one summary per line on stdout, TEXTs first, then "
-                                          "--files.")
-    p.add_argument("texts", nargs="*", metavar="TEXT", help="text to summarize")
-    p.add_argument("--file", dest="files", action="append", default=[], metavar="F",
-                   help="read a text from F (- for stdin); may be repeated")
-    p.add_argument("--model", required=True, metavar="DIR",
-                   help="local Hugging Face checkpoint directory (BART, PEGASUS, T5, ...)")
-    add_decoding_options(p)
-    add_model_options(p)
-    p.set_defaults(handler=run_summarize)
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:

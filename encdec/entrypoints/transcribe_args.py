@@ -5,7 +5,8 @@ defaults (beam 5, best_of 5, temperature fallback on). The earlier dashed spelli
 (`--output-format`, `--initial-prompt`, ...) still work.
 
 `checked_options(args)` turns the parsed options into `LLM.transcribe` options and the
-writers' `WriterOptions`; a ValueError names the flag at fault.
+writers' `WriterOptions`; a ValueError names the flag at fault. `number(...)` and the types
+made with it (`positive_int`, ...) check every number flag of the `encdec` commands.
 """
 from __future__ import annotations
 
@@ -74,6 +75,13 @@ def number(kind: Callable[[str], Any], minimum: float = -math.inf, maximum: floa
             raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
         return parsed
     return parse
+
+
+# argparse types of the other commands' flags
+positive_int = number(int, 1)
+non_negative_int = number(int, 0)
+non_negative_float = number(float, 0)
+positive_float = number(float, 0, above=True)
 
 
 def number_list(item: Callable[[str], Any], expected: str) -> Callable[[str], list]:

@@ -15,14 +15,17 @@ import argparse
 import dataclasses
 from typing import Any
 
+from encdec.entrypoints.cli_messages import UsageError, error
 from encdec.entrypoints.summaries import ArticleTooLong
+from encdec.entrypoints.summarize_cli import (add_decoding_options, cut_note, decoding_params,
+                                              load_text_model, print_outputs, too_long)
 from encdec.models.registry import get_model_family, translation_inputs
 
 TRANSLATORS = "Marian, mBART-50 or T5"
 
 
 def add_translate(subparsers) -> None:
-    from encdec.entrypoints.cli import add_decoding_options, add_model_options
+    from encdec.entrypoints.cli import add_model_options
 
     p = subparsers.add_parser("translate", help=f"translate text with a {TRANSLATORS} checkpoint",
                               description=__doc__.split("\n\n")[1].replace("\n", " "))
@@ -55,7 +58,6 @@ def t5_pairs(hf_config: Any) -> list[tuple[str, str]]:
 def check_languages(args: argparse.Namespace, hf_config: Any) -> None:
     """--model against what translates, and a T5 checkpoint's --source-lang and --target-lang
     against its translation tasks (UsageError)."""
-    from encdec.entrypoints.cli import UsageError
 
     family = get_model_family(getattr(hf_config, "architectures", None))
     if family.translation is None:
@@ -82,8 +84,6 @@ def fitted(ids: list[int], limit: int, truncate: bool) -> list[int]:
 
 
 def run_translate(args: argparse.Namespace) -> int:
-    from encdec.entrypoints.cli import (UsageError, cut_note, decoding_params, error,
-                                        load_text_model, print_outputs, too_long)
 
     llm, texts, failed = load_text_model(args)
     if llm is None:

@@ -29,8 +29,9 @@ already in that file are skipped, so an interrupted job resumes where it stopped
 
 def add_batch(subparsers) -> None:
     """The `batch` command and its `transcribe` and `summarize` subcommands."""
-    from encdec.entrypoints.cli import (add_decoding_options, add_model_options, non_negative_float,
-                                        positive_int)
+    from encdec.entrypoints.cli import add_model_options
+    from encdec.entrypoints.summarize_cli import add_decoding_options
+    from encdec.entrypoints.transcribe_args import non_negative_float, positive_int
     from encdec.whisper.writers import FORMATS
 
     batch = subparsers.add_parser("batch", help="batch jobs on a Ray cluster (Ray Data; the ray extra)",
@@ -95,8 +96,8 @@ def input_dataset(args: argparse.Namespace, done: frozenset[str]):
 
 def job_dataset(args: argparse.Namespace, inputs):
     """The results of the job the arguments describe, over the `inputs` dataset."""
-    from encdec.entrypoints.cli import decoding_options
     from encdec.entrypoints.ray import batch
+    from encdec.entrypoints.summarize_cli import decoding_options
 
     pool = batch.PoolOptions(replicas=args.replicas, cpus=args.cpus_per_replica,
                              batch_size=args.batch_size,
@@ -127,7 +128,7 @@ def write_transcript_files(record: dict[str, Any], output: Path, fmt: str) -> No
 
 def write_results(rows, args: argparse.Namespace, done: set[str], total: int) -> int:
     """Append each new row to OUTPUT/results.jsonl (and its transcript files); returns failures."""
-    from encdec.entrypoints.cli import error, file_error
+    from encdec.entrypoints.cli_messages import error, file_error
 
     output, failed = Path(args.output), 0
     with open(output / RESULTS, "a", encoding="utf-8") as file, \
@@ -155,7 +156,8 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
 def check_job(args: argparse.Namespace) -> None:
     """Check the model and the options on the driver, before any actor starts (ValueError worded
     for the command line)."""
-    from encdec.entrypoints.cli import decoding_options, option_wording
+    from encdec.entrypoints.cli_messages import option_wording
+    from encdec.entrypoints.summarize_cli import OPTIONS, decoding_options
     from encdec.entrypoints.summaries import summary_params
     from encdec.generation_config import load_generation_defaults
     from encdec.weights.loader import check_model, checkpoint_dir_problem
@@ -172,11 +174,11 @@ def check_job(args: argparse.Namespace) -> None:
     try:
         summary_params(load_generation_defaults(args.model), **decoding_options(args))
     except ValueError as err:
-        raise ValueError(option_wording(err)) from None
+        raise ValueError(option_wording(err, OPTIONS)) from None
 
 
 def run_batch(args: argparse.Namespace) -> int:
-    from encdec.entrypoints.cli import error
+    from encdec.entrypoints.cli_messages import error
 
     try:
         check_job(args)

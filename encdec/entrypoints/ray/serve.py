@@ -44,7 +44,7 @@ class EncdecReplica:
 
 def add_ray_options(p: argparse.ArgumentParser) -> None:
     """`encdec serve`'s options for Ray Serve."""
-    from encdec.entrypoints.cli import non_negative_float, positive_int
+    from encdec.entrypoints.transcribe_args import non_negative_float, positive_int
 
     g = p.add_argument_group("Ray Serve (the ray extra)")
     g.add_argument("--ray", action="store_true", help="serve through Ray Serve, one engine per replica")

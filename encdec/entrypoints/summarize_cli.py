@@ -1,0 +1,198 @@
+"""`encdec summarize`: summaries of texts with a BART-family checkpoint, one per line on stdout.
+
+Texts longer than the encoder's positions are cut to fit (a note on stderr) unless
+--no-truncate; decoding follows the checkpoint's generation config unless options say
+otherwise (`encdec.entrypoints.summaries`, shared with `/v1/summarize`). `translate` and
+`batch summarize` take the same decoding options.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Optional
+
+from tqdm import tqdm
+
+from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error, option_wording
+from encdec.entrypoints.summaries import Article, ArticleTooLong, prepare_article, summary_params
+from encdec.entrypoints.transcribe_args import (MAX_SEQS, non_negative_int, number,
+                                                positive_int)
+from encdec.generation_config import resolve_sampling_params
+from encdec.llm import LLM
+from encdec.weights.loader import checkpoint_dir_problem
+
+# SamplingParams names in messages -> the options that set them
+OPTIONS = {"max_tokens": "--max-tokens", "min_tokens": "--min-tokens", "beam_width": "--num-beams",
+           "use_beam_search": "--num-beams", "length_penalty": "--length-penalty",
+           "no_repeat_ngram_size": "--no-repeat-ngram-size", "temperature": "--temperature",
+           "seed": "--seed"}
+
+
+def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, str]], int]:
+    """`(label, text)` of the TEXT arguments, then of each --file ("-" is stdin)."""
+    texts, failed = [(f"TEXT {i}", text) for i, text in enumerate(args.texts, start=1)], 0
+    for name in args.files:
+        try:
+            texts.append((name, sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError) as err:
+            file_error(name, err)
+            failed += 1
+    return texts, failed
+
+
+def cut_note(label: str, limit: int, left_out: int) -> None:
+    tqdm.write(f"{PROG}: note: {label}: cut to the model's limit of {limit} input tokens "
+               f"({left_out} tokens left out)", file=sys.stderr)
+
+
+def too_long(label: str, err: ArticleTooLong) -> None:
+    error(f"{label}: {err} (without --no-truncate it is cut to fit)")
+
+
+def articles(llm: LLM, texts: list[tuple[str, str]], truncate: bool) -> tuple[list[Article], int]:
+    """Each text's encoder tokens, cut to the model's limit (a note on stderr) unless
+    --no-truncate; texts that cannot be read are reported and left out."""
+    engine = llm.llm_engine
+    limit = engine.model_config.max_encoder_len
+    kept, failed = [], 0
+    for label, text in texts:
+        try:
+            article = prepare_article(text, engine.tokenizer, engine.model_config.hf_config, limit, truncate)
+        except ArticleTooLong as err:
+            too_long(label, err)
+        except ValueError as err:
+            error(f"{label}: {err}")
+        else:
+            if article.truncated_tokens:
+                cut_note(label, limit, article.truncated_tokens)
+            kept.append(article)
+            continue
+        failed += 1
+    return kept, failed
+
+
+def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple[str, str]], int]:
+    """The checkpoint of `encdec summarize | translate` and the texts; `(None, [], status)` when
+    the command cannot go on (the reason already on stderr)."""
+    problem = checkpoint_dir_problem(Path(args.model).expanduser())
+    if problem:
+        error(f"--model {args.model}: {problem} ({args.command} takes a local Hugging Face "
+              f"checkpoint directory)")
+        return None, [], 2
+    texts, failed = read_texts(args)
+    if not texts and not failed:
+        raise UsageError("give at least one TEXT or --file")
+    if not texts:
+        return None, [], 1
+    try:
+        llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
+                  quantization=args.quantization)
+    except (ValueError, OSError) as err:
+        error(f"cannot load model {args.model!r}: {err}")
+        return None, [], 1
+    return llm, texts, failed
+
+
+def decoding_options(args: argparse.Namespace) -> dict:
+    """The decoding options of `summarize`, `translate` and `batch summarize`, as `summary_params`
+    takes them (unset ones are None)."""
+    return dict(max_tokens=args.max_tokens, min_tokens=args.min_tokens, num_beams=args.num_beams,
+                length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+                temperature=args.temperature, seed=args.seed)
+
+
+def decoding_params(llm: LLM, args: argparse.Namespace):
+    """SamplingParams from the decoding options of `summarize` / `translate` over the
+    checkpoint's generation config (UsageError for a bad value)."""
+    try:
+        return summary_params(llm.llm_engine.generation_defaults, **decoding_options(args))
+    except ValueError as err:
+        raise UsageError(option_wording(err, OPTIONS)) from None
+
+
+def check_min_tokens(llm: LLM, prompt: dict, params, args: argparse.Namespace) -> None:
+    """--min-tokens against the longest output `prompt` may get, which the checkpoint's
+    generation config and the model's length set when --max-tokens does not (UsageError)."""
+    if args.min_tokens is None:
+        return
+    engine = llm.llm_engine
+    decoder_ids = engine.input_preprocessor.preprocess(prompt).prompt_token_ids
+    longest = resolve_sampling_params(dataclasses.replace(params, min_tokens=None),
+                                      engine.generation_defaults, len(decoder_ids),
+                                      engine.model_config.max_decoder_len).max_tokens
+    if args.min_tokens > longest:
+        raise UsageError(f"--min-tokens {args.min_tokens}: the checkpoint's default max tokens is "
+                         f"{longest}; set --max-tokens" if args.max_tokens is None else
+                         f"--min-tokens {args.min_tokens}: the model writes at most {longest} tokens")
+
+
+def print_outputs(llm: LLM, prompts: list[dict], params, args: argparse.Namespace) -> int:
+    """Decode `prompts` (`params`: one SamplingParams, or one per prompt) and print one output
+    a line; 0, or 1 if the engine refused them."""
+    check_min_tokens(llm, prompts[0], params[0] if isinstance(params, list) else params, args)
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    except ValueError as err:
+        error(option_wording(err, OPTIONS))
+        return 1
+    for output in outputs:
+        print(output.outputs[0].text.strip())
+    return 0
+
+
+def run_summarize(args: argparse.Namespace) -> int:
+    llm, texts, failed = load_text_model(args)
+    if llm is None:
+        return failed
+    params = decoding_params(llm, args)
+    inputs, unread = articles(llm, texts, args.truncate)
+    if not inputs:
+        return 1
+    status = print_outputs(llm, [{"prompt_token_ids": a.token_ids} for a in inputs], params, args)
+    return 1 if status or failed + unread else 0
+
+
+def add_decoding_options(p: argparse.ArgumentParser) -> None:
+    """The summarization options of `encdec summarize` (the same as `/v1/summarize`'s)."""
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="longest summary in tokens (default: the checkpoint's generation config, "
+                        "else 128)")
+    p.add_argument("--min-tokens", type=non_negative_int, default=None,
+                   help="shortest summary in tokens (default: the generation config's)")
+    p.add_argument("--num-beams", type=number(int, 1, MAX_SEQS), default=None,
+                   help=f"beam search width, at most {MAX_SEQS}; 1 decodes greedily (default: the "
+                        f"generation config's)")
+    p.add_argument("--length-penalty", type=number(float), default=None,
+                   help="beam search: score = log-probability / length ** this (default: the "
+                        "generation config's)")
+    p.add_argument("--no-repeat-ngram-size", type=non_negative_int, default=None,
+                   help="never repeat an n-gram of this size; 0 allows all (default: the "
+                        "generation config's)")
+    p.add_argument("--temperature", type=number(float, 0, 2), default=None,
+                   help="in [0, 2]: 0 decodes greedily, higher samples; set, it replaces the "
+                        "config's beam search (default: the generation config's decoding)")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    p.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=True,
+                   help="cut texts longer than the model's input limit to fit, with a note on "
+                        "stderr; --no-truncate reports them as errors instead (default: on)")
+
+
+def add_summarize(subparsers) -> None:
+    from encdec.entrypoints.cli import add_model_options
+
+    p = subparsers.add_parser("summarize", help="summarize text with a BART, PEGASUS or T5 checkpoint",
+                              description="Summarize texts with a BART, PEGASUS or T5 checkpoint, "
+                                          "decoding as its "
+                                          "generation config says unless options say otherwise; "
+                                          "one summary per line on stdout, TEXTs first, then "
+                                          "--files.")
+    p.add_argument("texts", nargs="*", metavar="TEXT", help="text to summarize")
+    p.add_argument("--file", dest="files", action="append", default=[], metavar="F",
+                   help="read a text from F (- for stdin); may be repeated")
+    p.add_argument("--model", required=True, metavar="DIR",
+                   help="local Hugging Face checkpoint directory (BART, PEGASUS, T5, ...)")
+    add_decoding_options(p)
+    add_model_options(p)
+    p.set_defaults(handler=run_summarize)
