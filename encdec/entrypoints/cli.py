@@ -441,7 +441,8 @@ def add_serve(subparsers) -> None:
                    help="require Authorization: Bearer KEY on every path but /health "
                         "(default: $ENCDEC_API_KEY; none: no key)")
     p.add_argument("--max-upload-mb", type=positive_float, default=25,
-                   help="largest audio upload in MiB; larger ones get 413 (default: 25)")
+                   help="largest audio upload (and JSON body) in MiB; larger ones get 413 "
+                        "(default: 25)")
     p.add_argument("--max-audio-seconds", type=positive_float, default=3600,
                    help="longest audio in seconds; longer ones get 400 (default: 3600)")
     p.add_argument("--max-waiting-requests", type=positive_int, default=None,

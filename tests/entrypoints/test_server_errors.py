@@ -127,6 +127,9 @@ def test_bad_json_requests(server):
         assert "list[int], list[list[int]], str, list[str]" in union.json()["error"]["message"]
         empty = http.post("/v1/completions", content="", headers={"Content-Type": "application/json"})
         assert "empty" in empty.json()["error"]["message"]
+        huge = json.dumps({"model": "bart", "prompt": "x" * (MAX_UPLOAD_MB * 1024 * 1024)})
+        assert "--max-upload-mb" in assert_error(http.post("/v1/completions", content=huge, headers={
+            "Content-Type": "application/json"}), 413, None)["message"]
 
 
 AUDIO_CASES = [  # (files, form fields, status, param)

@@ -47,8 +47,8 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     metrics = ServerMetrics(models)
     completions = OpenAIServingCompletion(models, metrics)
     summarize = OpenAIServingSummarize(models, metrics)
-    audio = OpenAIServingTranscription(models, metrics, int(max_upload_mb * 1024 * 1024),
-                                       max_audio_seconds)
+    max_body_bytes = int(max_upload_mb * 1024 * 1024)
+    audio = OpenAIServingTranscription(models, metrics, max_body_bytes, max_audio_seconds)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -57,7 +57,8 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
 
     app = FastAPI(title="encdec", version=__version__, lifespan=lifespan)
     add_error_handlers(app)
-    app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key)
+    app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key,
+                       max_body_bytes=max_body_bytes)
     json_body = [Depends(require_json)]
 
     @app.api_route("/health", methods=["GET", "HEAD"])

@@ -1,4 +1,5 @@
-"""Per HTTP request: an id, the API key, refusal while shutting down, metrics and a log line.
+"""Per HTTP request: an id, the API key, the body's declared size, refusal while shutting down,
+metrics and a log line.
 
 A plain ASGI middleware (it sees streamed responses to their end). The request id is the
 client's `x-request-id` when it sends a usable one, else a new one; it goes back in the
@@ -34,8 +35,9 @@ class ServerState:
 
 class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: ServerState, metrics: ServerMetrics,
-                 api_key: Optional[str]):
+                 api_key: Optional[str], max_body_bytes: int):
         self.app, self.state, self.metrics = app, state, metrics
+        self.max_body_bytes = max_body_bytes
         self.api_key = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -89,4 +91,10 @@ class ServingMiddleware:
                                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
         if self.state.draining:
             return OpenAIError(503, "the server is shutting down", code="shutting_down")
+        declared = headers.get("content-length", "")
+        multipart = headers.get("content-type", "").lower().startswith("multipart/")
+        if not multipart and declared.isdigit() and int(declared) > self.max_body_bytes:
+            # uploads are counted as they stream in (`uploads.read_form`)
+            return OpenAIError(413, f"the request body is larger than the server's limit of "
+                                    f"{self.max_body_bytes} bytes (--max-upload-mb)", code="body_too_large")
         return None
