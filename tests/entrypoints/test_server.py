@@ -79,6 +79,9 @@ def test_completions_n2_seeded(server, bart):
                                                 temperature=1.0, max_tokens=10, logprobs=2)
     expected = offline_texts(bart, ARTICLES[1], SamplingParams(n=2, seed=7, temperature=1.0, max_tokens=10))
     assert [c.text for c in result.choices] == expected
+    # several completions sample at OpenAI's default temperature, 1, when none is given
+    default = server.client().completions.create(model="bart", prompt=ARTICLES[1], n=2, seed=7, max_tokens=10)
+    assert [c.text for c in default.choices] == expected
     logprobs = result.choices[0].logprobs
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) > 0
     assert all(len(top) <= 3 for top in logprobs.top_logprobs)  # the top 2 and the sampled token

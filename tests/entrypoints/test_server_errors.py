@@ -75,7 +75,8 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": [[5] * 300]}, 400, "prompt"),
     ("/v1/completions", {"model": "bart", "prompt": [99999]}, 400, "prompt"),
     ("/v1/completions", {"model": "bart", "prompt": ""}, 400, "prompt"),
-    ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2}, 400, "n"),  # greedy n=2
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2, "temperature": 0}, 400, "n"),  # greedy
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2, "best_of": 3, "temperature": 0}, 400, "best_of"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2, "best_of": 1}, 400, "best_of"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "logit_bias": {"x": 1}}, 400, "logit_bias"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "echo": True}, 400, "echo"),
@@ -237,11 +238,22 @@ def generated_tokens(server) -> float:
     return server.metrics().get(("encdec_generation_tokens_total", (("model", "bart"),)), 0.0)
 
 
+def left(server, endpoint: str) -> float:
+    """Requests to `endpoint` counted as 499: the client left before the end of the response."""
+    return server.metrics().get(("encdec_http_requests_total", (("endpoint", endpoint), ("status", "499"))), 0.0)
+
+
+def wait_for(condition, seconds: float = 10) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def test_disconnects_abort_their_requests(server):
     # two prompts of 250 tokens (no more: max_waiting_requests=2): over a second of decoding
     body = {"model": "bart", "prompt": [TEXT] * 2, "min_tokens": 250, "max_tokens": 250, "temperature": 0}
     whole = 2 * 250
-    before = generated_tokens(server)
+    before, left_before = generated_tokens(server), left(server, "/v1/completions")
     with pytest.raises(httpx.ReadTimeout):  # not streamed: the client gives up waiting
         httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers, timeout=0.3)
     with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True},
@@ -249,8 +261,29 @@ def test_disconnects_abort_their_requests(server):
         next(response.iter_lines())  # streamed: leave after the first event
     server.wait_all_blocks_free()
     assert generated_tokens(server) - before < 2 * whole  # both were cut short
-    assert server.metrics()[("encdec_http_requests_total",
-                             (("endpoint", "/v1/completions"), ("status", "499")))] >= 1
+    wait_for(lambda: left(server, "/v1/completions") == left_before + 2)
+    assert left(server, "/v1/completions") == left_before + 2  # the stream cut short counts too
+
+
+def test_a_stream_cut_with_a_request_pipelined_behind_it(server):
+    """The client closes its connection mid-stream with a second request already sent on it:
+    a 499, the blocks free, no traceback in the server's log."""
+    def request(path: str, body: dict) -> bytes:
+        data = json.dumps(body).encode()
+        return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n").encode() + data
+
+    before = left(server, "/v1/summarize")
+    stream = {"model": "bart", "input": [TEXT] * 2, "stream": True, **LONG}
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(request("/v1/summarize", stream) + request("/v1/completions", {"model": "bart", "prompt": TEXT}))
+        received = b""
+        while b"data: " not in received:
+            received += sock.recv(4096)
+    server.wait_all_blocks_free()
+    wait_for(lambda: left(server, "/v1/summarize") == before + 1)
+    assert left(server, "/v1/summarize") == before + 1
+    assert "Traceback" not in server.output()
 
 
 def test_many_prompts_are_taken_together(server):

@@ -18,13 +18,17 @@ from typing import Optional
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from encdec.entrypoints.openai.errors import OpenAIError
+from encdec.entrypoints.openai.errors import CLIENT_CLOSED_REQUEST, OpenAIError
 from encdec.entrypoints.openai.metrics import ServerMetrics
 
 logger = logging.getLogger("encdec.server")
 OPEN_PATHS = ("/health",)  # answered without an API key
 UNCOUNTED_PATHS = ("/health", "/metrics")  # not requests in flight for a graceful shutdown
 CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+class ConnectionGone(Exception):
+    """The client's connection closed while its response was being sent."""
 
 
 @dataclass
@@ -50,14 +54,18 @@ class ServingMiddleware:
         start = time.monotonic()
         scope.setdefault("state", {}).update(request_id=request_id, start_time=start)
         status = 500
-        started = False
+        started = finished = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, started
+            nonlocal status, started, finished
             if message["type"] == "http.response.start":
                 status, started = message["status"], True
                 MutableHeaders(scope=message)["x-request-id"] = request_id
-            await send(message)
+            try:
+                await send(message)
+            except (OSError, RuntimeError) as err:  # uvicorn's transport is closed
+                raise ConnectionGone() from err
+            finished = message["type"] == "http.response.body" and not message.get("more_body", False)
 
         path = scope["path"]
         counted = path not in UNCOUNTED_PATHS
@@ -68,12 +76,16 @@ class ServingMiddleware:
                 await refusal.response()(scope, receive, send_with_id)
             else:
                 await self.app(scope, receive, send_with_id)
+        except ConnectionGone:
+            pass  # counted and logged as 499 below
         except Exception as err:  # a real fault: the client still gets OpenAI's shape
             logger.exception("request %s: %s %s failed", request_id, scope["method"], path, exc_info=err)
             if not started:
                 await OpenAIError(500, f"internal error: {type(err).__name__}: {err}").response()(
                     scope, receive, send_with_id)
         finally:
+            if started and not finished:  # a response the client left in the middle of
+                status = CLIENT_CLOSED_REQUEST
             self.state.inflight -= counted
             route = scope.get("route")
             endpoint = getattr(route, "path", "unmatched")

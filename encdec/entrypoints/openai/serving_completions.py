@@ -3,7 +3,9 @@
 `prompt` (text, texts, token ids or lists of them) goes to the encoder, one engine request per
 prompt, all in the engine's one batch; the extra field `decoder_prompt` starts the decoder.
 Choice `i * n + k` is completion k of prompt i. `best_of` > n samples best_of completions and
-returns the n likeliest. Stop strings are cut out of the text (the request is aborted once
+returns the n likeliest. Unset decoding fields take the checkpoint's generation config, except
+that several completions of a prompt are sampled at OpenAI's default temperature, 1, when the
+config does not sample. Stop strings are cut out of the text (the request is aborted once
 every completion has met one); a streamed completion holds back text that could start one.
 """
 from __future__ import annotations
@@ -25,15 +27,19 @@ from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, b
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
+from encdec.generation_config import GenerationDefaults
 from encdec.outputs import CompletionOutput, RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 ENGINE_NAMES = {"encoder_prompt": "prompt", "beam_width": "n"}
 LOWEST_LOGPROB = -9999.0  # what vLLM sends for -inf
+OPENAI_TEMPERATURE = 1.0  # the API's default
 
 
-def sampling_params(body: CompletionRequest, vocab_size: int) -> SamplingParams:
-    """The engine's settings for every prompt of `body` (unset ones: the checkpoint's config)."""
+def sampling_params(body: CompletionRequest, vocab_size: int, defaults: GenerationDefaults) -> SamplingParams:
+    """The engine's settings for every prompt of `body` (unset ones: the checkpoint's config;
+    several completions of a prompt are samples at OpenAI's default temperature, 1, when neither
+    the request nor a sampling config sets one)."""
     for name, unsupported in (("echo", body.echo), ("suffix", body.suffix is not None),
                               ("frequency_penalty", body.frequency_penalty != 0.0),
                               ("presence_penalty", body.presence_penalty != 0.0)):
@@ -46,11 +52,18 @@ def sampling_params(body: CompletionRequest, vocab_size: int) -> SamplingParams:
         raise bad_request(f"best_of={best_of} must be >= n={body.n}", "best_of")
     if body.stream and best_of > body.n:
         raise bad_request("best_of > n cannot be streamed", "best_of")
+    temperature = body.temperature
+    if temperature is None and best_of > 1 and not defaults.get("do_sample"):
+        temperature = OPENAI_TEMPERATURE
+    if temperature == 0 and best_of > 1:
+        field = "best_of" if body.best_of else "n"
+        raise bad_request(f"{field}={best_of} needs random sampling: set temperature > 0 (greedy "
+                          f"decoding would give {best_of} identical completions)", field)
     processors = [LogitBias(logit_bias(body.logit_bias, vocab_size))] if body.logit_bias else []
     with bad_input(CompletionRequest, ENGINE_NAMES, None):
         return SamplingParams(
             n=best_of, max_tokens=body.max_tokens, min_tokens=body.min_tokens,
-            temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+            temperature=temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
             # the engine gives the chosen token's logprob with the top ones: ask for one at least
             logprobs=None if body.logprobs is None else max(body.logprobs, 1),
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
@@ -63,7 +76,8 @@ class OpenAIServingCompletion:
 
     async def create(self, body: CompletionRequest, request: Request) -> Response:
         served = self.models.get(body.model, whisper=False)
-        params = sampling_params(body, served.engine.model_config.vocab_size)
+        params = sampling_params(body, served.engine.model_config.vocab_size,
+                                 served.engine.engine.generation_defaults)
         prompts = await encoder_prompts(served, body)
         response_id = random_id("cmpl")
         counter = OutputCounter(self.metrics, served.name, request)
