@@ -131,6 +131,14 @@ def test_bad_json_requests(server):
         huge = json.dumps({"model": "bart", "prompt": "x" * (MAX_UPLOAD_MB * 1024 * 1024)})
         assert "--max-upload-mb" in assert_error(http.post("/v1/completions", content=huge, headers={
             "Content-Type": "application/json"}), 413, None)["message"]
+        # chunked, with no Content-Length: counted as it comes, and a small one still served
+        chunks = [huge[i:i + 65536].encode() for i in range(0, len(huge), 65536)]
+        assert "--max-upload-mb" in assert_error(http.post("/v1/completions", content=iter(chunks), headers={
+            "Content-Type": "application/json"}), 413, None)["message"]
+        small = json.dumps({"model": "bart", "prompt": TEXT, "max_tokens": 3}).encode()
+        served = http.post("/v1/completions", content=iter([small[:10], small[10:]]),
+                           headers={"Content-Type": "application/json"})
+        assert served.status_code == 200 and served.json()["usage"]["completion_tokens"] == 3
 
 
 AUDIO_CASES = [  # (files, form fields, status, param)
@@ -180,18 +188,18 @@ def test_bad_audio_requests(server):
         assert "English-only" in assert_error(translation, 400, "model")["message"]
 
 
-def test_upload_limit_without_content_length(server):
-    """A chunked upload is cut off by the counting reader once it passes the limit."""
+@pytest.mark.parametrize("chunks", [3 * MAX_UPLOAD_MB * 16, MAX_UPLOAD_MB * 16])  # 3x the limit; just over
+def test_upload_limit_without_content_length(server, chunks):
+    """A chunked upload is cut off by the counting reader once it passes the limit (also when
+    its last part passes it)."""
     boundary = "xyz"
     head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\ntiny.en\r\n"
             f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
             "Content-Type: audio/wav\r\n\r\n").encode()
-    sent = []
 
     def body():
         yield head
-        for _ in range(3 * MAX_UPLOAD_MB * 16):  # 3x the limit, 64 KiB at a time
-            sent.append(1)
+        for _ in range(chunks):  # 64 KiB at a time
             yield b"\0" * 65536
         yield f"\r\n--{boundary}--\r\n".encode()
 

@@ -1,9 +1,11 @@
-"""Per HTTP request: an id, the API key, the body's declared size, refusal while shutting down,
-metrics and a log line.
+"""Per HTTP request: an id, the API key, the body's size, refusal while shutting down, metrics
+and a log line.
 
 A plain ASGI middleware (it sees streamed responses to their end). The request id is the
 client's `x-request-id` when it sends a usable one, else a new one; it goes back in the
-`x-request-id` header and into every log line about the request.
+`x-request-id` header and into every log line about the request. A body other than a multipart
+upload (which `uploads.read_form` counts as it streams) is read here whole, up to the limit, so
+that a chunked body without a Content-Length gets the same 413 as one that declares its size.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from encdec.entrypoints.openai.errors import CLIENT_CLOSED_REQUEST, OpenAIError
 from encdec.entrypoints.openai.metrics import ServerMetrics
+from encdec.entrypoints.openai.uploads import discard_body
 
 logger = logging.getLogger("encdec.server")
 OPEN_PATHS = ("/health",)  # answered without an API key
@@ -72,6 +75,8 @@ class ServingMiddleware:
         self.state.inflight += counted
         try:
             refusal = self._refusal(path, headers)
+            if refusal is None and not headers.get("content-type", "").lower().startswith("multipart/"):
+                receive, refusal = await self._buffered(receive)
             if refusal is not None:
                 await refusal.response()(scope, receive, send_with_id)
             else:
@@ -106,7 +111,32 @@ class ServingMiddleware:
         declared = headers.get("content-length", "")
         multipart = headers.get("content-type", "").lower().startswith("multipart/")
         if not multipart and declared.isdigit() and int(declared) > self.max_body_bytes:
-            # uploads are counted as they stream in (`uploads.read_form`)
-            return OpenAIError(413, f"the request body is larger than the server's limit of "
-                                    f"{self.max_body_bytes} bytes (--max-upload-mb)", code="body_too_large")
+            return self._too_large()
         return None
+
+    async def _buffered(self, receive: Receive) -> tuple[Receive, Optional[OpenAIError]]:
+        """Read the body whole; returns a `receive` that hands it over in one message and then
+        listens for the disconnect, or a 413 once the body passes the limit."""
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left: the app sees it
+                first = message
+                break
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            if size > self.max_body_bytes:
+                await discard_body(receive, self.max_body_bytes, message)
+                return receive, self._too_large()
+            if not message.get("more_body", False):
+                first = {"type": "http.request", "body": b"".join(parts), "more_body": False}
+                break
+        pending = [first]
+
+        async def replay() -> Message:
+            return pending.pop() if pending else await receive()
+        return replay, None
+
+    def _too_large(self) -> OpenAIError:
+        return OpenAIError(413, f"the request body is larger than the server's limit of "
+                                f"{self.max_body_bytes} bytes (--max-upload-mb)", code="body_too_large")

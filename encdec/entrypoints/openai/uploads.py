@@ -11,12 +11,14 @@ import asyncio
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import soundfile
 from fastapi import Request
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
+from starlette.types import Message, Receive
 
 from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.entrypoints.openai.errors import OpenAIError, bad_request
@@ -25,7 +27,9 @@ MAX_FORM_FIELDS = 32
 
 
 class UploadTooLarge(Exception):
-    pass
+    def __init__(self, last: Message):
+        super().__init__()
+        self.last = last  # the message that passed the limit
 
 
 def too_large(max_bytes: int) -> OpenAIError:
@@ -33,14 +37,15 @@ def too_large(max_bytes: int) -> OpenAIError:
                             f"(--max-upload-mb)", "file", "upload_too_large")
 
 
-async def discard_body(request: Request, max_bytes: int) -> None:
-    """Read and drop what the client is still sending, up to `max_bytes`."""
+async def discard_body(receive: Receive, max_bytes: int, last: Optional[Message] = None) -> None:
+    """Read and drop what the client is still sending after `last` (None: nothing read yet), up
+    to `max_bytes`."""
     dropped = 0
-    while dropped <= max_bytes:
-        message = await request.receive()
-        dropped += len(message.get("body", b""))
-        if message["type"] != "http.request" or not message.get("more_body", False):
+    while last is None or (last["type"] == "http.request" and last.get("more_body", False)):
+        if dropped > max_bytes:
             return
+        last = await receive()
+        dropped += len(last.get("body", b""))
 
 
 async def read_form(request: Request, max_bytes: int) -> FormData:
@@ -50,7 +55,7 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
         raise bad_request(f"Content-Type must be multipart/form-data, got {content_type or 'none'!r}")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
-        await discard_body(request, max_bytes)
+        await discard_body(request.receive, max_bytes)
         raise too_large(max_bytes)
     received = 0
 
@@ -59,14 +64,14 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
         message = await request.receive()
         received += len(message.get("body", b""))
         if received > max_bytes:
-            raise UploadTooLarge()
+            raise UploadTooLarge(message)
         return message
 
     try:
         return await Request(request.scope, counting_receive).form(
             max_files=1, max_fields=MAX_FORM_FIELDS)
-    except UploadTooLarge:
-        await discard_body(request, max_bytes)
+    except UploadTooLarge as err:
+        await discard_body(request.receive, max_bytes, err.last)
         raise too_large(max_bytes) from None
     except HTTPException as err:  # starlette's 400 for a malformed form
         raise bad_request(f"the multipart form cannot be read: {err.detail}", "file") from None
