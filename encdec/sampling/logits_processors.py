@@ -1,7 +1,8 @@
 """Built-in logits processors, each a small function over many rows of a batch at once.
 
 `apply_logits_processors` runs them in Hugging Face's order (repetition penalty, no-repeat
-n-gram, min tokens, forced BOS, forced EOS), then each request's own processors row by row.
+n-gram, min tokens, forced BOS, forced EOS), then each request's own processors (row by row,
+or together where their class can).
 A row's history is its decoder prompt plus its output, as Hugging Face's `input_ids` in
 `generate()`. The scores are logits for greedy and sampled rows and log-probabilities for beam
 rows, exactly where Hugging Face applies them. Every function modifies `scores` in place.
@@ -39,9 +40,27 @@ def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
                     and len(data.output_token_ids) == p.max_tokens - 1]):
         if forced:
             force_tokens(scores, [i for i, _ in forced], [t for _, t in forced])
-    for i, (data, p) in enumerate(rows):
-        for processor in p.logits_processors:
-            scores[i] = processor(data.output_token_ids, scores[i])
+    _request_processors(scores, rows)
+
+
+def _request_processors(scores: torch.Tensor, rows: Sequence[Row]) -> None:
+    """Each request's own processors, in order. A processor with a static `process_batch(scores,
+    rows, histories, processors)` runs as one call for all the rows that have one of its class
+    at the same place in their list; the others run row by row."""
+    depth = max((len(p.logits_processors) for _, p in rows), default=0)
+    for place in range(depth):
+        together: dict[type, list[int]] = {}
+        for i, (data, p) in enumerate(rows):
+            if place >= len(p.logits_processors):
+                continue
+            processor = p.logits_processors[place]
+            if hasattr(processor, "process_batch"):
+                together.setdefault(type(processor), []).append(i)
+            else:
+                scores[i] = processor(data.output_token_ids, scores[i])
+        for kind, picked in together.items():
+            kind.process_batch(scores, picked, [rows[i][0].output_token_ids for i in picked],
+                               [rows[i][1].logits_processors[place] for i in picked])
 
 
 def repetition_penalty(scores: torch.Tensor, rows: list[int], histories: list[list[int]],

@@ -20,7 +20,7 @@ from typing import Optional, Union
 
 import torch
 
-from encdec.whisper.decoding import DecodingRules
+from encdec.whisper.decoding import DecodingRules, apply_rules
 from encdec.whisper.tokens import WhisperTokens
 
 DETECT = "detect"  # placeholder in a control prefix: the language token to detect
@@ -44,7 +44,8 @@ def control_prefix(tokens: WhisperTokens, language: Optional[str], task: str,
 
 
 class ControlProcessor:
-    """Logits processor `(output_token_ids, logits_row) -> logits_row` for one window."""
+    """Logits processor `(output_token_ids, logits_row) -> logits_row` for one window; the
+    sampler runs those of a batch together (`process_batch`)."""
 
     def __init__(self, tokens: WhisperTokens, prefix: list[Union[int, str]],
                  rules: DecodingRules, state: WindowState):
@@ -55,17 +56,34 @@ class ControlProcessor:
         self.language_ids = torch.tensor(sorted(tokens.lang_to_id.values()), dtype=torch.long)
 
     def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
+        self.process_batch(logits[None], [0], [output_token_ids], [self])
+        return logits
+
+    @staticmethod
+    def process_batch(scores: torch.Tensor, rows: list[int], histories: list[list[int]],
+                      processors: list["ControlProcessor"]) -> None:
+        """`processors[k]` on row `rows[k]` of `scores`: control steps row by row, the decoding
+        rules for all other rows at once (`apply_rules`)."""
+        ruled = []
+        for row, history, processor in zip(rows, histories, processors):
+            if not processor._control_step(history, scores[row]):
+                ruled.append((row, history[len(processor.prefix):], processor.rules))
+        if ruled:
+            apply_rules(scores, *map(list, zip(*ruled)))
+
+    def _control_step(self, output_token_ids: list[int], logits: torch.Tensor) -> bool:
+        """Read the first step's no-speech probability; force a prefix token (True) if one
+        is due."""
         step = len(output_token_ids)
         if step == 0 and self.tokens.no_speech is not None:
             probs = torch.softmax(logits.float(), dim=-1)
             self.state.no_speech_prob = probs[self.tokens.no_speech].item()
-        if step < len(self.prefix):
-            token = self.prefix[step]
-            if token == DETECT:
-                token = int(self.language_ids[logits[self.language_ids].argmax()])
-                self.state.language = self.tokens.language_of(token)
-            logits.fill_(float("-inf"))
-            logits[token] = 0.0
-            return logits
-        self.rules.apply(output_token_ids[len(self.prefix):], logits)
-        return logits
+        if step >= len(self.prefix):
+            return False
+        token = self.prefix[step]
+        if token == DETECT:
+            token = int(self.language_ids[logits[self.language_ids].argmax()])
+            self.state.language = self.tokens.language_of(token)
+        logits.fill_(float("-inf"))
+        logits[token] = 0.0
+        return True

@@ -52,37 +52,74 @@ class DecodingRules:
         self.no_timestamps = tokens.no_timestamps
         self.timestamp_begin = tokens.timestamp_begin
         self.timestamps = timestamps
-        self.suppress = torch.tensor(suppressed_token_ids(tokens, suppress_tokens), dtype=torch.long)
-        self.begin_suppress = torch.tensor(tokens.begin_suppress_tokens if suppress_blank else [],
-                                           dtype=torch.long)
+        self.suppress = tuple(suppressed_token_ids(tokens, suppress_tokens))
+        self.begin_suppress = tuple(tokens.begin_suppress_tokens) if suppress_blank else ()
         self.max_initial = (None if max_initial_timestamp is None
                             else round(max_initial_timestamp / TIME_PRECISION))
 
     def apply(self, sampled: list[int], logits: torch.Tensor) -> None:
-        logits[self.suppress] = _NEG_INF
-        if not sampled:
-            logits[self.begin_suppress] = _NEG_INF
-        if self.timestamps:
-            self._timestamp_rules(sampled, logits)
+        """The rules on one row of logits."""
+        apply_rules(logits[None], [0], [sampled], [self])
 
-    def _timestamp_rules(self, sampled: list[int], logits: torch.Tensor) -> None:
-        begin = self.timestamp_begin
-        logits[self.no_timestamps] = _NEG_INF
-        if not sampled:
-            logits[:begin] = _NEG_INF
-            if self.max_initial is not None:
-                logits[begin + self.max_initial + 1:] = _NEG_INF
-            return
-        last = sampled[-1]
-        if last >= begin:
-            penultimate = sampled[-2] if len(sampled) > 1 else last
-            if penultimate >= begin:  # a pair just closed, or the opening one: text next
-                logits[begin:] = _NEG_INF
-            else:  # a segment's text just ended: its closing timestamp (or the end) next
-                logits[:self.eot] = _NEG_INF
-        last_time = next((t for t in reversed(sampled) if t >= begin), None)
-        if last_time is not None:
-            logits[begin:last_time] = _NEG_INF
+
+def apply_rules(scores: torch.Tensor, rows: list[int], sampled: list[list[int]],
+                rules: list[DecodingRules]) -> None:
+    """`rules[k]` on row `rows[k]` of `scores` [batch, vocab] (rules of one vocabulary), whose
+    history is `sampled[k]`: the edits of the rules row by row, made in a few operations for
+    all rows at once (a loop over rows would spend its time in per-operation overhead)."""
+    banned: dict[tuple[int, ...], list[int]] = {}
+    for row, history, r in zip(rows, sampled, rules):
+        banned.setdefault(r.suppress, []).append(row)
+        if not history:
+            banned.setdefault(r.begin_suppress, []).append(row)
+    for columns, picked in banned.items():
+        if columns:
+            scores[torch.tensor(picked)[:, None], torch.tensor(columns)] = _NEG_INF
+    timed = [(row, history, r) for row, history, r in zip(rows, sampled, rules) if r.timestamps]
+    if timed:
+        _timestamp_rules(scores, timed)
+
+
+def _timestamp_rules(scores: torch.Tensor, timed: list[tuple[int, list[int], DecodingRules]]) -> None:
+    """The timestamp rules: per row, whether text may come (none at the first step; after a
+    segment's text only <|endoftext|> and what follows it) and the timestamps allowed, [low,
+    high); then, where the timestamps together are likelier than the best text token, a
+    timestamp it is."""
+    first = timed[0][2]
+    begin, vocab = first.timestamp_begin, scores.shape[-1]
+    no_text, only_end, checked, low, high = [], [], [], [], []
+    for row, history, r in timed:
+        lo, hi = begin, vocab
+        if not history:  # the first token: a timestamp, early enough
+            no_text.append(row)
+            if r.max_initial is not None:
+                hi = begin + r.max_initial + 1
+        else:
+            checked.append(row)
+            last = history[-1]
+            if last >= begin:
+                penultimate = history[-2] if len(history) > 1 else last
+                if penultimate >= begin:  # a pair just closed, or the opening one: text next
+                    hi = begin
+                else:  # a segment's text just ended: its closing timestamp (or the end) next
+                    only_end.append(row)
+            lo = max(lo, next((t for t in reversed(history) if t >= begin), begin))
+        low.append(lo)
+        high.append(hi)
+    index = torch.tensor([row for row, _, _ in timed])
+    scores[index, first.no_timestamps] = _NEG_INF
+    if no_text:
+        scores[torch.tensor(no_text), :begin] = _NEG_INF
+    if only_end:
+        scores[torch.tensor(only_end), :first.eot] = _NEG_INF
+    columns = torch.arange(begin, vocab)
+    outside = (columns < torch.tensor(low)[:, None]) | (columns >= torch.tensor(high)[:, None])
+    scores[index, begin:] = scores[index, begin:].masked_fill(outside.to(scores.device), _NEG_INF)
+    if checked:
         # Compared on log-probabilities in openai-whisper; the softmax's shift cancels out.
-        if logits[begin:].logsumexp(dim=-1) > logits[:begin].max():
-            logits[:begin] = _NEG_INF
+        picked = torch.tensor(checked)
+        stamps = scores[picked, begin:].logsumexp(dim=-1)
+        words = scores[:, :begin].amax(dim=-1)[picked]
+        winners = picked[(stamps > words).cpu()]
+        if len(winners):
+            scores[winners, :begin] = _NEG_INF

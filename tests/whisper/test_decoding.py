@@ -13,6 +13,9 @@ import torch
 
 from encdec.audio import SAMPLE_RATE
 from encdec.whisper.control import DETECT, ControlProcessor, WindowState, control_prefix
+from encdec.sampling.logits_processors import apply_logits_processors
+from encdec.sampling.params import SamplingParams
+from encdec.sequence import SequenceData
 from encdec.whisper.decoding import DecodingRules, suppressed_token_ids
 from encdec.whisper.segments import split_spans, window_segments
 from encdec.whisper.silence import compression_ratio, is_no_speech, is_silent
@@ -88,6 +91,37 @@ def test_timestamp_mass_beats_best_text_token():
     assert allowed(rules, [ts(0.0), 5], logits) == set(range(ts(0.0), VOCAB))
     logits[TS:] = -10.0
     assert 5 in allowed(rules, [ts(0.0), 5], logits)
+
+
+def test_a_batch_gets_the_edits_of_its_rows_one_at_a_time():
+    """The sampler runs the windows' processors of a batch together: each row ends as if
+    processed alone, whatever its neighbours' rules, and a plain processor keeps its place."""
+    rules = [DecodingRules(TOKENS, True), DecodingRules(TOKENS, False),
+             DecodingRules(TOKENS, True, max_initial_timestamp=None, suppress_tokens=[5]),
+             DecodingRules(TOKENS, True, suppress_blank=False)]
+    histories = [[], [ts(0.4)], [ts(0.4), 5], [ts(0.4), 5, ts(1.0)], [ts(0.4), 5, ts(1.0), ts(1.0)],
+                 [ts(0.2), 1, 2], [4, 5]]
+    rows = [(FR, TRANSCRIBE, *history) for history in histories] + [(), (FR,)]  # + control steps
+
+    def marked(output_ids, row):  # a plain processor after the control processor
+        row[7] += 1.0
+        return row
+
+    generator = torch.Generator().manual_seed(0)
+    cases = [(rules[i % len(rules)], list(out)) for i, out in enumerate(rows * 2)]
+    scores = torch.randn(len(cases), VOCAB, generator=generator) * 3
+    scores[:, :TS] += torch.arange(len(cases))[:, None] % 4 * 4.0  # timestamps win in some rows only
+    alone = scores.clone()
+    for i, (r, out) in enumerate(cases):
+        marked(out, ControlProcessor(TOKENS, [FR, TRANSCRIBE], r, WindowState())(out, alone[i]))
+    params = [SamplingParams(temperature=0.0, max_tokens=50, min_tokens=0, no_repeat_ngram_size=0,
+                             repetition_penalty=1.0,
+                             logits_processors=[ControlProcessor(TOKENS, [FR, TRANSCRIBE], r, WindowState()),
+                                                marked]) for r, _ in cases]
+    together = scores.clone()
+    apply_logits_processors(together, [(SequenceData([SOT], out), p) for (_, out), p in zip(cases, params)], EOT)
+    assert torch.equal(together, alone)
+    assert 0 < int(torch.isinf(together[:, :TS]).all(dim=-1).sum()) < len(cases)  # both outcomes seen
 
 
 def test_control_prefix_layouts():
