@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from encdec.engine.llm_engine import LLMEngine
@@ -53,9 +55,11 @@ class LLM:
         Sampling params left unset (or none given) take the checkpoint's generation config, as
         Hugging Face's `generate()` does; see `encdec.generation_config`.
         """
-        if isinstance(prompts, (str, dict)) or (
-                isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
+        if prompts is None or isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
+            raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
+        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
+                                                and isinstance(prompts[0], numbers.Integral)):
+            prompts = [prompts]  # one prompt: text, a dict or token ids
         prompts = list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()

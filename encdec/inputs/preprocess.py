@@ -12,8 +12,10 @@ special tokens and the audio processor (`encdec.models.registry`).
 """
 from __future__ import annotations
 
+import numbers
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
 from encdec.config import ModelConfig
@@ -138,7 +140,7 @@ class InputPreprocessor:
 def _parse_singleton(prompt: Any, field: str) -> tuple[Optional[str], Optional[list[int]], Optional[dict]]:
     """(text, token ids, multi_modal_data) of a singleton prompt; exactly one of text/ids set."""
     if isinstance(prompt, str):
-        return prompt, None, None
+        return _checked_text(prompt, field), None, None
     if isinstance(prompt, (list, tuple)):
         return None, _as_ids(prompt, field), None
     if isinstance(prompt, dict):
@@ -148,7 +150,7 @@ def _parse_singleton(prompt: Any, field: str) -> tuple[Optional[str], Optional[l
         if "prompt" in prompt and set(prompt) <= {"prompt", "multi_modal_data"}:
             if not isinstance(prompt["prompt"], str):
                 raise ValueError(f"{field}['prompt'] must be a string, got {type(prompt['prompt']).__name__}")
-            return prompt["prompt"], None, mm_data
+            return _checked_text(prompt["prompt"], f"{field}['prompt']"), None, mm_data
         raise ValueError(f"{field} has unknown keys {sorted(prompt)}: expected a TextPrompt "
                          "{'prompt'}, a TokensPrompt {'prompt_token_ids'} or, at the top level, "
                          "{'encoder_prompt', 'decoder_prompt'}")
@@ -156,10 +158,26 @@ def _parse_singleton(prompt: Any, field: str) -> tuple[Optional[str], Optional[l
                      "TextPrompt, TokensPrompt, a list of token ids or ExplicitEncoderDecoderPrompt")
 
 
+def _checked_text(text: str, field: str) -> str:
+    """`text`, refused when it cannot be encoded (a lone UTF-16 surrogate such as '\\ud800')."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise ValueError(f"{field} is not valid Unicode: {err.reason} at character {err.start}") from None
+    return text
+
+
 def _as_ids(ids: Any, field: str) -> list[int]:
+    """Token ids as Python ints: from a list or tuple, or a 1-D NumPy array or torch tensor."""
+    if isinstance(ids, (np.ndarray, torch.Tensor)):
+        if ids.ndim != 1:
+            raise ValueError(f"{field} token ids must be 1-D, got shape {tuple(ids.shape)}")
+        ids = ids.tolist()
+    elif not isinstance(ids, (list, tuple)):
+        raise ValueError(f"{field} token ids must be a list of integers, got {type(ids).__name__}")
     out = []
     for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int):
+        if isinstance(t, (bool, np.bool_)) or not isinstance(t, numbers.Integral):
             raise ValueError(f"{field} token ids must be integers, got {t!r}")
         out.append(int(t))
     return out

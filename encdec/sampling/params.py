@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
+import numpy as np
 import torch
 
 # (output token ids so far, logits row [vocab]) -> logits row; may modify in place.
@@ -20,6 +22,10 @@ BUILTIN_DEFAULTS = dict(
     repetition_penalty=1.0, forced_bos_token_id=None, forced_eos_token_id=None,
 )
 EARLY_STOPPING_VALUES = (True, False, "never")
+INTEGER_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed", "logprobs", "beam_width",
+                  "no_repeat_ngram_size", "forced_bos_token_id", "forced_eos_token_id")
+NUMBER_FIELDS = ("temperature", "top_p", "length_penalty", "patience", "repetition_penalty")
+FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "use_beam_search")
 
 
 class RequestOutputKind(enum.Enum):
@@ -80,14 +86,34 @@ class SamplingParams:
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        self._normalize_types()
         self._validate()
 
+    def _normalize_types(self) -> None:
+        """Python ints, floats and bools from their NumPy kin; a wrong type names its field."""
+        for name in INTEGER_FIELDS:
+            setattr(self, name, _integer(name, getattr(self, name)))
+        for name in NUMBER_FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                _check(isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)),
+                       f"{name} must be a number, got {value!r}")
+                setattr(self, name, float(value))
+        for name in FLAG_FIELDS:
+            value = getattr(self, name)
+            _check(value is None and name == "use_beam_search" or isinstance(value, (bool, np.bool_)),
+                   f"{name} must be True or False, got {value!r}")
+            setattr(self, name, None if value is None else bool(value))
+        stop = self.stop_token_ids if self.stop_token_ids is not None else []
+        _check(isinstance(stop, (list, tuple, np.ndarray)),
+               f"stop_token_ids must be a list of token ids, got {stop!r}")
+        self.stop_token_ids = [_integer("stop_token_ids", t) for t in stop]
+
     def _validate(self) -> None:
-        _check(isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
-        _check(self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+        _check(self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
+        _check(self.max_tokens is None or self.max_tokens >= 1,
                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        _check(self.min_tokens is None or (isinstance(self.min_tokens, int) and self.min_tokens >= 0),
+        _check(self.min_tokens is None or self.min_tokens >= 0,
                f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         _check(self.max_tokens is None or self.min_tokens is None or self.min_tokens <= self.max_tokens,
                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
@@ -95,14 +121,13 @@ class SamplingParams:
                f"temperature must be >= 0, got {self.temperature}")
         _check(self.top_p is None or 0.0 < self.top_p <= 1.0,
                f"top_p must be in (0, 1], got {self.top_p}")
-        _check(self.top_k is None or (
-            isinstance(self.top_k, int) and (self.top_k == -1 or self.top_k >= 1)),
-            f"top_k must be -1 (disabled) or an integer >= 1, got {self.top_k!r}")
-        _check(self.seed is None or (isinstance(self.seed, int) and -2**63 <= self.seed < 2**64),
+        _check(self.top_k is None or self.top_k == -1 or self.top_k >= 1,
+               f"top_k must be -1 (disabled) or an integer >= 1, got {self.top_k!r}")
+        _check(self.seed is None or -2**63 <= self.seed < 2**64,
                f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
-        _check(self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
+        _check(self.logprobs is None or self.logprobs >= 0,
                f"logprobs must be an integer >= 0, got {self.logprobs!r}")
-        _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+        _check(all(t >= 0 for t in self.stop_token_ids),
                f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
         _check(isinstance(self.output_kind, RequestOutputKind),
                f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
@@ -110,24 +135,20 @@ class SamplingParams:
         self._validate_beam_search()
 
     def _validate_processors(self) -> None:
-        _check(self.no_repeat_ngram_size is None or (
-            isinstance(self.no_repeat_ngram_size, int) and self.no_repeat_ngram_size >= 0),
-            f"no_repeat_ngram_size must be an integer >= 0, got {self.no_repeat_ngram_size!r}")
-        _check(self.repetition_penalty is None or (
-            isinstance(self.repetition_penalty, (int, float))
-            and 0.0 < self.repetition_penalty < math.inf),
-            f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        _check(self.no_repeat_ngram_size is None or self.no_repeat_ngram_size >= 0,
+               f"no_repeat_ngram_size must be an integer >= 0, got {self.no_repeat_ngram_size!r}")
+        _check(self.repetition_penalty is None or 0.0 < self.repetition_penalty < math.inf,
+               f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
         for name in ("forced_bos_token_id", "forced_eos_token_id"):
             value = getattr(self, name)
-            _check(value is None or (isinstance(value, int) and value >= 0),
+            _check(value is None or value >= 0,
                    f"{name} must be a non-negative token id, got {value!r}")
 
     def _validate_beam_search(self) -> None:
-        _check(self.beam_width is None or (isinstance(self.beam_width, int) and self.beam_width >= 1),
+        _check(self.beam_width is None or self.beam_width >= 1,
                f"beam_width must be an integer >= 1, got {self.beam_width!r}")
-        _check(self.length_penalty is None or (
-            isinstance(self.length_penalty, (int, float)) and math.isfinite(self.length_penalty)),
-            f"length_penalty must be a finite number, got {self.length_penalty!r}")
+        _check(self.length_penalty is None or math.isfinite(self.length_penalty),
+               f"length_penalty must be a finite number, got {self.length_penalty!r}")
         _check(self.early_stopping is None or any(
             self.early_stopping is v or (isinstance(v, str) and self.early_stopping == v)
             for v in EARLY_STOPPING_VALUES),
@@ -149,8 +170,11 @@ class SamplingParams:
         _check(width is None or self.n <= width,
                f"n={self.n} must be <= beam_width={width} (beam search returns the best n beams)")
         _check(self.logprobs is None, "logprobs is not supported with beam search")
-        _check(self.patience is None or (isinstance(self.patience, (int, float)) and self.patience > 0),
-               f"patience must be a number > 0, got {self.patience!r}")
+        _check(self.patience is None or 0 < self.patience < math.inf,
+               f"patience must be a finite number > 0, got {self.patience!r}")
+        _check(self.patience is None or width is None or round(width * self.patience) >= 1,
+               f"patience={self.patience} with beam_width={width} waits for no finished beam: "
+               f"round(beam_width * patience) must be >= 1")
 
     @property
     def is_beam_search(self) -> bool:
@@ -169,6 +193,15 @@ class SamplingParams:
         if self.is_beam_search and self.beam_width is not None:
             return self.beam_width
         return self.n
+
+
+def _integer(name: str, value: Any) -> Optional[int]:
+    """`value` as a Python int (None stays None); bools and non-integers are refused."""
+    if value is None:
+        return None
+    _check(isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)),
+           f"{name} must be an integer, got {value!r}")
+    return int(value)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -1,6 +1,7 @@
 """Request-level behaviour: validation at the edge, n > 1 sampling, seeds, aborts."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -21,6 +22,9 @@ def llm(tiny_bart_dir):
     (TokensPrompt(prompt_token_ids=[5] * 300), SamplingParams(), "more than the model's maximum of 256"),
     (TokensPrompt(prompt_token_ids=[0, 1000, 2]), SamplingParams(), r"outside the vocabulary \[0, 1000\)"),
     (TokensPrompt(prompt_token_ids=[0, -1, 2]), SamplingParams(), "outside the vocabulary"),
+    (TokensPrompt(prompt_token_ids=np.zeros((2, 2), dtype=np.int64)), SamplingParams(), "must be 1-D"),
+    ("rain \ud800", SamplingParams(), "encoder_prompt is not valid Unicode"),
+    ({"encoder_prompt": TEXT, "decoder_prompt": "\udc00"}, SamplingParams(), "decoder_prompt is not valid Unicode"),
     ({"encoder_prompt": TEXT, "decoder_prompt": [7] * 300}, SamplingParams(),
      "decoder_prompt has 301 tokens"),
     ({"prompt_ids": [1, 2]}, SamplingParams(), "unknown keys"),
@@ -48,10 +52,41 @@ def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
     (dict(logprobs=-1), "logprobs must be an integer >= 0"),
     (dict(seed=2**64), r"seed must be an integer in \[-2\*\*63, 2\*\*64\)"),
     (dict(seed=1.5), "seed must be an integer"),
+    (dict(max_tokens=True), "max_tokens must be an integer, got True"),
+    (dict(temperature="0.5"), "temperature must be a number, got '0.5'"),
+    (dict(stop_token_ids=5), "stop_token_ids must be a list of token ids"),
+    (dict(ignore_eos="no"), "ignore_eos must be True or False"),
+    (dict(skip_special_tokens=None), "skip_special_tokens must be True or False"),
+    (dict(beam_width=2, patience=float("inf")), "patience must be a finite number > 0"),
+    (dict(beam_width=2, patience=0.01), r"round\(beam_width \* patience\) must be >= 1"),
 ])
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("prompts", [None, b"rain", 12345])
+def test_what_is_not_prompts_is_refused(llm, prompts):
+    with pytest.raises(ValueError, match="prompts must be a prompt or a list of prompts"):
+        llm.generate(prompts, SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_token_ids_from_numpy_torch_or_a_tuple(llm):
+    params = SamplingParams(max_tokens=4, temperature=0.0)
+    expected = llm.generate([TokensPrompt(prompt_token_ids=[0, 5, 9, 2])], params, use_tqdm=False)
+    for ids in (np.array([0, 5, 9, 2]), torch.tensor([0, 5, 9, 2])):
+        got = llm.generate(TokensPrompt(prompt_token_ids=ids), params, use_tqdm=False)
+        assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
+    assert len(llm.generate((0, 5, 9, 2), params, use_tqdm=False)) == 1  # one prompt, not four
+    assert_all_blocks_free(llm)
+
+
+def test_numpy_numbers_are_taken_as_python_ones():
+    params = SamplingParams(n=np.int64(2), max_tokens=np.int32(5), temperature=np.float32(0.5),
+                            stop_token_ids=np.array([3, 4]), ignore_eos=np.bool_(True))
+    assert (params.n, params.max_tokens, params.temperature, params.stop_token_ids, params.ignore_eos) == (
+        2, 5, 0.5, [3, 4], True)
+    assert all(type(v) is int for v in (params.n, params.max_tokens, *params.stop_token_ids))
 
 
 def test_greedy_with_n_above_one_is_refused(llm):

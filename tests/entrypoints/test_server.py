@@ -119,13 +119,28 @@ def test_completions_streamed_with_usage(server, bart):
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
 
 
-def test_completions_stop_string(server, bart):
-    full = offline_texts(bart, ARTICLES[0], SamplingParams(temperature=0.0, max_tokens=12))[0]
-    stop = full[len(full) // 2:len(full) // 2 + 3]
+@pytest.mark.parametrize("stream", [False, True])
+def test_completions_stop_string(server, bart, stream):
+    """A stop string across two tokens' texts cuts the completion there, streamed or not."""
+    [out] = bart.generate(ARTICLES[0], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+    full, ids = out.outputs[0].text, out.outputs[0].token_ids
+    tokenizer = bart.get_tokenizer()
+    ends = [len(tokenizer.decode(ids[:k], skip_special_tokens=True)) for k in range(1, len(ids))]
+    end = next(e for e in ends[len(ends) // 2:] if 2 <= e <= len(full) - 2)  # a token boundary
+    stop = full[end - 2:end + 2]
     result = server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=12,
-                                                temperature=0.0, stop=[stop])
-    assert result.choices[0].text == full[:full.index(stop)]
-    assert result.choices[0].finish_reason == "stop"
+                                                temperature=0.0, stop=[stop], stream=stream)
+    choices = [c for chunk in result for c in chunk.choices] if stream else result.choices
+    assert "".join(c.text for c in choices) == full[:full.index(stop)]
+    assert choices[-1].finish_reason == "stop"
+
+
+def test_streamed_text_offsets_equal_the_plain_ones(server):
+    request = dict(model="bart", prompt=ARTICLES[0], max_tokens=8, temperature=0.0, logprobs=1, stop="zzzz")
+    plain = server.client().completions.create(**request).choices[0].logprobs.text_offset
+    streamed = server.client().completions.create(**request, stream=True)
+    assert [o for chunk in streamed for c in chunk.choices if c.logprobs for o in c.logprobs.text_offset] == plain
+    assert plain == sorted(plain) and plain[-1] > 0
 
 
 def test_summarize_plain_and_streamed(server, bart):

@@ -24,12 +24,12 @@ class LogitBias:
 
 
 class StopStrings:
-    """Cuts each completion's text at its first stop string."""
+    """Cuts each completion's text at its first stop string, also one that spans deltas."""
 
-    def __init__(self, stops: list[str], streamed: bool):
+    def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
-        # streamed text keeps back what could be the start of a stop string
-        self.hold = max((len(s) for s in self.stops), default=1) - 1 if streamed else 0
+        # each delta's text keeps back what could be the start of a stop string
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
         self.pending: dict[int, str] = {}
         self.stopped: set[int] = set()
 

@@ -84,7 +84,7 @@ class OpenAIServingCompletion:
         stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
         admission = Admission()  # the prompts are taken or refused (429) together
         streams = [self._outputs(served, prompt, params, f"{response_id}-{i}", admission,
-                                 StopStrings(stops, body.stream)) for i, prompt in enumerate(prompts)]
+                                 StopStrings(stops)) for i, prompt in enumerate(prompts)]
         merged = merge_async_iterators(*streams)
         with bad_input(CompletionRequest, ENGINE_NAMES, "prompt"):
             if body.stream:
@@ -140,10 +140,10 @@ class OpenAIServingCompletion:
             for delta in deltas:
                 index = i * body.n + delta.index
                 logprobs = None
-                if body.logprobs is not None:
+                if body.logprobs is not None:  # offsets count the tokens' texts, as without streaming
                     logprobs = completion_logprobs(tokenizer, delta.token_ids, delta.logprobs or [],
                                                    body.logprobs, offsets.get(index, 0))
-                offsets[index] = offsets.get(index, 0) + len(delta.text)
+                    offsets[index] = offsets.get(index, 0) + sum(map(len, logprobs.tokens))
                 choices.append(CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
                                                 finish_reason=delta.finish_reason))
             if choices:
