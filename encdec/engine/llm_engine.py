@@ -301,7 +301,8 @@ class LLMEngine:
         """How the sequence finishes after its last token, or None if it goes on."""
         token = seq.data.get_last_token_id()
         num_out = len(seq.data.output_token_ids)
-        if num_out >= params.min_tokens and self._is_stop_token(token, params):
+        if (num_out >= params.min_tokens and self._is_stop_token(token, params)
+                and not params.is_forced_end(num_out, token)):
             return SequenceStatus.FINISHED_STOPPED
         if (params.max_tokens is not None and num_out >= params.max_tokens) or \
                 len(seq) >= self.model_config.max_decoder_len:

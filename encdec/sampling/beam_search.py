@@ -81,7 +81,8 @@ class BeamSearch:
         scores = _normalize([c.beam_score for c in ended], generated, params.length_penalty)
         self.finished = sorted(self.finished + [
             BeamHypothesis(outputs[c.parent_seq_id] + [c.token_id], score, c.beam_score,
-                           "stop" if is_stop(c.token_id) else "length")
+                           "stop" if is_stop(c.token_id) and not params.is_forced_end(generated, c.token_id)
+                           else "length")
             for c, score in zip(ended, scores)], key=lambda h: -h.score)[:width]
         running = [c for c, hit in zip(candidates, hits)
                    if not hit and c.beam_score > -float("inf")][:width]

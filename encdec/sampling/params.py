@@ -187,6 +187,12 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature is not None and self.temperature < _GREEDY_EPS
 
+    def is_forced_end(self, num_generated: int, token: int) -> bool:
+        """Whether `token`, the sequence's `num_generated`-th, is `forced_eos_token_id` forced
+        at `max_tokens`: the length limit cut the sequence (finish_reason "length")."""
+        return (token == self.forced_eos_token_id and self.max_tokens is not None
+                and num_generated >= self.max_tokens)
+
     @property
     def max_num_seqs(self) -> int:
         """Decoder sequences the request will run at once."""

@@ -81,6 +81,17 @@ def test_token_ids_from_numpy_torch_or_a_tuple(llm):
     assert_all_blocks_free(llm)
 
 
+@pytest.mark.parametrize("params", [SamplingParams(max_tokens=3), SamplingParams(max_tokens=3, beam_width=2)])
+def test_eos_forced_at_max_tokens_is_a_length_cut(llm, params):
+    """The checkpoint's forced_eos_token_id ends every request at max_tokens with EOS (as
+    Hugging Face's); the request was cut by its limit, so its finish_reason is "length"."""
+    [out] = llm.generate(TEXT, params, use_tqdm=False)
+    assert llm.llm_engine.model_config.eos_token_id == 2
+    assert out.outputs[0].token_ids[-1] == 2 and len(out.outputs[0].token_ids) == 3
+    assert out.outputs[0].finish_reason == "length"
+    assert_all_blocks_free(llm)
+
+
 def test_numpy_numbers_are_taken_as_python_ones():
     params = SamplingParams(n=np.int64(2), max_tokens=np.int32(5), temperature=np.float32(0.5),
                             stop_token_ids=np.array([3, 4]), ignore_eos=np.bool_(True))
