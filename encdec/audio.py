@@ -17,10 +17,11 @@ from __future__ import annotations
 import functools
 import io
 import logging
+import numbers
 import os
 import warnings
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Any, Sequence, Union
 
 import librosa
 import numpy as np
@@ -39,6 +40,9 @@ N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3000
 STYLES = ("hf", "whisper")
 # Float samples past this overflow float32 in a window's power spectrum (up to (200 x peak)^2).
 MAX_AMPLITUDE = 1e16
+# Sample rates taken: 1 kHz (below any speech codec's 8 kHz) to 1 MHz (past 768 kHz studio audio).
+MIN_SAMPLE_RATE = 1_000
+MAX_SAMPLE_RATE = 1_000_000
 
 AudioSource = Union[str, os.PathLike, tuple]
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
@@ -56,7 +60,9 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
 
     ``source`` is a path to any file soundfile (or librosa's fallback) can decode, or a
     ``(waveform, sample_rate)`` pair. A 2-D waveform is downmixed by averaging; its
-    smaller dimension is taken as the channel axis. Integer PCM is scaled to [-1, 1).
+    smaller dimension is taken as the channel axis. Integer PCM is scaled to [-1, 1) (unsigned
+    PCM, as 8-bit WAV, is centred on its midpoint: (x - 128) / 128). The sample rate is an integer
+    in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE].
     """
     if sr <= 0:
         raise ValueError(f"target sample rate must be positive, got {sr}")
@@ -69,8 +75,7 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
     else:
         name = os.fspath(source)
         audio, rate = _read_file(Path(name))
-    if not np.isscalar(rate) or not rate > 0:
-        raise ValueError(f"{name}: sample rate must be positive, got {rate!r}")
+    rate = _sample_rate(rate, name)
     if audio.size == 0:
         raise ValueError(f"{name}: contains no audio samples")
     if not np.all(np.isfinite(audio)):
@@ -80,8 +85,18 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
         raise ValueError(f"{name}: samples reach {peak:.3g}, past the {MAX_AMPLITUDE:g} the features "
                          f"can hold (float audio is expected in [-1, 1])")
     if rate != sr:
-        audio = _resample(audio, int(rate), sr)
+        audio = _resample(audio, rate, sr)
     return np.ascontiguousarray(audio, dtype=np.float32)
+
+
+def _sample_rate(rate: Any, name: str) -> int:
+    """`rate` as an int in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE]: an integer (numpy's too) or a
+    float with an integral value; bools, strings and fractional rates are refused."""
+    integral = isinstance(rate, numbers.Integral) or (isinstance(rate, numbers.Real) and float(rate).is_integer())
+    if isinstance(rate, (bool, np.bool_)) or not (integral and MIN_SAMPLE_RATE <= rate <= MAX_SAMPLE_RATE):
+        raise ValueError(f"{name}: sample rate must be an integer in [{MIN_SAMPLE_RATE}, {MAX_SAMPLE_RATE}] Hz, "
+                         f"got {rate!r}")
+    return int(rate)
 
 
 def _read_file(path: Path) -> tuple[np.ndarray, int]:
@@ -119,9 +134,10 @@ def _as_float_array(waveform: ArrayLike, name: str) -> np.ndarray:
     if isinstance(waveform, torch.Tensor):
         waveform = waveform.detach().cpu().numpy()
     array = np.asarray(waveform)
-    if np.issubdtype(array.dtype, np.integer):
-        scale = float(np.iinfo(array.dtype).max) + 1.0
-        return array.astype(np.float32) / scale
+    if np.issubdtype(array.dtype, np.integer):  # PCM: signed around 0, unsigned around its midpoint
+        info = np.iinfo(array.dtype)
+        half = (float(info.max) - float(info.min) + 1.0) / 2
+        return (array.astype(np.float32) - np.float32(info.min + half)) / np.float32(half)
     if not np.issubdtype(array.dtype, np.floating):
         raise ValueError(f"{name}: expected numeric samples, got dtype {array.dtype}")
     return array.astype(np.float32, copy=False)

@@ -97,9 +97,9 @@ class LLM:
     def transcribe(self, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
                    timestamps: bool = True, initial_prompt: Optional[str] = None,
                    on_progress: Optional[Callable[[float], None]] = None, **options: Any) -> list[Transcription]:
-        """Whisper: transcribe (or translate) audio files or `(waveform, sample_rate)` pairs of
-        any length; one `Transcription` per input. `on_progress(seconds)` gets the seconds of
-        audio finished so far as windows finish. `options`: openai-whisper's decoding options
+        """Whisper: transcribe (or translate) audio files, 16 kHz waveforms (arrays or tensors) or
+        `(waveform, sample_rate)` pairs of any length; one `Transcription` per input.
+        `on_progress(seconds)` gets the seconds of audio finished so far as windows finish. `options`: openai-whisper's decoding options
         (`temperature`, `best_of`, `compression_ratio_threshold`, `logprob_threshold`,
         `no_speech_threshold`, `condition_on_previous_text`; see
         `encdec.whisper.pipeline.TranscribeOptions`). See `encdec.whisper.transcribe`.

@@ -217,6 +217,18 @@ def test_integer_pcm_and_torch_input():
     assert np.allclose(A.load_audio((pcm, 16000)), pcm / 32768.0)
     tensor = torch.linspace(-1, 1, 1600)
     assert np.allclose(A.load_audio((tensor, 16000)), tensor.numpy())
+    # unsigned PCM (8-bit WAV) is centred on its midpoint: no DC offset
+    unsigned = np.array([0, 64, 128, 192, 255], np.uint8)
+    np.testing.assert_allclose(A.load_audio((unsigned, 16000)), (unsigned - 128.0) / 128.0)
+    np.testing.assert_allclose(A.load_audio((np.array([0, 32768], np.uint16), 16000)), [-1.0, 0.0])
+
+
+def test_sample_rates_taken():
+    """An integral rate of any numeric type in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE]."""
+    ones = np.ones(1600, np.float32)
+    for rate in (16000, np.int64(16000), 16000.0, np.float32(16000)):
+        assert len(A.load_audio((ones, rate))) == 1600
+    assert len(A.load_audio((ones, A.MIN_SAMPLE_RATE))) == 1600 * 16
 
 
 # --------------------------------------------------------------------------- errors
@@ -273,6 +285,14 @@ def test_header_only_wav_has_no_samples(tmp_path):
         ((np.array([0.0, np.inf], np.float32), 16000), "NaN or infinite"),
         ((np.array([0.0, -1e20], np.float32), 16000), "samples reach 1e\\+20"),
         ((np.zeros((2, 3, 4), np.float32), 16000), "1-D or 2-D"),
+        ((np.zeros(100, np.float32), True), r"sample rate must be an integer in \[1000, 1000000\] Hz, got True"),
+        ((np.zeros(100, np.float32), float("inf")), "sample rate must be an integer.*got inf"),
+        ((np.zeros(100, np.float32), float("nan")), "sample rate"),
+        ((np.zeros(100, np.float32), 44100.5), "got 44100.5"),
+        ((np.zeros(100, np.float32), "16000"), "got '16000'"),
+        ((np.zeros(100, np.float32), None), "sample rate"),
+        ((np.zeros(100, np.float32), 999), "got 999"),
+        ((np.zeros(100, np.float32), 1_000_001), "got 1000001"),
     ],
 )
 def test_bad_waveforms(source, message):

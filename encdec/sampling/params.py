@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import enum
 import math
-import numbers
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
+
+from encdec.checks import flag, is_number
 
 # (output token ids so far, logits row [vocab]) -> logits row; may modify in place.
 LogitsProcessor = Callable[[list[int], torch.Tensor], torch.Tensor]
@@ -96,14 +97,12 @@ class SamplingParams:
         for name in NUMBER_FIELDS:
             value = getattr(self, name)
             if value is not None:
-                _check(isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)),
-                       f"{name} must be a number, got {value!r}")
+                _check(is_number(value), f"{name} must be a number, got {value!r}")
                 setattr(self, name, float(value))
         for name in FLAG_FIELDS:
             value = getattr(self, name)
-            _check(value is None and name == "use_beam_search" or isinstance(value, (bool, np.bool_)),
-                   f"{name} must be True or False, got {value!r}")
-            setattr(self, name, None if value is None else bool(value))
+            if value is not None or name != "use_beam_search":
+                setattr(self, name, flag(name, value))
         stop = self.stop_token_ids if self.stop_token_ids is not None else []
         _check(isinstance(stop, (list, tuple, np.ndarray)),
                f"stop_token_ids must be a list of token ids, got {stop!r}")
@@ -205,8 +204,7 @@ def _integer(name: str, value: Any) -> Optional[int]:
     """`value` as a Python int (None stays None); bools and non-integers are refused."""
     if value is None:
         return None
-    _check(isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)),
-           f"{name} must be an integer, got {value!r}")
+    _check(is_number(value, integer=True), f"{name} must be an integer, got {value!r}")
     return int(value)
 
 

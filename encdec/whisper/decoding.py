@@ -4,7 +4,8 @@ Every rule sees `sampled`, the tokens generated after the control prefix (the te
 the transcript so far), and edits the row in place:
 
 * suppress tokens at every step: the model's suppress list plus the control tokens
-  (openai's `suppress_tokens="-1"`);
+  (openai's `suppress_tokens="-1"`); a list that would leave a step nothing to sample is
+  refused up front (`check_suppress_tokens`);
 * at the first sampled step, suppress the blank and <|endoftext|> (`begin_suppress_tokens`);
 * in timestamp mode, the timestamp rules: no <|notimestamps|>; the first token is a timestamp
   of at most `max_initial_timestamp` seconds; timestamps come in pairs (a lone timestamp is
@@ -38,6 +39,24 @@ def suppressed_token_ids(tokens: WhisperTokens, suppress_tokens: Sequence[int] =
     return sorted({t for t in [*chosen, *control] if t is not None})
 
 
+def check_suppress_tokens(tokens: WhisperTokens, suppress_tokens: Sequence[int], suppress_blank: bool) -> None:
+    """Refuse a `suppress_tokens` that leaves a decode nothing to sample: it may not name
+    <|endoftext|> (openai-whisper never suppresses it: a decode could not end) nor a timestamp
+    (a window's first token is one, and they show where a decode stopped), and it must leave a
+    text token (below <|endoftext|>) that a decode may start with (`suppress_blank` bans the
+    blank at the first step). Then no rule leaves a row without a token to sample."""
+    begin = tokens.timestamp_begin
+    for token in suppress_tokens:
+        if token == tokens.eot or (begin is not None and token >= begin):
+            needed = f"<|endoftext|> ({tokens.eot})" + ("" if begin is None else f" or a timestamp (>= {begin})")
+            raise ValueError(f"suppress_tokens may not name {needed}: decoding needs them; got {token}")
+    first_step = {*suppressed_token_ids(tokens, suppress_tokens),
+                  *(tokens.begin_suppress_tokens if suppress_blank else ())}
+    if sum(0 <= t < tokens.eot for t in first_step) >= tokens.eot:
+        raise ValueError(f"suppress_tokens suppresses every text token (ids below {tokens.eot}): "
+                         f"nothing left to transcribe with")
+
+
 class DecodingRules:
     """The rules above for one request; `timestamps` turns the timestamp rules on,
     `suppress_tokens` picks what is suppressed at every step (see `suppressed_token_ids`) and
@@ -52,6 +71,7 @@ class DecodingRules:
         self.no_timestamps = tokens.no_timestamps
         self.timestamp_begin = tokens.timestamp_begin
         self.timestamps = timestamps
+        check_suppress_tokens(tokens, suppress_tokens, suppress_blank)
         self.suppress = tuple(suppressed_token_ids(tokens, suppress_tokens))
         self.begin_suppress = tuple(tokens.begin_suppress_tokens) if suppress_blank else ()
         self.max_initial = (None if max_initial_timestamp is None

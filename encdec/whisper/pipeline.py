@@ -55,7 +55,6 @@ import dataclasses
 import functools
 import itertools
 import math
-import numbers
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence, Union
@@ -65,6 +64,7 @@ import numpy as np
 from encdec.audio import SAMPLE_RATE
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
+from encdec.checks import flag, is_number, number, text
 from encdec.whisper.control import ControlProcessor, WindowState, control_prefix
 from encdec.whisper.coverage import MAX_FOLLOW_UPS, Span, plan_window, repeated_words, words
 from encdec.whisper.decoding import TIME_PRECISION, DecodingRules
@@ -81,6 +81,9 @@ from encdec.whisper.windows import split_windows
 SAMPLE_LEN = 224  # tokens sampled per window at most (openai: n_text_ctx // 2)
 MAX_PROMPT_TOKENS = 223  # context tokens kept in a prompt (openai: n_text_ctx // 2 - 1)
 MAX_CONTROL_TOKENS = 3  # <|lang|> <|task|> <|notimestamps|> at most, after the prompt
+MAX_SEED = 2**32 - 1  # seeds are numpy's legacy range: a window's seed adds its offset to it
+FLAGS = ("timestamps", "carry_initial_prompt", "suppress_blank", "condition_on_previous_text",
+         "vad_filter", "word_timestamps")  # the options that are True or False
 
 
 @dataclass
@@ -94,22 +97,28 @@ class TranscribeOptions:
     no speech (`no_speech_prob` above `no_speech_threshold`). Prompts: `initial_prompt` opens
     each input's context (kept in every window's prompt with `carry_initial_prompt`),
     faster-whisper's `hotwords` come first in every prompt. `suppress_tokens` ("-1": the
-    model's list) and `suppress_blank` as in openai-whisper; `clip_timestamps`
-    ("start,end,start,...", seconds; an open last clip runs to the end) limits the audio
-    transcribed. `word_timestamps` gives each segment its `words` (`encdec.whisper.timing`;
-    the marks of `prepend_punctuations` and `append_punctuations` join the next and the previous
-    word, as in openai-whisper); with them, `hallucination_silence_threshold` (seconds) drops a segment that looks like a
-    hallucination between silences, and the rest of its window (openai-whisper re-decodes
-    from there; those stretches are silence). Sampling is seeded per window
-    from `seed`, so a transcript does not depend on what else shares the batch. `vad_filter`
+    model's list; None or "": none) and `suppress_blank` as in openai-whisper (what may be
+    suppressed: `encdec.whisper.decoding.check_suppress_tokens`); `clip_timestamps`
+    ("start,end,start,...", seconds, or a list of them; an open last clip runs to the end, so
+    a lone number is where transcription starts) limits the audio transcribed.
+    `word_timestamps` gives each segment its `words` (`encdec.whisper.timing`; the marks of
+    `prepend_punctuations` and `append_punctuations` join the next and the previous word, as in
+    openai-whisper); with them, `hallucination_silence_threshold` (seconds) drops a segment that
+    looks like a hallucination between silences, and the rest of its window (openai-whisper
+    re-decodes from there; those stretches are silence). Sampling is seeded per window from
+    `seed` (in [0, `MAX_SEED`]), so a transcript does not depend on what else shares the batch;
+    `seed=None` samples from the engine's generator, as `SamplingParams(seed=None)`. `vad_filter`
     transcribes only the speech regions Silero VAD finds (`vad_parameters`: `VadOptions` or
     a dict of its fields; `encdec.whisper.vad`).
     At temperature 0 a window is decoded greedily, or with beam search of `beam_size` beams
     (openai-whisper's `patience`, length-normalized scores). `condition_on_previous_text`: each window of an input is prompted with the text before it,
     so an input's windows run one after another (other inputs' windows fill the batch); off,
     all windows run at once (faster on one long input, about a point of WER worse: measured in
-    the module docstring). A decode sampled hotter than `prompt_reset_on_temperature` is not
-    passed on.
+    the module docstring). A decode sampled hotter than `prompt_reset_on_temperature` (in
+    [0, 2], as temperatures are) is not passed on.
+
+    Every value is checked here, before any work: flags are True or False, prompts and
+    punctuation marks strings, numbers real numbers (not bools, not NaN) within their ranges.
     """
 
     language: Optional[str] = None
@@ -118,9 +127,9 @@ class TranscribeOptions:
     initial_prompt: Optional[str] = None
     carry_initial_prompt: bool = False
     hotwords: Optional[str] = None
-    suppress_tokens: Union[str, Sequence[int]] = "-1"
+    suppress_tokens: Union[str, Sequence[int], None] = "-1"
     suppress_blank: bool = True
-    clip_timestamps: Union[str, Sequence[float]] = "0"
+    clip_timestamps: Union[str, float, Sequence[float]] = "0"
     temperature: Union[float, Sequence[float]] = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     best_of: int = 5
     beam_size: Optional[int] = None
@@ -130,7 +139,7 @@ class TranscribeOptions:
     no_speech_threshold: Optional[float] = NO_SPEECH_THRESHOLD
     condition_on_previous_text: bool = True
     prompt_reset_on_temperature: float = 0.5
-    seed: int = 0
+    seed: Optional[int] = 0
     vad_filter: bool = False
     vad_parameters: Union[VadOptions, dict, None] = None
     word_timestamps: bool = False
@@ -139,33 +148,41 @@ class TranscribeOptions:
     hallucination_silence_threshold: Optional[float] = None
 
     def __post_init__(self) -> None:
-        temperatures = (self.temperature,) if isinstance(self.temperature, numbers.Real) else self.temperature
-        self.temperature = tuple(float(t) for t in temperatures)
+        for name in FLAGS:
+            setattr(self, name, flag(name, getattr(self, name)))
+        text("initial_prompt", self.initial_prompt, none=True)
+        text("hotwords", self.hotwords, none=True)
+        text("prepend_punctuations", self.prepend_punctuations)
+        text("append_punctuations", self.append_punctuations)
+        expected = "a number or a non-empty sequence of numbers in [0, 2]"
+        self.temperature = tuple(_numbers("temperature", self.temperature, float, expected, strings=False))
         if not self.temperature or any(not 0.0 <= t <= 2.0 for t in self.temperature):
-            raise ValueError(f"temperature must be a number or a non-empty sequence of numbers "
-                             f"in [0, 2], got {temperatures!r}")
-        if not isinstance(self.best_of, int) or self.best_of < 1:
-            raise ValueError(f"best_of must be an integer >= 1, got {self.best_of!r}")
-        if self.beam_size is not None and (not isinstance(self.beam_size, int) or self.beam_size < 1):
-            raise ValueError(f"beam_size must be an integer >= 1, got {self.beam_size!r}")
-        if self.patience is not None and (not isinstance(self.patience, numbers.Real) or self.patience <= 0
+            raise ValueError(f"temperature must be {expected}, got {self.temperature!r}")
+        self.best_of = number("best_of", self.best_of, 1, integer=True)
+        self.beam_size = number("beam_size", self.beam_size, 1, integer=True, none=True)
+        if self.patience is not None and (not is_number(self.patience) or not self.patience > 0
                                           or not self.beam_size or self.beam_size < 2):
             raise ValueError(f"patience must be a number > 0, with beam_size >= 2; got "
                              f"patience={self.patience!r}, beam_size={self.beam_size!r}")
         for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, numbers.Real) or math.isnan(value)):
-                raise ValueError(f"{name} must be a number or None, got {value!r}")
-        if isinstance(self.vad_parameters, dict):
-            self.vad_parameters = VadOptions(**self.vad_parameters)
-        self.suppress_tokens = _numbers("suppress_tokens", self.suppress_tokens, int)
-        self.clip_timestamps = _numbers("clip_timestamps", self.clip_timestamps, float)
+            setattr(self, name, number(name, getattr(self, name), none=True))
+        self.prompt_reset_on_temperature = number("prompt_reset_on_temperature",
+                                                  self.prompt_reset_on_temperature, 0, 2)
+        self.seed = number("seed", self.seed, 0, MAX_SEED, integer=True, none=True)
+        self.vad_parameters = VadOptions.of(self.vad_parameters)
+        suppress = [] if self.suppress_tokens is None else self.suppress_tokens
+        self.suppress_tokens = _numbers("suppress_tokens", suppress, int,
+                                        "token ids: integers, or a comma-separated string of them")
+        self.clip_timestamps = _numbers("clip_timestamps", self.clip_timestamps, float,
+                                        "seconds: numbers, or a comma-separated string of them")
         if any(not 0 <= t < math.inf for t in self.clip_timestamps) or any(
                 b <= a for a, b in zip(self.clip_timestamps[::2], self.clip_timestamps[1::2])):
             raise ValueError(f"clip_timestamps must be start,end,start,end,... seconds with each "
                              f"end after its start, got {self.clip_timestamps}")
         if self.vad_filter and self.clip_timestamps not in ([], [0.0]):
             raise ValueError("clip_timestamps and vad_filter exclude each other")
+        self.hallucination_silence_threshold = number(
+            "hallucination_silence_threshold", self.hallucination_silence_threshold, 0, none=True)
         if self.hallucination_silence_threshold is not None and not self.word_timestamps:
             raise ValueError("hallucination_silence_threshold needs word_timestamps=True")
 
@@ -241,12 +258,6 @@ class TranscriptionJob:
         self.tokens = tokens
         self.tokenizer = tokenizer
         self.options = options
-        self.durations = [len(audio) / SAMPLE_RATE for audio in audios]
-        self.speech_maps: list[Optional[SpeechMap]] = [None] * len(audios)
-        if options.vad_filter:
-            self.speech_maps = [SpeechMap(audio, options.vad_parameters or VadOptions()) for audio in audios]
-            audios = [speech.audio for speech in self.speech_maps]
-        self.audios = audios
         # Windows are decoded with timestamp tokens whenever the vocabulary has them, also when
         # the transcript is to have none: they are what shows a decode stopped short.
         self.decode_timestamps = tokens.timestamp_begin is not None
@@ -258,6 +269,12 @@ class TranscriptionJob:
         if self._max_tokens(self._decoder_prompt(list(self.initial))) <= 0:
             raise ValueError(f"initial_prompt and hotwords leave no room to decode "
                              f"({len(self.initial) + len(self.hotwords)} prompt tokens)")
+        self.durations = [len(audio) / SAMPLE_RATE for audio in audios]
+        self.speech_maps: list[Optional[SpeechMap]] = [None] * len(audios)
+        if options.vad_filter:  # after the checks: VAD runs over all the audio
+            self.speech_maps = [SpeechMap(audio, options.vad_parameters or VadOptions()) for audio in audios]
+            audios = [speech.audio for speech in self.speech_maps]
+        self.audios = audios
         self.context = [list(self.initial) for _ in audios]  # per input: the tokens to condition on
         language = options.language if tokens.multilingual else "en"
         self.windows = [Window(index, start, end, WindowState(language=language))
@@ -348,7 +365,7 @@ class TranscriptionJob:
         no_speech = window.state.no_speech_prob
         o = self.options
         if is_no_speech(no_speech, decode.avg_logprob, decode.text, o.no_speech_threshold,
-                        o.logprob_threshold, o.compression_ratio_threshold):
+                        o.logprob_threshold):
             self._progress(window.duration)
             return None
         spans = split_spans(decode.sampled, self.tokens)
@@ -397,7 +414,8 @@ class TranscriptionJob:
             return
         for start, end, ids in kept:
             if self.decode_timestamps:
-                ids = [self._timestamp(start), *ids, *([] if end is None else [self._timestamp(end)])]
+                # a span opened by no timestamp starts at the window's start, as its segment does
+                ids = [self._timestamp(start or 0.0), *ids, *([] if end is None else [self._timestamp(end)])]
             self.context[index] += ids
 
     def _without_repeats(self, previous: str, span: Span) -> Span:
@@ -482,7 +500,8 @@ class TranscriptionJob:
         o = self.options
         temperature = o.temperature[len(window.decodes)]
         if temperature > 0.0:
-            return dict(temperature=temperature, n=o.best_of, seed=o.seed + window.start + len(window.decodes))
+            seed = None if o.seed is None else o.seed + window.start + len(window.decodes)
+            return dict(temperature=temperature, n=o.best_of, seed=seed)
         if o.beam_size and o.beam_size > 1:
             return dict(temperature=0.0, use_beam_search=True, beam_width=o.beam_size,
                         length_penalty=1.0, early_stopping=True, patience=o.patience)
@@ -554,13 +573,20 @@ def _tail(ids: list[int], n: int) -> list[int]:
     return ids[max(0, len(ids) - n):] if n > 0 else []
 
 
-def _numbers(name: str, value: Union[str, Sequence], kind: type) -> list:
-    """A comma-separated string or a sequence of numbers -> a list of `kind`."""
-    items = [v for v in value.split(",") if v.strip()] if isinstance(value, str) else list(value)
+def _numbers(name: str, value: Any, kind: type, expected: str, strings: bool = True) -> list:
+    """One number, a sequence of numbers or (with `strings`) a comma-separated string of them ->
+    a list of `kind` (integers for int)."""
+    if strings and isinstance(value, str):
+        items = [v for v in value.split(",") if v.strip()]
+    elif is_number(value):
+        items = [value]
+    else:
+        items = value if isinstance(value, (list, tuple, range, np.ndarray)) else None
     try:
-        return [kind(v) for v in items]
+        return [kind(v) if strings and isinstance(v, str) else number(name, v, integer=kind is int)
+                for v in items]
     except (TypeError, ValueError):
-        raise ValueError(f"{name} must be comma-separated numbers, got {value!r}") from None
+        raise ValueError(f"{name} must be {expected}, got {value!r}") from None
 
 
 def _clipped_windows(audio: np.ndarray, clips: list[float]) -> list[tuple[int, int]]:

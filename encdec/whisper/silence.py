@@ -6,9 +6,9 @@ those: the model is sure of them. Two more checks, no extra model:
 
 * `is_silent`: no 20 ms frame of the window is louder than -60 dBFS (RMS): digital silence
   or dither. Such windows are not decoded at all.
-* `is_no_speech`: openai-whisper's rule, with its other sign of a failed decode, a compression
-  ratio above 2.4 (repetitive text, which openai-whisper would re-decode at a higher
-  temperature), counting as low confidence too.
+* `is_no_speech`: openai-whisper's rule, with one addition: text without a letter or a digit
+  (" . . . .") counts as unsure too. Repetitive text alone does not: speech that repeats
+  itself (a chorus, a list read twice) is confident and must stay, as in openai-whisper.
 """
 from __future__ import annotations
 
@@ -41,10 +41,8 @@ def compression_ratio(text: str) -> float:
 
 def is_no_speech(no_speech_prob: float, avg_logprob: float, text: str,
                  no_speech_threshold: Optional[float] = NO_SPEECH_THRESHOLD,
-                 logprob_threshold: Optional[float] = LOGPROB_THRESHOLD,
-                 compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD) -> bool:
+                 logprob_threshold: Optional[float] = LOGPROB_THRESHOLD) -> bool:
     """The rule above with the transcription's thresholds (None: that check never fires)."""
     unsure = ((logprob_threshold is not None and avg_logprob < logprob_threshold)
-              or (compression_ratio_threshold is not None
-                  and compression_ratio(text) > compression_ratio_threshold))
+              or not any(ch.isalnum() for ch in text))
     return no_speech_threshold is not None and no_speech_prob > no_speech_threshold and unsure

@@ -9,17 +9,21 @@ against what both engines offer in public: `model_config` and `tokenizer`, and e
 from __future__ import annotations
 
 import asyncio
-import numbers
 import os
+from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
 
-from encdec.audio import load_audio
+import numpy as np
+import torch
+
+from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.whisper.languages import AUTO, language_code
 from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
 
 TASKS = ("transcribe", "translate")
+EXPECTED = "a path (str or os.PathLike), a 16 kHz waveform (array or tensor) or a (waveform, sample_rate) pair"
 
 
 def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
@@ -27,7 +31,8 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
                on_progress: Optional[Callable[[float], None]] = None, **options: Any) -> list[Transcription]:
     """Transcribe (or translate) each input; returns one `Transcription` per input, in order.
 
-    `inputs` is a path, a `(waveform, sample_rate)` pair, or a list of them. `language` is a
+    `inputs` is a path, a 16 kHz waveform (a 1-D array or tensor, as openai-whisper takes), a
+    `(waveform, sample_rate)` pair, or a list of them. `language` is a
     code ("en", "fr", ...) or a name ("English", "french") or None / "auto" to detect it per
     window (English-only models: English or None). `on_progress(seconds)` is called as windows
     finish with the seconds of audio finished so far (over all inputs; the last call gives the
@@ -37,7 +42,7 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
     """
     engine = llm.llm_engine
     sources = _as_input_list(inputs)
-    job = make_job(engine, [load_audio(source) for source in sources], language, task, timestamps,
+    job = make_job(engine, _load_all(sources), language, task, timestamps,
                    initial_prompt, on_progress, None, options)
     run_job(engine, job, word_aligner(engine.model_runner.model, engine.model_config))
     return job.results(_names(sources))
@@ -55,7 +60,7 @@ async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = N
     segments in time order as they are final (`TranscriptionJob`)."""
     sources = _as_input_list(inputs)
     job = await asyncio.get_running_loop().run_in_executor(
-        None, lambda: make_job(engine, [load_audio(source) for source in sources], language, task,
+        None, lambda: make_job(engine, _load_all(sources), language, task,
                                timestamps, initial_prompt, on_progress, on_segments, options))
     await run_job_async(engine, job, word_aligner(engine.engine.model_runner.model, engine.model_config))
     return job.results(_names(sources))
@@ -188,16 +193,44 @@ def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) ->
 
 
 def _as_input_list(inputs: Any) -> list:
-    if isinstance(inputs, (str, os.PathLike)) or _is_waveform_pair(inputs):
-        return [inputs]
+    """`inputs` as a list of paths and `(waveform, sample_rate)` pairs. A waveform alone (a 1-D
+    array or tensor) is one input at 16 kHz, as in openai-whisper; a tuple `(waveform, x)` with
+    `x` no waveform is a pair (`load_audio` checks its rate)."""
+    if _is_input(inputs):
+        return [_as_source(inputs, "")]
+    if not isinstance(inputs, Iterable) or isinstance(inputs, (bytes, bytearray, Mapping)):
+        raise ValueError(f"inputs must be {EXPECTED}, or a list of them, got {type(inputs).__name__}")
     inputs = list(inputs)
     for i, item in enumerate(inputs):
-        if not (isinstance(item, (str, os.PathLike)) or _is_waveform_pair(item)):
-            raise ValueError(f"input {i}: expected a path or a (waveform, sample_rate) pair, "
-                             f"got {type(item).__name__}")
-    return inputs
+        if not _is_input(item):
+            raise ValueError(f"input {i}: expected {EXPECTED}, got {type(item).__name__}")
+    return [_as_source(item, f"input {i}: ") for i, item in enumerate(inputs)]
 
 
-def _is_waveform_pair(item: Any) -> bool:
-    return (isinstance(item, tuple) and len(item) == 2 and not isinstance(item[0], (str, os.PathLike))
-            and isinstance(item[1], numbers.Real))
+def _is_input(item: Any) -> bool:
+    return isinstance(item, (str, os.PathLike, np.ndarray, torch.Tensor)) or (
+        isinstance(item, tuple) and len(item) == 2 and not isinstance(item[0], (str, bytes, os.PathLike, tuple))
+        and not isinstance(item[1], (os.PathLike, tuple, list)) and np.ndim(item[1]) == 0)
+
+
+def _as_source(item: Any, where: str) -> Any:
+    """A waveform alone -> `(waveform, 16000)`."""
+    if not isinstance(item, (np.ndarray, torch.Tensor)):
+        return item
+    if item.ndim != 1:
+        raise ValueError(f"{where}a waveform alone must be 1-D (16 kHz mono), got shape {tuple(item.shape)}; "
+                         f"pass (waveform, sample_rate) for one with channels")
+    return item, SAMPLE_RATE
+
+
+def _load_all(sources: list) -> list[np.ndarray]:
+    """Each source's 16 kHz waveform; with several, an error says which input it is about."""
+    audios = []
+    for i, source in enumerate(sources):
+        try:
+            audios.append(load_audio(source))
+        except ValueError as error:
+            if len(sources) == 1:
+                raise
+            raise type(error)(f"input {i}: {error}") from error
+    return audios

@@ -16,24 +16,29 @@ too short for both pads are shared).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 import torch
 
 from encdec.audio import SAMPLE_RATE
+from encdec.checks import number
 
 FRAME = 512  # samples Silero VAD scores at a time, at 16 kHz
+MIN_SPLIT_S = 2 * FRAME / SAMPLE_RATE  # 0.064 s, the least max_speech_duration_s: two frames are not cut
 
 
 @dataclass
 class VadOptions:
-    """faster-whisper's VAD parameters (same names, same defaults)."""
+    """faster-whisper's VAD parameters (same names, same defaults). The thresholds are
+    probabilities in (0, 1), the `_ms` fields integers >= 0, and `max_speech_duration_s` at
+    least `MIN_SPLIT_S`: a region is cut no finer than two frames."""
 
     threshold: float = 0.5
     neg_threshold: Optional[float] = None
@@ -43,13 +48,25 @@ class VadOptions:
     speech_pad_ms: int = 400
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.threshold < 1.0:
-            raise ValueError(f"vad threshold must be in (0, 1), got {self.threshold}")
+        number("vad threshold", self.threshold, 0, 1, above=True, below=True)
+        number("vad neg_threshold", self.neg_threshold, 0, 1, above=True, below=True, none=True)
         for name in ("min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"vad {name} must be >= 0, got {getattr(self, name)}")
-        if self.max_speech_duration_s <= 0:
-            raise ValueError(f"vad max_speech_duration_s must be > 0, got {self.max_speech_duration_s}")
+            number(f"vad {name}", getattr(self, name), 0, integer=True)
+        number("vad max_speech_duration_s", self.max_speech_duration_s, MIN_SPLIT_S)
+
+    @classmethod
+    def of(cls, value: Any) -> Optional[VadOptions]:
+        """`vad_parameters` as given: a `VadOptions`, a dict of its fields, or None."""
+        if value is None or isinstance(value, VadOptions):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"vad_parameters must be a VadOptions, a dict of its fields or None, "
+                             f"got {type(value).__name__}")
+        unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)}, key=str)
+        if unknown:
+            raise ValueError(f"vad_parameters: unknown fields {unknown}; VadOptions has "
+                             f"{[f.name for f in dataclasses.fields(cls)]}")
+        return cls(**value)
 
 
 @functools.lru_cache(maxsize=1)

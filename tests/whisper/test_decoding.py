@@ -53,6 +53,20 @@ def test_suppress_list_adds_control_tokens():
     assert suppressed_token_ids(TOKENS, []) == [SOT, TRANSCRIBE, SOT_PREV, NO_SPEECH]
 
 
+@pytest.mark.parametrize("suppress, blank, message", [
+    ([EOT], True, "may not name <.endoftext.> \\(10\\) or a timestamp \\(>= 18\\): .*got 10"),
+    ([TS + 2], True, "got 20"),
+    (list(range(EOT)), False, "suppresses every text token"),
+    ([t for t in range(EOT) if t != 0], True, "every text token"),  # token 0 is the blank
+])
+def test_a_suppress_list_that_leaves_nothing_to_sample_is_refused(suppress, blank, message):
+    with pytest.raises(ValueError, match=message):
+        DecodingRules(TOKENS, timestamps=True, suppress_tokens=suppress, suppress_blank=blank)
+    rules = DecodingRules(TOKENS, timestamps=False, suppress_tokens=[t for t in range(EOT) if t != 0],
+                          suppress_blank=False)
+    assert 0 in allowed(rules, [])  # the blank alone is enough without suppress_blank
+
+
 def test_suppress_blank_off_lets_the_first_step_end():
     rules = DecodingRules(TOKENS, timestamps=False, suppress_blank=False)
     assert {0, EOT} <= allowed(rules, [])
@@ -192,10 +206,12 @@ def test_silence_checks():
     assert not is_no_speech(0.9, -0.3, " Hello there.")
     dots = " ." * 30
     assert compression_ratio(dots) > 2.4 and is_no_speech(0.9, -0.3, dots)
+    chorus = " Sing it again, sing it again, sing it again, sing it again, sing it again."
+    assert compression_ratio(chorus) > 2.4 and not is_no_speech(0.9, -0.3, chorus)  # confident speech stays
 
 
 def test_no_speech_rule_takes_the_thresholds():
     assert is_no_speech(0.3, -0.5, " Hi.", no_speech_threshold=0.2, logprob_threshold=0.0)
     assert not is_no_speech(0.9, -1.5, " Hello.", no_speech_threshold=None)
     assert not is_no_speech(0.9, -1.5, " Hello.", logprob_threshold=None)
-    assert not is_no_speech(0.9, -0.3, " ." * 30, compression_ratio_threshold=None)
+    assert not is_no_speech(0.9, -0.3, " ." * 30, no_speech_threshold=None)

@@ -244,10 +244,49 @@ def test_a_hot_decode_is_not_passed_on():
     ({"clip_timestamps": "1,2", "vad_filter": True}, "exclude each other"),
     ({"vad_parameters": {"threshold": 1.5}}, "threshold"),
     ({"hallucination_silence_threshold": 2.0}, "needs word_timestamps"),
+    ({"temperature": None}, "temperature must be a number or a non-empty sequence"),
+    ({"temperature": "0.5"}, "temperature must be"), ({"temperature": True}, "temperature"),
+    ({"seed": "a"}, r"seed must be an integer in \[0, 4294967295\] or None"), ({"seed": -1}, "seed"),
+    ({"prompt_reset_on_temperature": "x"}, r"prompt_reset_on_temperature must be in \[0, 2\]"),
+    ({"prepend_punctuations": None}, "prepend_punctuations must be a string"),
+    ({"append_punctuations": 3}, "append_punctuations must be a string"),
+    ({"clip_timestamps": None}, "clip_timestamps must be seconds"),
+    ({"suppress_tokens": [1.5]}, "suppress_tokens must be token ids"),
+    ({"word_timestamps": "yes"}, "word_timestamps must be True or False, got 'yes'"),
+    ({"condition_on_previous_text": 1}, "condition_on_previous_text must be True or False"),
+    ({"word_timestamps": True, "hallucination_silence_threshold": -1.0},
+     "hallucination_silence_threshold must be a number >= 0"),
+    ({"word_timestamps": True, "hallucination_silence_threshold": float("nan")}, "hallucination_silence_threshold"),
+    ({"initial_prompt": 5}, "initial_prompt must be a string or None, got 5"),
+    ({"initial_prompt": ["a"]}, "initial_prompt must be a string"), ({"hotwords": 5}, "hotwords must be a string"),
+    ({"best_of": True}, "best_of"),
+    ({"vad_parameters": "x"}, "vad_parameters must be a VadOptions, a dict of its fields or None, got str"),
+    ({"vad_parameters": {"thresold": 0.5}}, r"vad_parameters: unknown fields \['thresold'\]"),
+    ({"vad_parameters": {"max_speech_duration_s": float("nan")}}, "max_speech_duration_s"),
 ])
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
         TranscribeOptions(**options)
+
+
+def test_optional_forms_of_options():
+    """openai-whisper's other spellings: one clip start, no suppress list; seed None samples
+    from the engine's generator."""
+    options = TranscribeOptions(clip_timestamps=1.5, suppress_tokens=None, temperature=0.5, seed=None)
+    assert (options.clip_timestamps, options.suppress_tokens, options.temperature) == ([1.5], [], (0.5,))
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(5.0)], options)
+    assert job._decoding(job.windows[0])["seed"] is None
+
+
+def test_text_with_no_opening_timestamp_joins_the_context_from_the_window_start():
+    """A decode whose text comes before any timestamp (a row the rules left nothing to sample
+    gives one) is kept, conditioned on, from the window's start."""
+    engine = ScriptedEngine(lambda start, duration, t: (
+        [1, 2, EOT] if start == 0.0 else [ts(0.0), 3, ts(1.0), EOT], -0.2))
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions(temperature=0.0))
+    run_job(engine, job)
+    assert engine.prompts[1] == [SOT_PREV, ts(0.0), 1, 2, SOT]
+    assert job.results([None])[0].text.startswith("w1 w2")
 
 
 def test_hotwords_open_every_prompt_and_a_carried_initial_prompt_stays():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from encdec import SamplingParams
 from encdec.audio import SAMPLE_RATE
@@ -132,10 +133,33 @@ def test_option_errors(tiny_en, corpus):
     (dict(best_of=300, temperature=0.5), "best_of=300"),
     (dict(clip_timestamps="1,inf"), "clip_timestamps"),
     (dict(compression_ratio_threshold=float("nan")), "compression_ratio_threshold"),
+    (dict(suppress_tokens=list(range(51864)), temperature=0.0),
+     r"suppress_tokens may not name <\|endoftext\|> \(50256\)"),
+    (dict(suppress_tokens=list(range(50256))), "suppress_tokens suppresses every text token"),
+    (dict(vad_filter=True, vad_parameters={"max_speech_duration_s": 0.001}),
+     "max_speech_duration_s must be a number >= 0.064"),
+    (dict(initial_prompt=5), "initial_prompt must be a string"),
+    (dict(temperature="0.5"), "temperature must be"),
 ])
 def test_options_past_the_engine_are_refused_before_decoding(tiny_en, corpus, options, message):
     with pytest.raises(ValueError, match=message):
         tiny_en.transcribe(corpus[0].pair, **options)
+    assert_all_blocks_free(tiny_en)
+
+
+def test_a_waveform_alone_is_one_16khz_input_and_bad_inputs_are_named(tiny_en, corpus):
+    """As openai-whisper's `transcribe(model, audio)`: an array or tensor is one 16 kHz waveform."""
+    clip = corpus[0]
+    texts = [r.text for r in tiny_en.transcribe([clip.audio, torch.from_numpy(clip.audio), clip.pair])]
+    assert texts[0] == texts[1] == texts[2] != ""
+    for inputs, message in [
+            (None, "inputs must be a path .* or a list of them, got NoneType"), (b"/a.wav", "got bytes"),
+            ({"audio": clip.audio}, "got dict"), (np.zeros((2, 100), np.float32), "waveform alone must be 1-D"),
+            ((clip.audio, "16000"), "waveform: sample rate must be an integer .*got '16000'"),
+            ((clip.audio, True), "sample rate .*got True"),
+            ([clip.pair, (np.zeros(0, np.float32), SAMPLE_RATE)], "input 1: waveform: contains no audio samples")]:
+        with pytest.raises(ValueError, match=message):
+            tiny_en.transcribe(inputs)
     assert_all_blocks_free(tiny_en)
 
 

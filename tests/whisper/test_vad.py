@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from encdec.audio import SAMPLE_RATE
-from encdec.whisper.vad import FRAME, SpeechMap, VadOptions, speech_regions
+from encdec.whisper.vad import FRAME, MIN_SPLIT_S, SpeechMap, VadOptions, speech_regions
 from tests.conftest import assert_all_blocks_free
 from tests.speech_corpus import sentence_coverage
 
@@ -29,6 +29,29 @@ def test_regions_follow_thresholds_gaps_and_padding():
                                                min_silence_duration_ms=0)) == [(4 * FRAME, 8 * FRAME)]
     long = VadOptions(max_speech_duration_s=2 * FRAME / SAMPLE_RATE, speech_pad_ms=0, min_silence_duration_ms=0)
     assert all(e - s <= 2 * FRAME for s, e in speech_regions(frames("0111111110"), 10 * FRAME, long))
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(max_speech_duration_s=0.001), r"vad max_speech_duration_s must be a number >= 0.064, got 0.001"),
+    (dict(max_speech_duration_s=float("nan")), "vad max_speech_duration_s"),
+    (dict(threshold="0.5"), r"vad threshold must be in \(0, 1\), got '0.5'"),
+    (dict(threshold=float("nan")), "vad threshold"),
+    (dict(neg_threshold=2.0), r"vad neg_threshold must be in \(0, 1\) or None, got 2.0"),
+    (dict(neg_threshold=-1.0), "vad neg_threshold"),
+    (dict(speech_pad_ms=1.5), "vad speech_pad_ms must be an integer >= 0"),
+    (dict(min_silence_duration_ms=-1), "vad min_silence_duration_ms"),
+])
+def test_bad_vad_options_are_named(fields, message):
+    with pytest.raises(ValueError, match=message):
+        VadOptions(**fields)
+
+
+def test_the_shortest_max_speech_duration_splits_any_run():
+    options = VadOptions(max_speech_duration_s=MIN_SPLIT_S, speech_pad_ms=0, min_silence_duration_ms=0)
+    for pattern in ("011", "0111", "01111111111111111111111110"):
+        probs = frames(pattern)
+        regions = speech_regions(probs, len(probs) * FRAME, options)
+        assert all(e - s <= 2 * FRAME for s, e in regions) and regions[0][0] == FRAME
 
 
 def test_speech_map_times_go_back_to_the_input():
