@@ -23,6 +23,7 @@ from encdec.models.layers import pack_linears
 from encdec.models.quantization import (check_quantization, float32_output_projection,
                                        quantize_model)
 from encdec.models.registry import get_ct2_converter, get_model_family
+from encdec.models.vocab_padding import pad_lm_head, pads_lm_head
 from encdec.weights.ct2 import ct2_tensors, open_ct2_model
 from encdec.weights.tokenizer_file import TokenizerFile
 from encdec.weights.whisper_assets import (ALIASES, WhisperAssets, assets_from_parts,
@@ -54,6 +55,8 @@ def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, to
         quantize_model(model, quantization)
     if dtype == torch.bfloat16 and device.type == "cpu":
         float32_output_projection(model)
+    if pads_lm_head(device, dtype):
+        pad_lm_head(model)
     if packed_linear_supported(device, dtype):
         pack_linears(model)
     return model

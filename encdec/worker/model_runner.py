@@ -14,11 +14,17 @@ from typing import Optional
 
 import numpy as np
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from encdec.attention.metadata import AttentionMetadata
 from encdec.sampling.sampler import Sampler, SamplerOutput, SamplingMetadata
 from encdec.sequence import SequenceData, SequenceGroupMetadata
 from encdec.worker.input_layout import pad_block_tables, slot_mapping, token_layout
+
+# SDPA's kernels for a step: all but cuDNN's, torch's first choice for half precision on recent
+# GPUs, which builds a plan for every new shape (tens of ms each); a continuous batch's shapes
+# seldom repeat, and a first bart-base run took 7x as long as the next (RESULTS.md, "On a GPU").
+SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class CpuBuffer:
@@ -153,8 +159,9 @@ class EncoderDecoderModelRunner:
             kwargs["encoder_positions"] = model_input.encoder_positions
         if model_input.cross_kv is not None:
             kwargs["cross_kv"] = model_input.cross_kv
-        hidden = self.model(model_input.input_ids, model_input.positions, kv_caches,
-                            model_input.attn_metadata, **kwargs)
+        with sdpa_kernel(SDPA_BACKENDS):
+            hidden = self.model(model_input.input_ids, model_input.positions, kv_caches,
+                                model_input.attn_metadata, **kwargs)
         logits = self.model.compute_logits(hidden[model_input.logits_indices])
         return self.sampler(logits.float(), model_input.sampling_metadata)
 
