@@ -19,6 +19,14 @@ class CompletionOutput:
 
 
 @dataclass
+class RequestMetrics:
+    """When a request arrived and when its first token was sampled (`time.monotonic()`)."""
+
+    arrival_time: float
+    first_token_time: Optional[float] = None
+
+
+@dataclass
 class RequestOutput:
     request_id: str
     prompt: Optional[str]
@@ -31,3 +39,4 @@ class RequestOutput:
     # the final output of a request added with `return_cross_kv` (Whisper's word alignment and
     # temperature fallback: `CrossKVPrompt`).
     cross_kv: Optional[list[tuple[Any, Any]]] = None
+    metrics: Optional[RequestMetrics] = None

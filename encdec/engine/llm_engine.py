@@ -243,8 +243,11 @@ class LLMEngine:
 
     def _process_model_outputs(self, groups: list[SequenceGroup], outputs: SamplerOutput) -> None:
         by_id = {o.request_id: o for o in outputs}
+        now = time.monotonic()
         for group in groups:
             samples = by_id[group.request_id].samples
+            if samples and group.first_token_time is None:
+                group.first_token_time = now
             if group.beam_search is not None:
                 self._process_beams(group, samples)
                 continue

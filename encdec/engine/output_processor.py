@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from encdec.engine.detokenizer import IncrementalDetokenizer, decode
-from encdec.outputs import CompletionOutput, RequestOutput
+from encdec.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from encdec.sampling.params import RequestOutputKind
 from encdec.sequence import Sequence, SequenceGroup
 
@@ -54,7 +54,8 @@ class OutputProcessor:
         first = next(iter(group.seqs.values()))
         return RequestOutput(group.request_id, first.prompt, list(first.data.prompt_token_ids),
                              group.encoder_seq.prompt, list(group.encoder_seq.data.prompt_token_ids),
-                             outputs, finished)
+                             outputs, finished,
+                             metrics=RequestMetrics(group.arrival_time, group.first_token_time))
 
     def abort(self, request_id: str) -> None:
         self.states.pop(request_id, None)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.outputs import RequestOutput
 from encdec.whisper.languages import AUTO, language_code
 from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
 from encdec.whisper.tokens import WhisperTokens
@@ -53,16 +54,19 @@ async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = N
                            initial_prompt: Optional[str] = None,
                            on_progress: Optional[Callable[[float], None]] = None,
                            on_segments: Optional[Callable[[int, list[Segment]], None]] = None,
+                           on_output: Optional[Callable[[RequestOutput], None]] = None,
                            **options: Any) -> list[Transcription]:
     """`transcribe` through an `AsyncLLMEngine`: its windows join the engine's batch with every
     other caller's requests; audio decoding and the job's set-up (voice activity detection,
     window cuts) run off the event loop. `on_segments(index, segments)` gets each input's
-    segments in time order as they are final (`TranscriptionJob`)."""
+    segments in time order as they are final (`TranscriptionJob`); `on_output` each window's
+    final engine output (the server's metrics)."""
     sources = _as_input_list(inputs)
     job = await asyncio.get_running_loop().run_in_executor(
         None, lambda: make_job(engine, _load_all(sources), language, task,
                                timestamps, initial_prompt, on_progress, on_segments, options))
-    await run_job_async(engine, job, word_aligner(engine.engine.model_runner.model, engine.model_config))
+    await run_job_async(engine, job, word_aligner(engine.engine.model_runner.model, engine.model_config),
+                        on_output)
     return job.results(_names(sources))
 
 
@@ -114,10 +118,11 @@ def run_job(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = No
         raise
 
 
-async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = None) -> None:
+async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = None,
+                        on_output: Optional[Callable[[RequestOutput], None]] = None) -> None:
     """Drive `job` through an `AsyncLLMEngine`: each window a task; cancelling aborts them all.
     Its windows are one job, taken or refused (`EngineOverloaded`) whole. Alignment passes
-    run off the event loop."""
+    run off the event loop; `on_output` gets each window's final output."""
     from encdec.engine.async_engine import Admission
 
     admission = Admission()
@@ -136,6 +141,8 @@ async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Ca
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 request, final = task.result()
+                if on_output is not None:
+                    on_output(final)
                 pending |= {asyncio.ensure_future(decode(r)) for r in job.finish(request, final)}
             if aligner is not None and job.unaligned:
                 await loop.run_in_executor(None, job.align, aligner)

@@ -1,6 +1,8 @@
 """`LLMEngine.step()` streams: an output per advancing request, as its `output_kind` asks."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from encdec import LLM, RequestOutputKind, SamplingParams
@@ -64,3 +66,17 @@ def test_beam_search_gives_one_output_at_the_end(llm):
     (offline,) = llm.generate(TEXT, params, use_tqdm=False)
     (out,) = run(llm, {"b": params})["b"]
     assert out.finished and [c.token_ids for c in out.outputs] == [c.token_ids for c in offline.outputs]
+
+
+def test_outputs_carry_arrival_and_first_token_times(llm):
+    """`RequestOutput.metrics`: set on every output of every kind, the first token's time fixed
+    from the step that sampled it (the server's time to first token)."""
+    before = time.monotonic()
+    outputs = run(llm, {kind.name: SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True,
+                                                  output_kind=kind) for kind in RequestOutputKind})
+    after = time.monotonic()
+    for outs in outputs.values():
+        times = {(o.metrics.arrival_time, o.metrics.first_token_time) for o in outs}
+        assert len(times) == 1
+        ((arrival, first),) = times
+        assert before <= arrival <= first <= after

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import pytest
 
@@ -204,6 +205,33 @@ def test_streamed_transcription_events(server, tiny_en, long_wav):
     assert len(deltas) >= 2 and all(e.type == "transcript.text.delta" for e in deltas)
     assert done.type == "transcript.text.done" and done.text == expected.text
     assert "".join(e.delta for e in deltas).strip() == expected.text
+
+
+def test_metrics_time_to_first_token_and_prompt_tokens(server, bart, hello):
+    """/metrics: a completion's prompts each get a time to first token and count their prompt
+    tokens (usage's); a transcription, plain or streamed, gets one time to first token (its first
+    window's) and counts its windows' prompt tokens and its audio seconds."""
+    def changes(before, after, model):
+        names = ("encdec_time_to_first_token_seconds_count", "encdec_time_to_first_token_seconds_sum",
+                 "encdec_prompt_tokens_total", "encdec_audio_seconds_total")
+        key = (("model", model),)
+        return [after.get((n, key), 0.0) - before.get((n, key), 0.0) for n in names]
+
+    before, start = server.metrics(), time.monotonic()
+    result = server.client().completions.create(model="bart", prompt=ARTICLES, max_tokens=4)
+    count, seconds, prompt, _ = changes(before, server.metrics(), "bart")
+    assert (count, prompt) == (2, result.usage.prompt_tokens)
+    assert 0 < seconds < 2 * (time.monotonic() - start)
+
+    before, start = server.metrics(), time.monotonic()
+    with open(SAMPLE, "rb") as audio:
+        server.client().audio.transcriptions.create(model="tiny.en", file=audio)
+    with open(SAMPLE, "rb") as audio:
+        list(server.client().audio.transcriptions.create(model="tiny.en", file=audio, stream=True))
+    count, seconds, prompt, audio_seconds = changes(before, server.metrics(), "tiny.en")
+    assert count == 2 and 0 < seconds < 2 * (time.monotonic() - start)
+    assert prompt >= 2 and prompt % 2 == 0  # the same windows twice
+    assert audio_seconds == pytest.approx(2 * hello.duration)
 
 
 def test_translation(server):

@@ -5,12 +5,14 @@ event loop while the engine thread runs; each read is one atomic length or count
 """
 from __future__ import annotations
 
+import time
 from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from encdec.entrypoints.openai.serving_models import ServedModels
+from encdec.outputs import RequestOutput
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 
@@ -72,6 +74,17 @@ class ServerMetrics:
         self.audio_seconds = Counter("encdec_audio_seconds", "Seconds of audio transcribed.",
                                      ["model"], registry=self.registry)
         self.registry.register(EngineCollector(models))
+
+    def observe_first_token(self, model: str, output: RequestOutput, start: float) -> None:
+        """The time from `start` (`time.monotonic()`) to the first token of `output`'s request."""
+        first = output.metrics.first_token_time if output.metrics is not None else None
+        self.first_token.labels(model).observe((first or time.monotonic()) - start)
+
+    def count_prompt(self, model: str, output: RequestOutput) -> int:
+        """Count the encoder and decoder prompt tokens of `output`'s request; returns them."""
+        prompt = len(output.encoder_prompt_token_ids) + len(output.prompt_token_ids)
+        self.prompt_tokens.labels(model).inc(prompt)
+        return prompt
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -64,10 +63,8 @@ class OutputCounter:
         (text past a stop string is not generated for the client)."""
         if output.request_id not in self.seen:
             self.seen.add(output.request_id)
-            self.metrics.first_token.labels(self.model).observe(time.monotonic() - self.start)
-            prompt = len(output.encoder_prompt_token_ids) + len(output.prompt_token_ids)
-            self.prompt_tokens += prompt
-            self.metrics.prompt_tokens.labels(self.model).inc(prompt)
+            self.metrics.observe_first_token(self.model, output, self.start)
+            self.prompt_tokens += self.metrics.count_prompt(self.model, output)
         generated = sum(len(c.token_ids) for c in (output.outputs if sent is None else sent))
         self.completion_tokens += generated
         self.metrics.generation_tokens.labels(self.model).inc(generated)

@@ -31,6 +31,7 @@ from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import DONE, cancel_on_disconnect, event_stream, sse
 from encdec.entrypoints.openai.uploads import decode_upload_async, form_fields, read_form
 from encdec.entrypoints.whisper_options import NAMES, transcribe_options
+from encdec.outputs import RequestOutput
 from encdec.whisper.transcript import Segment, Transcription
 from encdec.whisper.writers import verbose_json, write_srt, write_vtt
 
@@ -66,6 +67,7 @@ class OpenAIServingTranscription:
                 request, decode_upload_async(upload, self.max_audio_seconds))
         finally:
             await form.close()
+        options["on_output"] = WindowCounter(self.metrics, served.name, request.state.start_time)
         try:
             if getattr(body, "stream", False):
                 return await event_stream(request, self._events(served, audio, options))
@@ -102,6 +104,21 @@ class OpenAIServingTranscription:
             if not job.done():
                 job.cancel()
                 await asyncio.gather(job, return_exceptions=True)
+
+
+class WindowCounter:
+    """Counts a transcription's windows into the metrics as each finishes: their prompt tokens,
+    and once, the time from the request to the first token of the first window to finish."""
+
+    def __init__(self, metrics: ServerMetrics, model: str, start: float):
+        self.metrics, self.model, self.start = metrics, model, start
+        self.observed = False
+
+    def __call__(self, output: RequestOutput) -> None:
+        if not self.observed:
+            self.observed = True
+            self.metrics.observe_first_token(self.model, output, self.start)
+        self.metrics.count_prompt(self.model, output)
 
 
 def transcribe_error(err: ValueError) -> OpenAIError:
