@@ -63,6 +63,17 @@ def test_models(server):
     assert server.http().get("/version").json()["version"]
 
 
+def test_get_routes_answer_head(server):
+    """HEAD gets a GET route's status and headers without its body."""
+    with server.http() as http:
+        for path in ("/health", "/version", "/metrics", "/v1/models", "/v1/models/tiny.en"):
+            got, head = http.get(path), http.head(path)
+            assert (head.status_code, head.content) == (200, b""), path
+            assert head.headers["content-type"] == got.headers["content-type"]
+        assert http.head("/v1/models/nope").status_code == 404
+        assert http.head("/v1/completions").status_code == 405
+
+
 def test_completions_plain_and_token_ids(server, bart):
     ids = bart.get_tokenizer()(ARTICLES[0])["input_ids"]
     result = server.client().completions.create(model="bart", prompt=[*ARTICLES], max_tokens=12,

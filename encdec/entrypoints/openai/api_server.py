@@ -61,26 +61,30 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
                        max_body_bytes=max_body_bytes)
     json_body = [Depends(require_json)]
 
-    @app.api_route("/health", methods=["GET", "HEAD"])
+    def get(path: str, **options):
+        """A GET route that answers HEAD too (its headers, no body), as Starlette's own do."""
+        return app.api_route(path, methods=["GET", "HEAD"], **options)
+
+    @get("/health")
     async def health() -> Response:
         dead = [m.name for m in models if not m.engine.is_healthy()]
         if dead:
             return OpenAIError(503, f"engine stopped after an error: {dead}", code="engine_dead").response()
         return JSONResponse({"status": "ok"})
 
-    @app.get("/version")
+    @get("/version")
     async def show_version() -> dict:
         return {"version": __version__}
 
-    @app.get("/metrics")
+    @get("/metrics")
     async def show_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", response_model=ModelList)
+    @get("/v1/models", response_model=ModelList)
     async def list_models() -> ModelList:
         return models.list()
 
-    @app.get("/v1/models/{model_id:path}", response_model=ModelCard)
+    @get("/v1/models/{model_id:path}", response_model=ModelCard)
     async def show_model(model_id: str) -> ModelCard:
         return models.card(model_id)
 
