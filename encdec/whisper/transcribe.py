@@ -74,16 +74,25 @@ def make_job(engine: Any, audios: list, language: Optional[str], task: str, time
              initial_prompt: Optional[str], on_progress: Optional[Callable[[float], None]],
              on_segments: Optional[Callable[[int, list[Segment]], None]],
              options: dict) -> TranscriptionJob:
-    """A job for `engine`'s Whisper model, its options checked, also against what the engine
-    runs at once (the fallback's default samples shrink to fit a smaller `max_num_seqs`)."""
+    """A job for `engine`'s Whisper model, its options checked (`checked_options`)."""
+    checked = checked_options(engine, language, task, timestamps, initial_prompt, **options)
+    return TranscriptionJob(_model_tokens(engine), engine.tokenizer, engine.model_config.max_decoder_len,
+                            audios, checked, on_progress, on_segments)
+
+
+def checked_options(engine: Any, language: Optional[str] = None, task: str = "transcribe",
+                    timestamps: bool = True, initial_prompt: Optional[str] = None,
+                    **options: Any) -> TranscribeOptions:
+    """`transcribe`'s options checked against `engine`'s model and against what it runs at once
+    (the fallback's default samples shrink to fit a smaller `max_num_seqs`); needs no audio, so
+    a server refuses bad options before it decodes an upload. ValueError names the option."""
     tokens = _model_tokens(engine)
     max_num_seqs = engine.scheduler_config.max_num_seqs
     options = {"best_of": min(TranscribeOptions.best_of, max_num_seqs), **options}
     checked = TranscribeOptions(_check_options(tokens, language, task), task, timestamps,
                                 initial_prompt, **options)
     _check_engine_limits(checked, engine.model_config.vocab_size, max_num_seqs)
-    return TranscriptionJob(tokens, engine.tokenizer, engine.model_config.max_decoder_len,
-                            audios, checked, on_progress, on_segments)
+    return checked
 
 
 def word_aligner(model: Any, model_config: Any) -> Callable:

@@ -170,6 +170,9 @@ AUDIO_CASES = [  # (files, form fields, status, param)
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"beam_size": "6"}, 400, "beam_size"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"best_of": "6", "temperature": "0.5"},
      400, "best_of"),
+    # options against the model and the engine are checked before the upload is decoded
+    ({"file": ("notes.wav", b"not audio\n" * 20, "audio/wav")}, {"language": "fr"}, 400, "language"),
+    ({"file": ("notes.wav", b"not audio\n" * 20, "audio/wav")}, {"beam_size": "6"}, 400, "beam_size"),
 ]
 
 

@@ -32,6 +32,7 @@ from encdec.entrypoints.openai.streaming import DONE, cancel_on_disconnect, even
 from encdec.entrypoints.openai.uploads import decode_upload_async, form_fields, read_form
 from encdec.entrypoints.whisper_options import NAMES, transcribe_options
 from encdec.outputs import RequestOutput
+from encdec.whisper.transcribe import checked_options
 from encdec.whisper.transcript import Segment, Transcription
 from encdec.whisper.writers import verbose_json, write_srt, write_vtt
 
@@ -63,6 +64,10 @@ class OpenAIServingTranscription:
             options = dict(language=getattr(body, "language", None), task=task,
                            **request_options(body))
             served = self.models.get(body.model, whisper=True)
+            try:
+                checked_options(served.engine, **options)
+            except ValueError as err:
+                raise transcribe_error(err) from err
             audio = await cancel_on_disconnect(
                 request, decode_upload_async(upload, self.max_audio_seconds))
         finally:
