@@ -108,6 +108,12 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "max_tokens": True}, 400, "max_tokens"),
     ("/v1/completions", {"model": "bart", "prompt": [True, False]}, 400, "prompt"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "stream": "yes"}, 400, "stream"),
+    # unknown fields are named as sent, brackets and all
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "foo[]": 1}, 400, "foo[]"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "": 1}, 400, ""),
+    # more samples than the server runs at once (--max-num-seqs 5): the field that asked
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2, "best_of": 6, "temperature": 1}, 400, "best_of"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 6, "temperature": 1}, 400, "n"),
 ]
 
 
@@ -162,6 +168,9 @@ AUDIO_CASES = [  # (files, form fields, status, param)
      400, "stream"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"model": "bart"}, 400, "model"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"colour": "blue"}, 400, "colour"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"include[]": "logprobs"}, 400, "include[]"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")},
+     {"response_format": "verbose_json", "timestamp_granularities[]": "bogus"}, 400, "timestamp_granularities[]"),
     ({"other": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {}, 400, "file"),
     ({"file": ("big.wav", b"\0" * (MAX_UPLOAD_MB * 1024 * 1024 + 1), "audio/wav")}, {}, 413, "file"),
     ({"file": ("loud.wav", loud_wav(), "audio/wav")}, {"response_format": "verbose_json"}, 400, "file"),
@@ -174,6 +183,20 @@ AUDIO_CASES = [  # (files, form fields, status, param)
     ({"file": ("notes.wav", b"not audio\n" * 20, "audio/wav")}, {"language": "fr"}, 400, "language"),
     ({"file": ("notes.wav", b"not audio\n" * 20, "audio/wav")}, {"beam_size": "6"}, 400, "beam_size"),
 ]
+
+
+def test_null_fields_take_their_defaults(server):
+    """OpenAI's nullable fields: null is the default, not a type error."""
+    nulls = {"presence_penalty": None, "frequency_penalty": None, "echo": None, "stream": None,
+             "n": None, "stream_options": None, "max_tokens": None}
+    with server.http() as http:
+        plain = http.post("/v1/completions", json={"model": "bart", "prompt": TEXT})
+        nulled = http.post("/v1/completions", json={"model": "bart", "prompt": TEXT, **nulls})
+        assert nulled.status_code == 200, nulled.text
+        assert nulled.json()["choices"] == plain.json()["choices"]
+        summary = http.post("/v1/summarize", json={"model": "bart", "input": TEXT, "truncate": None,
+                                                   "stream": None})
+        assert summary.status_code == 200 and summary.json()["summaries"][0]["text"]
 
 
 def test_bad_audio_requests(server):

@@ -76,8 +76,8 @@ def validation_error(err: ValidationError | RequestValidationError, prefix: str 
     errors = err.errors()
     first = errors[0]
     loc = error_path(first)
-    fields = [part for part in loc if not is_union_member(part)]
-    param = ".".join(fields) or None
+    fields = loc[:1] + [part for part in loc[1:] if not is_union_member(part)]  # loc[0]: the field
+    param = ".".join(fields[:1] + [part for part in fields[1:] if not part.isdigit()]) if loc else None
     kind = first.get("type")
     if kind == "json_invalid":
         return bad_request(f"{prefix}the body is not valid JSON: {first.get('msg')}")
@@ -91,7 +91,7 @@ def validation_error(err: ValidationError | RequestValidationError, prefix: str 
         field = fields[0]
         return bad_request(f"{prefix}{field}: expected one of {', '.join(union_members(errors, field))}", field)
     message = str(first.get("ctx", {}).get("error", "")) if kind == "value_error" else first.get("msg", "")
-    return bad_request(f"{prefix}{param}: {message}" if param else message, param)
+    return bad_request(f"{prefix}{'.'.join(fields)}: {message}" if loc else message, param)
 
 
 def error_path(error: dict) -> list[str]:
@@ -100,7 +100,8 @@ def error_path(error: dict) -> list[str]:
 
 
 def is_union_member(part: str) -> bool:
-    """Whether a part of pydantic's error location names a member of a union (`list[int]`)."""
+    """Whether a part of pydantic's error location below the field names a member of a union
+    (`list[int]`); the field's own name may hold brackets (`timestamp_granularities[]`)."""
     return "[" in part or part in ("str", "int", "float", "bool")
 
 
@@ -109,7 +110,7 @@ def union_members(errors: list[dict], field: str) -> list[str]:
     members: list[str] = []
     for error in errors:
         path = error_path(error)
-        tags = [part for part in path if is_union_member(part)]
+        tags = [part for part in path[1:] if is_union_member(part)]
         if path[:1] == [field] and tags and tags[0] not in members:
             members.append(tags[0])
     return members

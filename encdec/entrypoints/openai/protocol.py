@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class OpenAIBaseModel(BaseModel):
@@ -27,9 +27,18 @@ class OpenAIBaseModel(BaseModel):
 
 
 class JSONRequest(OpenAIBaseModel):
-    """A JSON body: each value of its field's JSON type (no "yes" for true, no true for 1)."""
+    """A JSON body: each value of its field's JSON type (no "yes" for true, no true for 1);
+    null for a field means its default, as OpenAI's nullable fields do."""
 
     model_config = ConfigDict(strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def null_is_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        names = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+        return {key: value for key, value in data.items() if value is not None or key not in names}
 
 
 def texts(value: Any) -> list[str]:

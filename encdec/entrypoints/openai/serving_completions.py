@@ -36,7 +36,8 @@ LOWEST_LOGPROB = -9999.0  # what vLLM sends for -inf
 OPENAI_TEMPERATURE = 1.0  # the API's default
 
 
-def sampling_params(body: CompletionRequest, vocab_size: int, defaults: GenerationDefaults) -> SamplingParams:
+def sampling_params(body: CompletionRequest, vocab_size: int, defaults: GenerationDefaults,
+                    max_num_seqs: int) -> SamplingParams:
     """The engine's settings for every prompt of `body` (unset ones: the checkpoint's config;
     several completions of a prompt are samples at OpenAI's default temperature, 1, when neither
     the request nor a sampling config sets one)."""
@@ -52,6 +53,10 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
         raise bad_request(f"best_of={best_of} must be >= n={body.n}", "best_of")
     if body.stream and best_of > body.n:
         raise bad_request("best_of > n cannot be streamed", "best_of")
+    if best_of > max_num_seqs:
+        field = "best_of" if body.best_of else "n"
+        raise bad_request(f"{field}={best_of} is more than the engine runs at once "
+                          f"(max_num_seqs={max_num_seqs})", field)
     temperature = body.temperature
     if temperature is None and best_of > 1 and not defaults.get("do_sample"):
         temperature = OPENAI_TEMPERATURE
@@ -76,8 +81,9 @@ class OpenAIServingCompletion:
 
     async def create(self, body: CompletionRequest, request: Request) -> Response:
         served = self.models.get(body.model, whisper=False)
-        params = sampling_params(body, served.engine.model_config.vocab_size,
-                                 served.engine.engine.generation_defaults)
+        engine = served.engine.engine
+        params = sampling_params(body, engine.model_config.vocab_size, engine.generation_defaults,
+                                 engine.scheduler_config.max_num_seqs)
         prompts = await encoder_prompts(served, body)
         response_id = random_id("cmpl")
         counter = OutputCounter(self.metrics, served.name, request)
