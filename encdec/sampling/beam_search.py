@@ -16,6 +16,13 @@ log-probabilities) with `top_candidates`. `BeamSearch.step` then:
   full set of hypotheses; and always when every candidate finished.
 
 Scores are float32 values, as in Hugging Face, so ties and rounding match.
+
+`beam_rules="whisper"` follows openai-whisper's `BeamSearchDecoder` instead: walking the
+candidates in rank order, those ending in a stop token before the `beam_width`-th other one
+finish, and the first `round(beam_width * patience)` to finish are kept (none replaced); the
+rest run on. The search ends once that many have finished, or at `max_tokens`, where running
+beams make up the hypotheses to `beam_width`. Hypotheses are scored as its default ranker
+does: the sum of log-probabilities over the tokens before the stop token.
 """
 from __future__ import annotations
 
@@ -67,7 +74,7 @@ class BeamSearch:
         self.improvable = True  # Hugging Face's is_early_stop_heuristic_unsatisfied
         self.done = False
         self.num_ended = 0  # hypotheses that finished, kept or not
-        self.max_candidates = round(params.beam_width * (params.patience or 1.0))
+        self.max_candidates = params.max_candidates
 
     def step(self, candidates: list[Candidate], outputs: dict[int, list[int]],
              is_stop: Callable[[int], bool]) -> list[Candidate]:
@@ -75,6 +82,8 @@ class BeamSearch:
         assert not self.done
         params, width = self.params, self.params.beam_width
         generated = len(next(iter(outputs.values()))) + 1  # all beams grow in lockstep
+        if params.beam_rules == "whisper":
+            return self._whisper_step(candidates, outputs, is_stop, generated)
         hits = [is_stop(c.token_id) or generated >= params.max_tokens for c in candidates]
         ended = [c for c, hit in zip(candidates[:width], hits) if hit]
         self.num_ended += len(ended)
@@ -97,7 +106,31 @@ class BeamSearch:
                      or (params.early_stopping is True and self.num_ended >= self.max_candidates))
         return [] if self.done else running
 
+    def _whisper_step(self, candidates: list[Candidate], outputs: dict[int, list[int]],
+                      is_stop: Callable[[int], bool], generated: int) -> list[Candidate]:
+        width = self.params.beam_width
+        ended, running = [], []
+        for c in candidates:
+            if is_stop(c.token_id):
+                ended.append((c, "stop"))
+            elif c.beam_score > -float("inf"):
+                running.append(c)
+                if len(running) == width:
+                    break
+        at_end = generated >= self.params.max_tokens
+        kept = ended[:max(0, self.max_candidates - len(self.finished))]
+        if at_end:
+            kept += [(c, "length") for c in running[:max(0, width - len(self.finished) - len(kept))]]
+        for c, reason in kept:
+            text_len = generated - (reason == "stop")
+            self.finished.append(BeamHypothesis(outputs[c.parent_seq_id] + [c.token_id],
+                                                c.beam_score / max(text_len, 1), c.beam_score, reason))
+        self.done = at_end or not running or len(self.finished) >= self.max_candidates
+        return [] if self.done else running
+
     def best(self, n: int) -> list[BeamHypothesis]:
+        if self.params.beam_rules == "whisper":
+            return sorted(self.finished, key=lambda h: -h.score)[:n]
         return self.finished[:n]
 
 

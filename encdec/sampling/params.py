@@ -23,6 +23,7 @@ BUILTIN_DEFAULTS = dict(
     repetition_penalty=1.0, forced_bos_token_id=None, forced_eos_token_id=None,
 )
 EARLY_STOPPING_VALUES = (True, False, "never")
+BEAM_RULES = ("hf", "whisper")
 INTEGER_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed", "logprobs", "beam_width",
                   "no_repeat_ngram_size", "forced_bos_token_id", "forced_eos_token_id")
 NUMBER_FIELDS = ("temperature", "top_p", "length_penalty", "patience", "repetition_penalty")
@@ -56,6 +57,9 @@ class SamplingParams:
     length_penalty`; `early_stopping` is True, False or "never" with Hugging Face's meanings.
     `patience` (openai-whisper's): with `early_stopping=True` the search ends once
     `round(beam_width * patience)` hypotheses have finished (1.0: `beam_width` of them).
+    `beam_rules="whisper"` follows openai-whisper's `BeamSearchDecoder` instead (see
+    `encdec.sampling.beam_search`): `length_penalty` and `early_stopping` do not apply, and `n`
+    may be up to `round(beam_width * patience)`, every hypothesis it keeps.
     `forced_bos_token_id` is forced as the first generated token (the default decoder prompt is
     then just <DEC>), `forced_eos_token_id` as the last one allowed by `max_tokens`.
 
@@ -80,6 +84,7 @@ class SamplingParams:
     length_penalty: Optional[float] = None
     early_stopping: Union[bool, str, None] = None
     patience: Optional[float] = None
+    beam_rules: str = "hf"
     no_repeat_ngram_size: Optional[int] = None
     repetition_penalty: Optional[float] = None
     forced_bos_token_id: Optional[int] = None
@@ -152,6 +157,8 @@ class SamplingParams:
             self.early_stopping is v or (isinstance(v, str) and self.early_stopping == v)
             for v in EARLY_STOPPING_VALUES),
             f"early_stopping must be True, False or 'never', got {self.early_stopping!r}")
+        _check(self.beam_rules in BEAM_RULES,
+               f"beam_rules must be one of {list(BEAM_RULES)}, got {self.beam_rules!r}")
         if not self.is_beam_search:
             _check(self.use_beam_search is not False or self.beam_width in (None, 1),
                    f"beam_width={self.beam_width} needs use_beam_search=True")
@@ -166,14 +173,16 @@ class SamplingParams:
         _check(self.top_k in (None, -1) and self.top_p in (None, 1.0),
                f"top_k must be -1 and top_p 1: beam search does not sample, "
                f"got top_k={self.top_k}, top_p={self.top_p}")
-        _check(width is None or self.n <= width,
-               f"n={self.n} must be <= beam_width={width} (beam search returns the best n beams)")
         _check(self.logprobs is None, "logprobs is not supported with beam search")
         _check(self.patience is None or 0 < self.patience < math.inf,
                f"patience must be a finite number > 0, got {self.patience!r}")
         _check(self.patience is None or width is None or round(width * self.patience) >= 1,
                f"patience={self.patience} with beam_width={width} waits for no finished beam: "
                f"round(beam_width * patience) must be >= 1")
+        kept = width if width is None or self.beam_rules == "hf" else self.max_candidates
+        _check(kept is None or self.n <= kept,
+               f"n={self.n} must be <= {'beam_width' if kept == width else 'round(beam_width * patience)'}"
+               f"={kept} (beam search returns the best n beams)")
 
     @property
     def is_beam_search(self) -> bool:
@@ -191,6 +200,12 @@ class SamplingParams:
         at `max_tokens`: the length limit cut the sequence (finish_reason "length")."""
         return (token == self.forced_eos_token_id and self.max_tokens is not None
                 and num_generated >= self.max_tokens)
+
+    @property
+    def max_candidates(self) -> int:
+        """Finished hypotheses that end a beam search with `early_stopping=True`, and that
+        openai-whisper's rules keep."""
+        return round(self.beam_width * (self.patience or 1.0))
 
     @property
     def max_num_seqs(self) -> int:

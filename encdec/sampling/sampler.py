@@ -65,13 +65,20 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         scores = logits[:, :self.vocab_size]
         beam = [bool(g.sampling_params.use_beam_search) for g in meta.groups]
-        beam_rows = torch.zeros(scores.shape[0], dtype=torch.bool, device=scores.device)
-        for is_beam, rows in zip(beam, meta.row_slices):
-            beam_rows[rows] = is_beam
-        if any(beam):
-            scores[beam_rows] = torch.log_softmax(scores[beam_rows], dim=-1)
+        # Hugging Face's beam search processes log-probabilities; openai-whisper's takes the
+        # log-probabilities of the processed logits.
+        whisper = [is_beam and g.sampling_params.beam_rules == "whisper"
+                   for g, is_beam in zip(meta.groups, beam)]
+        hf = [is_beam and not w for is_beam, w in zip(beam, whisper)]
+        if any(hf):
+            rows = _rows(hf, meta.row_slices, scores)
+            scores[rows] = torch.log_softmax(scores[rows], dim=-1)
         apply_logits_processors(scores, [(data, g.sampling_params) for g in meta.groups
                                          for data in g.seq_data.values()], self.eos_token_id)
+        if any(whisper):
+            rows = _rows(whisper, meta.row_slices, scores)
+            scores[rows] = torch.log_softmax(scores[rows], dim=-1)
+        beam_rows = _rows(beam, meta.row_slices, scores)
         # log-probability = score - log_normalizer; beam rows already hold log-probabilities.
         log_normalizer = torch.logsumexp(scores, dim=-1).masked_fill_(beam_rows, 0.0)
         greedy = scores.argmax(dim=-1, keepdim=True)
@@ -99,6 +106,14 @@ class Sampler:
         return GroupOutput(g.request_id, [
             SequenceOutput(seq_ids[row], token, logprob, beam_score=value)
             for value, row, token, logprob in zip(values, rows, tokens, token_logprobs)])
+
+
+def _rows(flags: list[bool], row_slices: list[slice], scores: torch.Tensor) -> torch.Tensor:
+    """A mask of the rows of the groups whose flag is set."""
+    mask = torch.zeros(scores.shape[0], dtype=torch.bool)
+    for flag, rows in zip(flags, row_slices):
+        mask[rows] = flag
+    return mask.to(scores.device)
 
 
 def _num_samples(g: SequenceGroupMetadata) -> int:

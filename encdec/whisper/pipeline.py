@@ -430,15 +430,18 @@ class TranscriptionJob:
         return start, end, ids[cut:]
 
     def _best_decode(self, request: WindowRequest, output: RequestOutput) -> Decode:
-        """The likeliest of a request's completions (openai-whisper: by mean log-probability)."""
-        decodes = []
+        """The likeliest of a request's completions, as openai-whisper's default ranker picks
+        it: by the sum of log-probabilities over the tokens before <|endoftext|>, divided by
+        their number (its `avg_logprob` divides by one more)."""
+        ranked = []
         for completion in output.outputs:
             sampled = completion.token_ids[request.num_forced:]
             num_text = len(sampled) - (1 if sampled and sampled[-1] == self.tokens.eot else 0)
-            decodes.append(Decode(sampled, decode_text(self.tokenizer, sampled, self.tokens),
-                                  completion.cumulative_logprob / (num_text + 1),
-                                  request.params.temperature))
-        return max(decodes, key=lambda d: d.avg_logprob)
+            logprob = completion.cumulative_logprob
+            decode = Decode(sampled, decode_text(self.tokenizer, sampled, self.tokens),
+                            logprob / (num_text + 1), request.params.temperature)
+            ranked.append((logprob / max(num_text, 1), decode))
+        return max(ranked, key=lambda pair: pair[0])[1]
 
     def _needs_fallback(self, decode: Decode, no_speech_prob: float) -> bool:
         o = self.options
@@ -502,9 +505,10 @@ class TranscriptionJob:
         if temperature > 0.0:
             seed = None if o.seed is None else o.seed + window.start + len(window.decodes)
             return dict(temperature=temperature, n=o.best_of, seed=seed)
-        if o.beam_size and o.beam_size > 1:
+        if o.beam_size and o.beam_size > 1:  # every kept hypothesis, ranked by `_best_decode`
             return dict(temperature=0.0, use_beam_search=True, beam_width=o.beam_size,
-                        length_penalty=1.0, early_stopping=True, patience=o.patience)
+                        beam_rules="whisper", patience=o.patience,
+                        n=round(o.beam_size * (o.patience or 1.0)))
         return dict(temperature=0.0)
 
     def _max_tokens(self, decoder_prompt: list[int]) -> int:

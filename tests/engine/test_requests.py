@@ -59,6 +59,10 @@ def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
     (dict(skip_special_tokens=None), "skip_special_tokens must be True or False"),
     (dict(beam_width=2, patience=float("inf")), "patience must be a finite number > 0"),
     (dict(beam_width=2, patience=0.01), r"round\(beam_width \* patience\) must be >= 1"),
+    (dict(beam_width=2, beam_rules="openai"), r"beam_rules must be one of \['hf', 'whisper'\]"),
+    (dict(beam_width=2, n=3, beam_rules="whisper"), r"n=3 must be <= beam_width=2"),
+    (dict(beam_width=2, patience=2.0, n=5, beam_rules="whisper"),
+     r"n=5 must be <= round\(beam_width \* patience\)=4"),
 ])
 def test_bad_sampling_params(kwargs, message):
     with pytest.raises(ValueError, match=message):

@@ -1,0 +1,37 @@
+"""Transcripts equal to openai-whisper's (`whisper.transcribe`, the reference implementation)
+for the bundled tiny.en weights on the espeak-ng corpus: greedy with temperature fallback (its
+`transcribe()` defaults), its command line's beam search (beam 5, best_of 5) and a patient beam.
+Each segment's times, text, text tokens, average log-probability and no-speech probability."""
+from __future__ import annotations
+
+import pytest
+
+from tests.openai_whisper_ref import openai_whisper_model
+
+whisper = pytest.importorskip("whisper")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return openai_whisper_model("tiny.en", tmp_path_factory.mktemp("openai_whisper"))
+
+
+def segments_of(reference, audio, eot: int, **options) -> list[tuple]:
+    result = whisper.transcribe(reference, audio, fp16=False, **options)
+    return [(s["start"], s["end"], s["text"].strip(), [t for t in s["tokens"] if t < eot],
+             s["avg_logprob"], s["no_speech_prob"]) for s in result["segments"]]
+
+
+@pytest.mark.parametrize("options", [{}, {"beam_size": 5, "best_of": 5}, {"beam_size": 3, "patience": 2.0}],
+                         ids=["defaults", "beam5", "patience2"])
+def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options):
+    eot = tiny_en.llm_engine.model_config.special_tokens.eot
+    ours = tiny_en.transcribe([clip.pair for clip in corpus], **options)
+    for clip, transcript in zip(corpus, ours):
+        expected = segments_of(reference, clip.audio, eot, **options)
+        got = [(s.start, s.end, s.text.strip(), s.tokens, s.avg_logprob, s.no_speech_prob)
+               for s in transcript.segments]
+        assert [(round(g[0], 2), round(g[1], 2), *g[2:4]) for g in got] == \
+            [(round(e[0], 2), round(e[1], 2), *e[2:4]) for e in expected]
+        for g, e in zip(got, expected):
+            assert g[4:] == pytest.approx(e[4:], abs=1e-3)
