@@ -22,7 +22,7 @@ candidates in rank order, those ending in a stop token before the `beam_width`-t
 finish, and the first `round(beam_width * patience)` to finish are kept (none replaced); the
 rest run on. The search ends once that many have finished, or at `max_tokens`, where running
 beams make up the hypotheses to `beam_width`. Hypotheses are scored as its default ranker
-does: the sum of log-probabilities over the tokens before the stop token.
+does: the sum of the log-probabilities divided by the number of tokens before the stop token.
 """
 from __future__ import annotations
 
@@ -108,6 +108,7 @@ class BeamSearch:
 
     def _whisper_step(self, candidates: list[Candidate], outputs: dict[int, list[int]],
                       is_stop: Callable[[int], bool], generated: int) -> list[Candidate]:
+        """One step under openai-whisper's rules (the module docstring)."""
         width = self.params.beam_width
         ended, running = [], []
         for c in candidates:

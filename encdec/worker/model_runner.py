@@ -14,17 +14,11 @@ from typing import Optional
 
 import numpy as np
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from encdec.attention.metadata import AttentionMetadata
 from encdec.sampling.sampler import Sampler, SamplerOutput, SamplingMetadata
 from encdec.sequence import SequenceData, SequenceGroupMetadata
 from encdec.worker.input_layout import pad_block_tables, slot_mapping, token_layout
-
-# SDPA's kernels for a step: all but cuDNN's, torch's first choice for half precision on recent
-# GPUs, which builds a plan for every new shape (tens of ms each); a continuous batch's shapes
-# seldom repeat, and a first bart-base run took 7x as long as the next (RESULTS.md, "On a GPU").
-SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 class CpuBuffer:
@@ -62,6 +56,7 @@ class EncoderDecoderModelRunner:
         self.model = model
         self.block_size = block_size
         self.device = device
+        sdpa_without_cudnn(device)
         self.sampler = Sampler(eos_token_id, vocab_size)
         self.num_encoder_runs = 0
         n = max_num_batched_tokens
@@ -159,11 +154,20 @@ class EncoderDecoderModelRunner:
             kwargs["encoder_positions"] = model_input.encoder_positions
         if model_input.cross_kv is not None:
             kwargs["cross_kv"] = model_input.cross_kv
-        with sdpa_kernel(SDPA_BACKENDS):
-            hidden = self.model(model_input.input_ids, model_input.positions, kv_caches,
-                                model_input.attn_metadata, **kwargs)
+        hidden = self.model(model_input.input_ids, model_input.positions, kv_caches,
+                            model_input.attn_metadata, **kwargs)
         logits = self.model.compute_logits(hidden[model_input.logits_indices])
         return self.sampler(logits.float(), model_input.sampling_metadata)
+
+
+def sdpa_without_cudnn(device: torch.device) -> None:
+    """On cuda, turn off SDPA's cuDNN kernel for the whole process. torch picks it first for
+    half precision on recent GPUs, and it builds a plan for every new shape (tens of ms each);
+    a continuous batch's shapes seldom repeat, and a first bart-base run took 7x as long as the
+    next (RESULTS.md, "On a GPU, second lease"). torch's `sdpa_kernel` context sets the same
+    process-wide flags on entry and exit, which engine threads running at once would undo."""
+    if device.type == "cuda":
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def _joined_cross_kv(groups: list[SequenceGroupMetadata]) -> list[tuple[torch.Tensor, torch.Tensor]]:

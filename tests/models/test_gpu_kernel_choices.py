@@ -1,6 +1,6 @@
 """What keeps a GPU on its fast kernels, checked on the CPU: the LM head padded to a multiple of
 64 rows (half precision on cuda) gives the unpadded ids and log-probabilities and shares the tied
-embedding's storage; steps run SDPA without cuDNN."""
+embedding's storage; cuda runs SDPA without cuDNN."""
 from __future__ import annotations
 
 import pytest
@@ -8,6 +8,7 @@ import torch
 
 from encdec import LLM, SamplingParams
 from encdec.models.vocab_padding import PaddedLMHead, pad_vocab_size, pads_lm_head
+from encdec.worker.model_runner import sdpa_without_cudnn
 from tests.conftest import assert_all_blocks_free
 
 PROMPTS = ["The rain in spain falls mainly.", "A quick brown fox jumps over the lazy dog."]
@@ -51,14 +52,12 @@ def test_which_models_get_a_padded_head(device, dtype, pads):
     assert pads_lm_head(torch.device(device), dtype) is pads
 
 
-def test_steps_run_sdpa_without_cudnn(tiny_bart_dir):
-    """cuDNN's SDPA plans every new shape anew (RESULTS.md, "On a GPU, second lease"): the model
-    runner's steps leave it out, and the choice does not outlive the step."""
-    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64)
-    seen = []
-    model = llm.llm_engine.model_runner.model
-    model.register_forward_hook(lambda *_: seen.append(torch.backends.cuda.cudnn_sdp_enabled()))
-    llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=3), use_tqdm=False)
-    assert seen and not any(seen)
-    assert torch.backends.cuda.cudnn_sdp_enabled()
-    assert_all_blocks_free(llm)
+def test_cuda_runs_sdpa_without_cudnn(monkeypatch):
+    """cuDNN's SDPA plans every new shape anew (RESULTS.md, "On a GPU, second lease"): a model
+    runner on cuda turns it off; one on the CPU leaves torch's flags as they are."""
+    turned_off = []
+    monkeypatch.setattr(torch.backends.cuda, "enable_cudnn_sdp", lambda on: turned_off.append(not on))
+    sdpa_without_cudnn(torch.device("cpu"))
+    assert turned_off == []
+    sdpa_without_cudnn(torch.device("cuda"))
+    assert turned_off == [True]
