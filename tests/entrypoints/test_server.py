@@ -125,6 +125,8 @@ def test_completions_streamed_with_usage(server, bart):
     texts = ["", ""]
     for chunk in chunks[:-1]:
         assert chunk.object == "text_completion" and chunk.usage is None
+        # one choice per chunk, as OpenAI streams, and none with nothing to say
+        assert len(chunk.choices) == 1 and (chunk.choices[0].text or chunk.choices[0].finish_reason)
         for choice in chunk.choices:
             texts[choice.index] += choice.text
     assert texts == offline_texts(bart, ARTICLES, SamplingParams(temperature=0.0, max_tokens=12))

@@ -142,18 +142,17 @@ class OpenAIServingCompletion:
         offsets: dict[int, int] = {}
         async for i, (out, deltas) in merged:
             counter.count(out, deltas)
-            choices = []
-            for delta in deltas:
+            for delta in deltas:  # a chunk per choice with something to send, as OpenAI streams
                 index = i * body.n + delta.index
                 logprobs = None
                 if body.logprobs is not None:  # offsets count the tokens' texts, as without streaming
                     logprobs = completion_logprobs(tokenizer, delta.token_ids, delta.logprobs or [],
                                                    body.logprobs, offsets.get(index, 0))
                     offsets[index] = offsets.get(index, 0) + sum(map(len, logprobs.tokens))
-                choices.append(CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
-                                                finish_reason=delta.finish_reason))
-            if choices:
-                yield sse(CompletionResponse(id=response_id, model=body.model, choices=choices))
+                if delta.text or delta.finish_reason or (logprobs is not None and logprobs.tokens):
+                    choice = CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
+                                              finish_reason=delta.finish_reason)
+                    yield sse(CompletionResponse(id=response_id, model=body.model, choices=[choice]))
         if body.stream_options and body.stream_options.include_usage:
             yield sse(CompletionResponse(id=response_id, model=body.model, choices=[], usage=counter.usage()))
         yield DONE
