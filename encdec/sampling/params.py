@@ -176,7 +176,7 @@ class SamplingParams:
         _check(self.logprobs is None, "logprobs is not supported with beam search")
         _check(self.patience is None or 0 < self.patience < math.inf,
                f"patience must be a finite number > 0, got {self.patience!r}")
-        _check(self.patience is None or width is None or round(width * self.patience) >= 1,
+        _check(width is None or max_candidates(width, self.patience) >= 1,
                f"patience={self.patience} with beam_width={width} waits for no finished beam: "
                f"round(beam_width * patience) must be >= 1")
         kept = width if width is None or self.beam_rules == "hf" else self.max_candidates
@@ -205,7 +205,7 @@ class SamplingParams:
     def max_candidates(self) -> int:
         """Finished hypotheses that end a beam search with `early_stopping=True`, and that
         openai-whisper's rules keep."""
-        return round(self.beam_width * (self.patience or 1.0))
+        return max_candidates(self.beam_width, self.patience)
 
     @property
     def max_num_seqs(self) -> int:
@@ -213,6 +213,11 @@ class SamplingParams:
         if self.is_beam_search and self.beam_width is not None:
             return self.beam_width
         return self.n
+
+
+def max_candidates(beam_width: int, patience: Optional[float]) -> int:
+    """openai-whisper's `round(beam_size * patience)`: the finished hypotheses a beam search waits for."""
+    return round(beam_width * (patience or 1.0))
 
 
 def _integer(name: str, value: Any) -> Optional[int]:

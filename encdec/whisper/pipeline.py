@@ -63,7 +63,7 @@ import numpy as np
 
 from encdec.audio import SAMPLE_RATE
 from encdec.outputs import RequestOutput
-from encdec.sampling.params import RequestOutputKind, SamplingParams
+from encdec.sampling.params import RequestOutputKind, SamplingParams, max_candidates
 from encdec.checks import flag, is_number, number, text
 from encdec.whisper.control import ControlProcessor, WindowState, control_prefix
 from encdec.whisper.coverage import MAX_FOLLOW_UPS, Span, plan_window, repeated_words, words
@@ -508,7 +508,7 @@ class TranscriptionJob:
         if o.beam_size and o.beam_size > 1:  # every kept hypothesis, ranked by `_best_decode`
             return dict(temperature=0.0, use_beam_search=True, beam_width=o.beam_size,
                         beam_rules="whisper", patience=o.patience,
-                        n=round(o.beam_size * (o.patience or 1.0)))
+                        n=max_candidates(o.beam_size, o.patience))
         return dict(temperature=0.0)
 
     def _max_tokens(self, decoder_prompt: list[int]) -> int:
