@@ -70,7 +70,7 @@ class LLMEngine:
             scheduler_config.max_num_batched_tokens, self.model_config.eos_token_id,
             self.model_config.vocab_size)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, self.model_config.eos_token_id)
         self.seq_ids = itertools.count()
         self.groups: dict[str, SequenceGroup] = {}
         self.num_steps = 0
@@ -272,7 +272,7 @@ class LLMEngine:
         params = group.sampling_params
         parents = {seq.seq_id: seq for seq in group.get_seqs(SequenceStatus.RUNNING)}
         beams = search.step(samples, {i: seq.data.output_token_ids for i, seq in parents.items()},
-                            lambda token: self._is_stop_token(token, params))
+                            lambda token: params.is_stop_token(token, self.model_config.eos_token_id))
         children = self._fork_children(group, [(parents[c.parent_seq_id], c) for c in beams])
         continuing = {seq.seq_id for seq, _ in children}
         for seq in parents.values():
@@ -296,15 +296,11 @@ class LLMEngine:
                 forked.append((parent, sample))
         return forked
 
-    def _is_stop_token(self, token: int, params: SamplingParams) -> bool:
-        return token in params.stop_token_ids or (
-            not params.ignore_eos and token == self.model_config.eos_token_id)
-
     def _stop_status(self, seq: Sequence, params: SamplingParams) -> Optional[SequenceStatus]:
         """How the sequence finishes after its last token, or None if it goes on."""
         token = seq.data.get_last_token_id()
         num_out = len(seq.data.output_token_ids)
-        if (num_out >= params.min_tokens and self._is_stop_token(token, params)
+        if (num_out >= params.min_tokens and params.is_stop_token(token, self.model_config.eos_token_id)
                 and not params.is_forced_end(num_out, token)):
             return SequenceStatus.FINISHED_STOPPED
         if (params.max_tokens is not None and num_out >= params.max_tokens) or \

@@ -6,7 +6,8 @@ requests get an output at every step, their text detokenized incrementally per s
 (`encdec.engine.detokenizer`); a DELTA output holds, per completion, only the tokens, text and
 log-probabilities that are new since the request's last output, and leaves out completions
 with nothing new. Completions are indexed in the order their sequences joined the group.
-Beam search gives its best `n` hypotheses once, when the search is over.
+Beam search gives its best `n` hypotheses once, when the search is over. As in vLLM, the stop
+token that ends a completion (EOS or one of `stop_token_ids`) is in its token ids, not its text.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, Optional
 
 from encdec.engine.detokenizer import IncrementalDetokenizer, decode
 from encdec.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from encdec.sampling.params import RequestOutputKind
+from encdec.sampling.params import RequestOutputKind, SamplingParams
 from encdec.sequence import Sequence, SequenceGroup
 
 
@@ -28,8 +29,9 @@ class CompletionState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, eos_token_id: Optional[int]):
         self.tokenizer = tokenizer
+        self.eos_token_id = eos_token_id
         self.states: dict[str, dict[int, CompletionState]] = {}  # request_id -> seq_id -> state
 
     def make_output(self, group: SequenceGroup) -> Optional[RequestOutput]:
@@ -60,17 +62,25 @@ class OutputProcessor:
     def abort(self, request_id: str) -> None:
         self.states.pop(request_id, None)
 
-    def _text(self, ids: list[int], skip_special_tokens: bool) -> str:
-        return decode(self.tokenizer, ids, skip_special_tokens) if self.tokenizer is not None else ""
+    def _text(self, ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> str:
+        if self.tokenizer is None:
+            return ""
+        return decode(self.tokenizer, self._shown(ids, finish_reason, params), params.skip_special_tokens)
 
-    def _final(self, index: int, seq: Sequence, params: Any) -> CompletionOutput:
+    def _shown(self, ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> list[int]:
+        """The ids a completion's text shows: all but the stop token that ended it."""
+        if finish_reason == "stop" and ids and params.is_stop_token(ids[-1], self.eos_token_id):
+            return ids[:-1]
+        return ids
+
+    def _final(self, index: int, seq: Sequence, params: SamplingParams) -> CompletionOutput:
         ids = seq.data.output_token_ids
-        return CompletionOutput(index, self._text(ids, params.skip_special_tokens), list(ids),
+        return CompletionOutput(index, self._text(ids, seq.status.finish_reason, params), list(ids),
                                 seq.data.cumulative_logprob,
                                 list(seq.output_logprobs) if params.logprobs is not None else None,
                                 seq.status.finish_reason)
 
-    def _streamed(self, index: int, seq: Sequence, params: Any,
+    def _streamed(self, index: int, seq: Sequence, params: SamplingParams,
                   states: dict[int, CompletionState]) -> Optional[CompletionOutput]:
         state = states.get(seq.seq_id)
         if state is None:
@@ -78,7 +88,9 @@ class OutputProcessor:
                 IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens))
         ids = seq.data.output_token_ids
         logprobs = seq.output_logprobs if params.logprobs is not None else None
-        piece = state.detokenizer.step(ids, seq.is_finished()) if self.tokenizer is not None else ""
+        finished = seq.is_finished()
+        shown = self._shown(ids, seq.status.finish_reason, params) if finished else ids
+        piece = state.detokenizer.step(shown, finished) if self.tokenizer is not None else ""
         sent, state.num_tokens_sent = state.num_tokens_sent, len(ids)
         if params.output_kind is RequestOutputKind.CUMULATIVE:
             return CompletionOutput(index, state.detokenizer.text, list(ids), seq.data.cumulative_logprob,
@@ -95,7 +107,7 @@ class OutputProcessor:
         params = group.sampling_params
         search = group.beam_search
         if search.finished:
-            return [CompletionOutput(index, self._text(h.token_ids, params.skip_special_tokens),
+            return [CompletionOutput(index, self._text(h.token_ids, h.finish_reason, params),
                                      list(h.token_ids), h.cumulative_logprob, None, h.finish_reason)
                     for index, h in enumerate(search.best(params.n))]
         return [self._final(index, seq, params) for index, seq in enumerate(group.get_seqs())]

@@ -195,6 +195,10 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature is not None and self.temperature < _GREEDY_EPS
 
+    def is_stop_token(self, token: int, eos_token_id: Optional[int]) -> bool:
+        """Whether sampling `token` ends a sequence (once `min_tokens` are out)."""
+        return token in self.stop_token_ids or (not self.ignore_eos and token == eos_token_id)
+
     def is_forced_end(self, num_generated: int, token: int) -> bool:
         """Whether `token`, the sequence's `num_generated`-th, is `forced_eos_token_id` forced
         at `max_tokens`: the length limit cut the sequence (finish_reason "length")."""

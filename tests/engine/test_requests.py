@@ -155,10 +155,13 @@ def test_min_tokens_stop_ids_and_logprobs(llm):
     stopped = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[first]),
                            use_tqdm=False)[0].outputs[0]
     assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
+    assert stopped.text == ""  # as in vLLM: the stop token is in the ids, not in the text
     held = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=10, min_tokens=3,
                                              stop_token_ids=[first], logprobs=2),
                         use_tqdm=False)[0].outputs[0]
     assert first not in held.token_ids[:3] and len(held.token_ids) >= 3
+    shown = held.token_ids[:-1] if held.finish_reason == "stop" else held.token_ids
+    assert held.text == llm.get_tokenizer().decode(shown, skip_special_tokens=True)
     assert len(held.logprobs) == len(held.token_ids)
     assert all(tok in lp and len(lp) <= 3 for tok, lp in zip(held.token_ids, held.logprobs))
     assert_all_blocks_free(llm)

@@ -149,6 +149,52 @@ def test_completions_stop_string(server, bart, stream):
     assert choices[-1].finish_reason == "stop"
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_wait_for_min_tokens(server, bart, stream):
+    """As in vLLM, a stop string ends a completion only where it ends in the text of a token
+    after the first `min_tokens`."""
+    [out] = bart.generate(ARTICLES[0], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+    full, ids = out.outputs[0].text, out.outputs[0].token_ids
+    stop, min_tokens = full[:2], 3
+    floor = len(bart.get_tokenizer().decode(ids[:min_tokens], skip_special_tokens=True))
+    at = full.find(stop, max(floor - len(stop) + 1, 0))
+    result = server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=12,
+                                                temperature=0.0, stop=[stop], stream=stream,
+                                                extra_body={"min_tokens": min_tokens})
+    choices = [c for chunk in result for c in chunk.choices] if stream else result.choices
+    assert "".join(c.text for c in choices) == (full if at < 0 else full[:at])
+    assert choices[-1].finish_reason == ("length" if at < 0 else "stop")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_token_text_is_left_out(server, bart, stream):
+    """A token of `stop_token_ids` ends the completion, and its text is not in it (vLLM)."""
+    [out] = bart.generate(ARTICLES[0], SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+    ids, tokenizer = out.outputs[0].token_ids, bart.get_tokenizer()
+    result = server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=12,
+                                                temperature=0.0, stream=stream,
+                                                extra_body={"stop_token_ids": [ids[2]]})
+    choices = [c for chunk in result for c in chunk.choices] if stream else result.choices
+    stopped = ids[:ids.index(ids[2]) + 1]
+    assert "".join(c.text for c in choices) == tokenizer.decode(stopped[:-1], skip_special_tokens=True)
+    assert choices[-1].finish_reason == "stop"
+
+
+def test_streamed_chunks_keep_one_time_and_null_fields(server):
+    """Every chunk of a stream has the same `created`; a choice sends `logprobs` and
+    `finish_reason` as null rather than leaving them out (OpenAI's schema requires both)."""
+    body = {"model": "bart", "prompt": ARTICLES, "max_tokens": 6, "temperature": 0.0, "stream": True}
+    with server.http() as http:
+        events = [line[len("data: "):] for line in http.post("/v1/completions", json=body).text.splitlines()
+                  if line.startswith("data: ")][:-1]
+        plain = http.post("/v1/completions", json={**body, "stream": False}).json()
+    chunks = [json.loads(e) for e in events]
+    assert len(chunks) > 2 and len({chunk["created"] for chunk in chunks}) == 1
+    for choice in [c for chunk in chunks for c in chunk["choices"]] + plain["choices"]:
+        assert list(choice) == ["index", "text", "logprobs", "finish_reason"] and choice["logprobs"] is None
+    assert chunks[0]["choices"][0]["finish_reason"] is None
+
+
 def test_streamed_text_offsets_equal_the_plain_ones(server):
     request = dict(model="bart", prompt=ARTICLES[0], max_tokens=8, temperature=0.0, logprobs=1, stop="zzzz")
     plain = server.client().completions.create(**request).choices[0].logprobs.text_offset
@@ -180,9 +226,11 @@ def test_summarize_plain_and_streamed(server, bart):
     texts = ["", ""]
     for chunk in chunks[:-1]:
         for piece in chunk["summaries"]:
+            assert piece["text"] or piece["finish_reason"]  # no piece with nothing to say
             texts[piece["index"]] += piece["text"]
     assert texts == expected
     assert chunks[-1]["usage"] == result["usage"]
+    assert len({chunk["created"] for chunk in chunks}) == 1
 
 
 @pytest.mark.parametrize("response_format", ["json", "text", "srt", "vtt", "verbose_json"])

@@ -132,6 +132,8 @@ def test_bad_json_requests(server):
         assert "256" in too_long.json()["error"]["message"]
         union = http.post("/v1/completions", json={"model": "bart", "prompt": 5})
         assert "list[int], list[list[int]], str, list[str]" in union.json()["error"]["message"]
+        beams = http.post("/v1/summarize", json={"model": "bart", "input": TEXT, "num_beams": 300})
+        assert assert_error(beams, 400, "num_beams")["message"].startswith("num_beams=300 ")  # the API's name
         empty = http.post("/v1/completions", content="", headers={"Content-Type": "application/json"})
         assert "empty" in empty.json()["error"]["message"]
         huge = json.dumps({"model": "bart", "prompt": "x" * (MAX_UPLOAD_MB * 1024 * 1024)})

@@ -63,11 +63,15 @@ def bad_request(message: str, param: Optional[str] = None) -> OpenAIError:
 
 def value_error(err: ValueError, params: dict[str, str], default: Optional[str] = None) -> OpenAIError:
     """A 400 for a ValueError of the engine or SamplingParams; `param` is the API field its
-    message starts with (`params` maps internal names such as beam_width to API names)."""
+    message starts with (`params` maps internal names such as beam_width to API names, in the
+    message too)."""
     message = str(err)
     first = re.match(r"[A-Za-z_]+", message)
     name = first.group(0) if first else ""
-    return bad_request(message, params.get(name, default))
+    param = params.get(name, default)
+    if first and param and param != name and name in params:
+        message = param + message[first.end():]
+    return bad_request(message, param)
 
 
 def validation_error(err: ValidationError | RequestValidationError, prefix: str = "") -> OpenAIError:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator,
+                      model_serializer, model_validator)
 
 
 class OpenAIBaseModel(BaseModel):
@@ -113,6 +114,12 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: Optional[CompletionLogProbs] = None
     finish_reason: Optional[str] = None
+
+    @model_serializer(mode="wrap")
+    def _with_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Every field, null ones too (OpenAI's schema requires them all)."""
+        data = handler(self)
+        return {name: data.get(name) for name in type(self).model_fields}
 
 
 class CompletionResponse(BaseModel):

@@ -21,7 +21,7 @@ from encdec.engine.async_engine import Admission
 from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
-                                                CompletionRequest, CompletionResponse)
+                                                CompletionRequest, CompletionResponse, unix_time)
 from encdec.entrypoints.openai.sampling_extras import LogitBias, StopStrings, logit_bias
 from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, bad_input, random_id
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
@@ -90,7 +90,7 @@ class OpenAIServingCompletion:
         stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
         admission = Admission()  # the prompts are taken or refused (429) together
         streams = [self._outputs(served, prompt, params, f"{response_id}-{i}", admission,
-                                 StopStrings(stops)) for i, prompt in enumerate(prompts)]
+                                 StopStrings(stops, body.min_tokens or 0)) for i, prompt in enumerate(prompts)]
         merged = merge_async_iterators(*streams)
         with bad_input(CompletionRequest, ENGINE_NAMES, "prompt"):
             if body.stream:
@@ -140,6 +140,7 @@ class OpenAIServingCompletion:
                       counter: OutputCounter) -> AsyncIterator[str]:
         tokenizer = served.engine.tokenizer
         offsets: dict[int, int] = {}
+        created = unix_time()  # one time for every chunk, as OpenAI streams
         async for i, (out, deltas) in merged:
             counter.count(out, deltas)
             for delta in deltas:  # a chunk per choice with something to send, as OpenAI streams
@@ -152,9 +153,11 @@ class OpenAIServingCompletion:
                 if delta.text or delta.finish_reason or (logprobs is not None and logprobs.tokens):
                     choice = CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
                                               finish_reason=delta.finish_reason)
-                    yield sse(CompletionResponse(id=response_id, model=body.model, choices=[choice]))
+                    yield sse(CompletionResponse(id=response_id, created=created, model=body.model,
+                                                 choices=[choice]))
         if body.stream_options and body.stream_options.include_usage:
-            yield sse(CompletionResponse(id=response_id, model=body.model, choices=[], usage=counter.usage()))
+            yield sse(CompletionResponse(id=response_id, created=created, model=body.model, choices=[],
+                                         usage=counter.usage()))
         yield DONE
 
 

@@ -8,7 +8,7 @@ then a usage chunk and `data: [DONE]`.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from typing import AsyncIterator, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -16,7 +16,8 @@ from fastapi.responses import JSONResponse, Response
 from encdec.engine.async_engine import Admission
 from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
-from encdec.entrypoints.openai.protocol import SummarizeRequest, SummarizeResponse, Summary
+from encdec.entrypoints.openai.protocol import (SummarizeRequest, SummarizeResponse, Summary,
+                                                UsageInfo, unix_time)
 from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, bad_input, random_id
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
@@ -80,14 +81,20 @@ class OpenAIServingSummarize:
     @staticmethod
     async def _chunks(body: SummarizeRequest, response_id: str, articles: list[Article], merged,
                       counter: OutputCounter) -> AsyncIterator[str]:
+        created = unix_time()  # one time for every chunk
+
+        def chunk(summaries: list[Summary], usage: Optional[UsageInfo] = None) -> str:
+            return sse(SummarizeResponse(id=response_id, object="summary.chunk", created=created,
+                                         model=body.model, summaries=summaries, usage=usage))
+
         async for i, out in merged:
             counter.count(out)
-            summaries = [summary(i, d.text, d.finish_reason, articles[i]) for d in out.outputs]
+            # a piece per summary with something to say: text, or its end
+            summaries = [summary(i, d.text, d.finish_reason, articles[i]) for d in out.outputs
+                         if d.text or d.finish_reason]
             if summaries:
-                yield sse(SummarizeResponse(id=response_id, object="summary.chunk", model=body.model,
-                                            summaries=summaries))
-        yield sse(SummarizeResponse(id=response_id, object="summary.chunk", model=body.model,
-                                    summaries=[], usage=counter.usage()))
+                yield chunk(summaries)
+        yield chunk([], counter.usage())
         yield DONE
 
 
