@@ -39,11 +39,13 @@ HF_DEFAULTS = dict(do_sample=False, num_beams=1, temperature=1.0, top_k=50, top_
 @dataclass(frozen=True)
 class GenerationDefaults:
     """The generation fields a checkpoint sets; `found` is False when it has none at all.
-    `fallback` holds the values of the fields it leaves unset."""
+    `fallback` holds the values of the fields it leaves unset. `decoder_prompt_len` is the
+    length of the model's default decoder prompt, which `max_length` and `min_length` count."""
 
     values: dict[str, Any] = field(default_factory=dict)
     found: bool = False
     fallback: dict[str, Any] = field(default_factory=lambda: HF_DEFAULTS)
+    decoder_prompt_len: int = 1
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], found: bool = True) -> "GenerationDefaults":
@@ -61,12 +63,16 @@ class GenerationDefaults:
     def applies_to(self, params: SamplingParams) -> bool:
         return self.found and params.temperature is None
 
-    def as_params(self, prompt_len: int) -> dict[str, Any]:
-        """SamplingParams values this config means for a decoder prompt of `prompt_len`."""
+    def lengths(self, prompt_len: int) -> dict[str, int]:
+        """`max_tokens` and `min_tokens` of the config for a decoder prompt of `prompt_len`."""
         max_tokens = self.get("max_new_tokens") or self.get("max_length") - prompt_len
         min_tokens = max(self.get("min_length") - prompt_len, self.get("min_new_tokens") or 0, 0)
+        return dict(max_tokens=max(max_tokens, 1), min_tokens=min_tokens)
+
+    def as_params(self, prompt_len: int) -> dict[str, Any]:
+        """SamplingParams values this config means for a decoder prompt of `prompt_len`."""
         values = dict(
-            max_tokens=max(max_tokens, 1), min_tokens=min_tokens,
+            **self.lengths(prompt_len),
             length_penalty=float(self.get("length_penalty")), early_stopping=self.get("early_stopping"),
             no_repeat_ngram_size=self.get("no_repeat_ngram_size"),
             repetition_penalty=float(self.get("repetition_penalty")),

@@ -7,6 +7,7 @@ in its `SequenceGroup`.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from dataclasses import dataclass
@@ -98,7 +99,8 @@ class LLMEngine:
         if max_num_batched_tokens < needed:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "
                              f"request can need ({needed}: encoder + decoder positions)")
-        defaults = load_generation_defaults(model)
+        defaults = dataclasses.replace(load_generation_defaults(model),
+                                       decoder_prompt_len=len(loaded.default_decoder_prompt))
         if loaded.audio_processor is not None:
             defaults = defaults.for_speech(loaded.model_config.max_decoder_len)
         return cls(loaded, cache_config, scheduler_config, device_config, seed, defaults,

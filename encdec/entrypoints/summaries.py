@@ -65,11 +65,11 @@ def summary_params(defaults: GenerationDefaults, max_tokens: Optional[int] = Non
         temperature = 0.0 if temperature is None else temperature
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
     elif temperature is not None:  # the engine then ignores the config: keep its lengths here
-        config = defaults.values
-        max_tokens = max_tokens or config.get("max_new_tokens") or config.get("max_length")
-        min_tokens = min_tokens if min_tokens is not None else config.get("min_new_tokens")
+        lengths = defaults.lengths(defaults.decoder_prompt_len)
+        max_tokens = max_tokens or lengths["max_tokens"]
+        min_tokens = min_tokens if min_tokens is not None else min(lengths["min_tokens"], max_tokens)
         if no_repeat_ngram_size is None:
-            no_repeat_ngram_size = config.get("no_repeat_ngram_size")
+            no_repeat_ngram_size = defaults.values.get("no_repeat_ngram_size")
     beams = {} if num_beams is None else dict(beam_width=num_beams, use_beam_search=num_beams > 1)
     return SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, length_penalty=length_penalty,
                           no_repeat_ngram_size=no_repeat_ngram_size, temperature=temperature,

@@ -1,11 +1,13 @@
 """A checkpoint's generation config fills the sampling params a request leaves unset."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from encdec import LLM, SamplingParams
+from encdec.entrypoints.summaries import summary_params
 from encdec.generation_config import (GenerationDefaults, load_generation_defaults,
                                       resolve_sampling_params)
 
@@ -94,3 +96,20 @@ def test_engine_reads_the_checkpoint_config(tiny_bart_dir):
     assert default.outputs[0].token_ids[-1] == 2 != plain.outputs[0].token_ids[-1]
     with pytest.raises(ValueError, match="beam_width >= 2"):
         llm.generate(text, SamplingParams(use_beam_search=True), use_tqdm=False)
+
+
+def test_summaries_with_a_temperature_keep_the_config_lengths():
+    """A summary asked at a set temperature still has the checkpoint's length limits, counted
+    as Hugging Face counts them: with the default decoder prompt (BART: <DEC> <BOS>)."""
+    defaults = dataclasses.replace(GenerationDefaults.from_dict(CNN), decoder_prompt_len=2)
+    p = summary_params(defaults, temperature=0.7, seed=1)
+    assert (p.temperature, p.max_tokens, p.min_tokens, p.no_repeat_ngram_size) == (0.7, 140, 54, 3)
+    short = summary_params(defaults, temperature=0.0, max_tokens=30)
+    assert (short.max_tokens, short.min_tokens) == (30, 30)
+    unset = summary_params(GenerationDefaults.from_dict(dict(num_beams=2)), temperature=0.0)
+    assert (unset.max_tokens, unset.min_tokens) == (19, 0)  # Hugging Face's max_length, 20
+
+
+def test_engine_knows_its_default_decoder_prompt(tiny_bart_dir):
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64)
+    assert llm.llm_engine.generation_defaults.decoder_prompt_len == 2  # <DEC> <BOS>
