@@ -111,8 +111,10 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
     """Concrete decoding settings for one request whose decoder prompt has `prompt_len` tokens.
 
     A request asking for beam search gets no sampling settings from the config, one refusing it
-    (`use_beam_search=False`) no beams. `max_tokens` is capped by the room the model has after
-    the prompt. Raises ValueError for combinations that are invalid once the defaults are in.
+    (`use_beam_search=False`) no beams. A default `max_tokens` (the config's or the built-in
+    one) is capped by the room the decoder has after the prompt; a request's own beyond it is
+    refused, as vLLM refuses it. Raises ValueError for combinations that are invalid once the
+    defaults are in.
     """
     config = defaults.as_params(prompt_len) if defaults.applies_to(params) else {}
     values = {name: _own_or(getattr(params, name), config.get(name, builtin))
@@ -122,7 +124,12 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
                       top_k=_own_or(params.top_k, -1), top_p=_own_or(params.top_p, 1.0))
     else:
         values.update(use_beam_search=False, beam_width=1)
-    values["max_tokens"] = min(values["max_tokens"], max_decoder_len - prompt_len)
+    room = max_decoder_len - prompt_len
+    if params.max_tokens is not None and params.max_tokens > room:
+        raise ValueError(f"max_tokens={params.max_tokens} is more than the decoder has room for: it "
+                         f"holds {max_decoder_len} positions and the decoder prompt takes "
+                         f"{prompt_len} tokens, so at most {room}")
+    values["max_tokens"] = min(values["max_tokens"], room)
     if params.min_tokens is None:  # a config's min_length never outlasts the length limit
         values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
     return dataclasses.replace(params, **values)

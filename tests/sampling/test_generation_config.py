@@ -63,8 +63,18 @@ def test_other_configs():
     assert (new_tokens.max_tokens, new_tokens.min_tokens, new_tokens.temperature) == (40, 4, 0.0)
     hf_default = resolve(SamplingParams(), {})  # a generation config with none of these keys
     assert (hf_default.max_tokens, hf_default.temperature) == (19, 0.0)  # HF: max_length 20, greedy
-    room = resolve_sampling_params(SamplingParams(max_tokens=500), GenerationDefaults(), 10, 64)
-    assert (room.max_tokens, room.temperature, room.min_tokens) == (54, 1.0, 0)  # built-in defaults
+    room = resolve_sampling_params(SamplingParams(), GenerationDefaults(), 10, 14)
+    assert (room.max_tokens, room.temperature, room.min_tokens) == (4, 1.0, 0)  # built-in 16, capped
+    config_room = resolve_sampling_params(SamplingParams(), GenerationDefaults.from_dict(dict(max_length=500)), 10, 64)
+    assert config_room.max_tokens == 54  # a config's length is capped by the decoder's room
+
+
+def test_max_tokens_past_the_decoders_room_is_refused():
+    """As vLLM refuses it: a request's own max_tokens above what the decoder holds after its
+    prompt is an error that names the limit, not a silent cap."""
+    assert resolve_sampling_params(SamplingParams(max_tokens=54), GenerationDefaults(), 10, 64).max_tokens == 54
+    with pytest.raises(ValueError, match=r"^max_tokens=55 .* 64 positions .* 10 tokens, so at most 54$"):
+        resolve_sampling_params(SamplingParams(max_tokens=55), GenerationDefaults(), 10, 64)
 
 
 def test_loading(tmp_path):
