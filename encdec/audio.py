@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import functools
 import io
+import itertools
 import logging
 import numbers
 import os
 import warnings
 from pathlib import Path
-from typing import Any, Sequence, Union
+from typing import Any, Iterator, Optional, Sequence, Union
 
 import librosa
 import numpy as np
@@ -43,6 +44,7 @@ MAX_AMPLITUDE = 1e16
 # Sample rates taken: 1 kHz (below any speech codec's 8 kHz) to 1 MHz (past 768 kHz studio audio).
 MIN_SAMPLE_RATE = 1_000
 MAX_SAMPLE_RATE = 1_000_000
+BLOCK_FRAMES = 1 << 16  # frames a file is decoded in at a time
 
 AudioSource = Union[str, os.PathLike, tuple]
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
@@ -55,14 +57,17 @@ class AudioFileNotFoundError(FileNotFoundError, ValueError):
 # --------------------------------------------------------------------------- loading
 
 
-def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
+def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional[int] = None) -> np.ndarray:
     """Return ``source`` as a mono float32 waveform at ``sr`` Hz.
 
-    ``source`` is a path to any file soundfile (or librosa's fallback) can decode, or a
-    ``(waveform, sample_rate)`` pair. A 2-D waveform is downmixed by averaging; its
-    smaller dimension is taken as the channel axis. Integer PCM is scaled to [-1, 1) (unsigned
-    PCM, as 8-bit WAV, is centred on its midpoint: (x - 128) / 128). The sample rate is an integer
-    in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE].
+    ``source`` is a path to a file that soundfile (WAV, FLAC, MP3, OGG, ...) or PyAV (FFmpeg:
+    M4A, MP4, WebM, ...) decodes, or a ``(waveform, sample_rate)`` pair. Channels are averaged
+    (a 2-D waveform's smaller dimension is taken as the channel axis). A file's samples are
+    clipped to [-1, 1], as the 16-bit decoding of openai-whisper and faster-whisper clips them;
+    integer PCM is scaled to [-1, 1) (unsigned PCM, as 8-bit WAV, is centred on its midpoint:
+    (x - 128) / 128). The sample rate is an integer in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE]. A file
+    with more than ``max_samples`` samples per channel, at its own rate, is refused while it is
+    decoded (bounding the memory an upload can take).
     """
     if sr <= 0:
         raise ValueError(f"target sample rate must be positive, got {sr}")
@@ -74,7 +79,7 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE) -> np.ndarray:
         audio = _downmix(_as_float_array(waveform, name), name)
     else:
         name = os.fspath(source)
-        audio, rate = _read_file(Path(name))
+        audio, rate = _read_file(Path(name), max_samples)
     rate = _sample_rate(rate, name)
     if audio.size == 0:
         raise ValueError(f"{name}: contains no audio samples")
@@ -99,7 +104,7 @@ def _sample_rate(rate: Any, name: str) -> int:
     return int(rate)
 
 
-def _read_file(path: Path) -> tuple[np.ndarray, int]:
+def _read_file(path: Path, max_samples: Optional[int]) -> tuple[np.ndarray, int]:
     if path.is_dir():
         raise ValueError(f"{path}: is a directory, not an audio file")
     if not path.exists():
@@ -109,19 +114,57 @@ def _read_file(path: Path) -> tuple[np.ndarray, int]:
     if (path.stat().st_size if path.is_file() else source.getbuffer().nbytes) == 0:
         raise ValueError(f"{path}: audio file is empty")
     try:
-        data, rate = soundfile.read(source, dtype="float32", always_2d=True)
-        return data.mean(axis=1), rate
-    except Exception as error:  # libsndfile cannot decode it; try librosa's fallback
-        sf_error = error
-        logger.debug("soundfile could not read %s (%s); trying librosa", path, error)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            data, rate = librosa.load(_rewound(source), sr=None, mono=True, dtype=np.float32)
+        try:
+            blocks, rate = _soundfile_blocks(source)
+        except Exception as error:  # a format libsndfile does not read: FFmpeg's decoders
+            logger.debug("soundfile could not read %s (%s); trying PyAV", path, error)
+            blocks, rate = _av_blocks(_rewound(source))
+        mono, total = [], 0
+        for block in blocks:  # (frames, channels) blocks, averaged as they come
+            total += len(block)
+            if max_samples is not None and total > max_samples:
+                raise TooManySamples(f"{path}: more than {max_samples} samples per channel")
+            mono.append(block.mean(axis=1))
+    except TooManySamples:
+        raise
     except Exception as error:
-        reason = str(error) or str(sf_error) or type(error).__name__
-        raise ValueError(f"{path}: not a readable audio file ({reason})") from error
-    return data, rate
+        raise ValueError(f"{path}: not a readable audio file ({str(error) or type(error).__name__})") from error
+    audio = np.concatenate(mono) if mono else np.zeros(0, np.float32)
+    return np.clip(audio, -1.0, 1.0, out=audio), rate
+
+
+class TooManySamples(ValueError):
+    """An audio file with more samples than its reader was allowed."""
+
+
+def _soundfile_blocks(source) -> tuple[Iterator[np.ndarray], int]:
+    """libsndfile's float32 (frames, channels) blocks of `source`, and its sample rate."""
+    sound = soundfile.SoundFile(source)
+
+    def blocks() -> Iterator[np.ndarray]:
+        with sound:
+            yield from sound.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True)
+    return blocks(), sound.samplerate
+
+
+def _av_blocks(source) -> tuple[Iterator[np.ndarray], int]:
+    """FFmpeg's (PyAV's) float32 (frames, channels) blocks of the first audio stream of
+    `source`, and its sample rate."""
+    import av
+
+    container = av.open(source)
+    if not container.streams.audio:
+        container.close()
+        raise ValueError("no audio stream")
+    stream = container.streams.audio[0]
+
+    def blocks() -> Iterator[np.ndarray]:
+        with container:
+            planar = av.AudioResampler(format="fltp")  # float32, one plane per channel
+            for frame in itertools.chain(container.decode(stream), [None]):  # None: flush
+                for converted in planar.resample(frame):
+                    yield converted.to_ndarray().T
+    return blocks(), stream.codec_context.sample_rate
 
 
 def _rewound(source):

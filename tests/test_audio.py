@@ -16,6 +16,7 @@ import soundfile
 import torch
 
 from encdec import audio as A
+from tests.audio_files import av_encoded
 
 # Measured: hf <= 1.2e-7 (same torch STFT); whisper <= 5.6e-5 (numpy vs torch FFT rounding).
 HF_TOL = 1e-6
@@ -210,6 +211,37 @@ def test_other_containers(files, inputs):
     assert np.allclose(A.load_audio(files["flac"]), inputs["wav22k"], atol=1e-6)
     ogg = A.load_audio(files["ogg"])
     assert abs(len(ogg) - len(inputs["wav22k"])) < 1600 and _corr(ogg, inputs["wav22k"]) > 0.9
+
+
+@pytest.mark.parametrize("container, codec, channels", [("mp4", "aac", 1), ("webm", "libopus", 2)])
+def test_formats_of_ffmpeg(tmp_path, inputs, container, codec, channels):
+    """M4A (AAC) and WebM (Opus), which libsndfile does not read, decode through PyAV."""
+    path = tmp_path / f"speech.{container}"
+    path.write_bytes(av_encoded(inputs["wav16k"], 16000, container, codec, channels))
+    decoded = A.load_audio(path)
+    assert abs(len(decoded) - len(inputs["wav16k"])) < 1600  # AAC adds its encoder delay
+    best = max(_corr(decoded[lag:lag + len(inputs["wav16k"]) - 2000], inputs["wav16k"][:-2000])
+               for lag in range(0, 1200, 8))
+    assert best > 0.9
+
+
+def test_float_files_are_clipped_as_the_references_decode_them(tmp_path, inputs):
+    """openai-whisper and faster-whisper decode files to 16-bit, which clips at full scale: a
+    float WAV left at int16 scale is heard clipped, not as numbers in the thousands."""
+    path = tmp_path / "loud.wav"
+    soundfile.write(path, inputs["wav16k"] * 32768, 16000, subtype="FLOAT")
+    assert np.array_equal(A.load_audio(path), np.clip(inputs["wav16k"] * 32768, -1, 1))
+
+
+def test_samples_past_max_samples_are_refused_while_decoding(tmp_path):
+    """The bound holds per channel at the file's own rate, also where no header tells the
+    length (M4A)."""
+    path = tmp_path / "tone.m4a"
+    tone = np.sin(np.arange(3 * 96000) * 0.05).astype(np.float32) * 0.1
+    path.write_bytes(av_encoded(tone, 96000, "mp4", "aac", channels=6))
+    assert len(A.load_audio(path, max_samples=4 * 96000)) == pytest.approx(3 * 16000, abs=400)
+    with pytest.raises(A.TooManySamples, match="more than 192000 samples per channel"):
+        A.load_audio(path, max_samples=2 * 96000)
 
 
 def test_integer_pcm_and_torch_input():

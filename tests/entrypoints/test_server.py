@@ -10,9 +10,11 @@ import json
 import time
 
 import pytest
+import soundfile
 
 from encdec import LLM, SamplingParams
 from encdec.whisper.writers import write_srt, write_vtt
+from tests.audio_files import av_encoded
 from tests.entrypoints.conftest import SAMPLE
 from tests.entrypoints.remote_server import RemoteServer
 
@@ -231,6 +233,18 @@ def test_summarize_plain_and_streamed(server, bart):
     assert texts == expected
     assert chunks[-1]["usage"] == result["usage"]
     assert len({chunk["created"] for chunk in chunks}) == 1
+
+
+@pytest.mark.parametrize("suffix, container, codec", [("m4a", "mp4", "aac"), ("webm", "webm", "libopus")])
+def test_transcribes_m4a_and_webm(server, tiny_en, tmp_path, suffix, container, codec):
+    """Formats OpenAI takes that libsndfile does not read (phones record M4A, browsers WebM)."""
+    audio, rate = soundfile.read(SAMPLE, dtype="float32")
+    path = tmp_path / f"hello.{suffix}"
+    path.write_bytes(av_encoded(audio, rate, container, codec))
+    with open(path, "rb") as upload:
+        result = server.client().audio.transcriptions.create(model="tiny.en", file=upload)
+    assert result.text == tiny_en.transcribe(str(path))[0].text
+    assert result.text.startswith("Thank you for calling.")
 
 
 @pytest.mark.parametrize("response_format", ["json", "text", "srt", "vtt", "verbose_json"])

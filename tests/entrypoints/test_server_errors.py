@@ -22,6 +22,7 @@ from encdec.engine.async_engine import AsyncLLMEngine
 from encdec.entrypoints.openai.api_server import build_app
 from encdec.entrypoints.openai.middleware import ServerState
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
+from tests.audio_files import av_encoded
 from tests.entrypoints.conftest import SAMPLE
 from tests.entrypoints.remote_server import API_KEY, RemoteServer
 
@@ -48,12 +49,14 @@ def wav_bytes(seconds: float) -> bytes:
     return out.getvalue()
 
 
-def loud_wav() -> bytes:
-    """Float samples so large (1e20) that a log-mel spectrum of them overflows."""
-    out = io.BytesIO()
-    audio, rate = soundfile.read(SAMPLE, dtype="float32")
-    soundfile.write(out, audio * 1e20, rate, format="WAV", subtype="FLOAT")
-    return out.getvalue()
+def dense_audio(container: str) -> bytes:
+    """3 s of 96 kHz audio in 6 to 8 channels: a small file with more samples than 5 s at 48 kHz."""
+    tone = (np.sin(np.arange(3 * 96000) * 0.05) * 0.1).astype(np.float32)
+    if container == "flac":
+        out = io.BytesIO()
+        soundfile.write(out, np.repeat(tone[:, None], 8, axis=1), 96000, format="FLAC")
+        return out.getvalue()
+    return av_encoded(tone, 96000, container, "aac", channels=6)
 
 
 def assert_error(response: httpx.Response, status: int, param) -> dict:
@@ -178,7 +181,9 @@ AUDIO_CASES = [  # (files, form fields, status, param)
      {"response_format": "verbose_json", "timestamp_granularities[]": "bogus"}, 400, "timestamp_granularities[]"),
     ({"other": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {}, 400, "file"),
     ({"file": ("big.wav", b"\0" * (MAX_UPLOAD_MB * 1024 * 1024 + 1), "audio/wav")}, {}, 413, "file"),
-    ({"file": ("loud.wav", loud_wav(), "audio/wav")}, {"response_format": "verbose_json"}, 400, "file"),
+    # more samples than --max-audio-seconds at 48 kHz: from the header, or counted while decoding
+    ({"file": ("dense.flac", dense_audio("flac"), "audio/flac")}, {}, 400, "file"),
+    ({"file": ("dense.m4a", dense_audio("mp4"), "audio/mp4")}, {}, 400, "file"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"temperature": "nan"}, 400, "temperature"),
     # more beams or fallback samples than the server runs at once (--max-num-seqs 5)
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"beam_size": "6"}, 400, "beam_size"),

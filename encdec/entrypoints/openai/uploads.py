@@ -8,6 +8,7 @@ gets to read the 413 instead of a reset connection.
 from __future__ import annotations
 
 import asyncio
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -20,10 +21,11 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive
 
-from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.audio import SAMPLE_RATE, TooManySamples, load_audio
 from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 
 MAX_FORM_FIELDS = 32
+MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
 
 
 class UploadTooLarge(Exception):
@@ -100,22 +102,32 @@ def form_fields(form: FormData) -> tuple[UploadFile, dict]:
 
 def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
     """The upload as a 16 kHz waveform; a 400 (param `file`) if it is empty, not audio, or
-    longer than `max_seconds` (checked from the header first where the format has one)."""
+    longer than `max_seconds` (checked from the header first where the format has one). Its
+    samples per channel are bounded too, at `max_seconds` of MAX_UPLOAD_RATE audio, while it is
+    decoded: a small file of a high sample rate or many channels must not take the memory."""
     name = upload.filename or "file"
     if upload.size == 0:
         raise bad_request(f"{name}: the file is empty", "file")
+    max_samples = int(max_seconds * MAX_UPLOAD_RATE)
     with tempfile.NamedTemporaryFile(suffix=Path(name).suffix[:16]) as copy:
         upload.file.seek(0)
         shutil.copyfileobj(upload.file, copy)
         copy.flush()
         try:
-            declared = soundfile.info(copy.name).duration
+            info = soundfile.info(copy.name)
+            declared, frames = info.duration, info.frames
         except Exception:  # no header soundfile reads: decode and count
-            declared = 0.0
+            declared, frames = 0.0, 0
         if declared > max_seconds:
             raise too_long(name, declared, max_seconds)
         try:
-            audio = load_audio(copy.name)
+            if frames > max_samples:
+                raise TooManySamples()
+            audio = load_audio(copy.name, max_samples=max_samples)
+        except TooManySamples:
+            raise bad_request(f"{name}: the audio has more than {max_samples} samples per channel, the "
+                              f"server's limit ({max_seconds:g} s at {MAX_UPLOAD_RATE} Hz: "
+                              f"--max-audio-seconds); send it at a lower sample rate", "file") from None
         except ValueError as err:
             reason = str(err).replace(f"{copy.name}: ", "").replace(copy.name, name)
             raise bad_request(f"{name}: cannot decode the audio: {reason}", "file") from None
@@ -125,7 +137,8 @@ def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
 
 
 def too_long(name: str, seconds: float, max_seconds: float) -> OpenAIError:
-    return bad_request(f"{name}: the audio is {seconds:.1f} s long, more than the server's limit "
+    shown = math.ceil(seconds * 100) / 100  # rounded up: never shown as the limit itself
+    return bad_request(f"{name}: the audio is {shown:.2f} s long, more than the server's limit "
                        f"of {max_seconds:g} s (--max-audio-seconds)", "file")
 
 
