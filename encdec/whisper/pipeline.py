@@ -114,7 +114,8 @@ class TranscribeOptions:
     (openai-whisper's `patience`, length-normalized scores). `condition_on_previous_text`: each window of an input is prompted with the text before it,
     so an input's windows run one after another (other inputs' windows fill the batch); off,
     all windows run at once (faster on one long input, about a point of WER worse: measured in
-    the module docstring). A decode sampled hotter than `prompt_reset_on_temperature` (in
+    the module docstring; only an input's first window is then prompted with `initial_prompt`,
+    every window with `carry_initial_prompt`). A decode sampled hotter than `prompt_reset_on_temperature` (in
     [0, 2], as temperatures are) is not passed on.
 
     Every value is checked here, before any work: flags are True or False, prompts and
@@ -212,6 +213,7 @@ class Window:
     state: WindowState
     follow_ups: int = 0
     previous_text: str = ""  # a follow-up's: the text kept before it in its chain
+    context: Optional[list[int]] = None  # its own prompt context, not its input's
     cross_kv: Any = None  # its cross-attention keys and values: fallbacks and word alignment
     decodes: list[Decode] = field(default_factory=list)  # one per temperature tried
     segments: list[Segment] = field(default_factory=list)
@@ -291,14 +293,28 @@ class TranscriptionJob:
 
     def start(self) -> list[WindowRequest]:
         """A request for every window with sound (conditioned on previous text: for the first
-        window of each input); silent windows count as done at once."""
+        window of each input); silent windows count as done at once, except that an input with
+        no sound at all has its first window decoded when its language is to be detected (as
+        openai-whisper detects it on the first window, sound or not)."""
         voiced = [w for w in self.windows if not is_silent(self._audio(w))]
+        if self.tokens.multilingual and self.options.language is None:
+            heard = {w.input_index for w in voiced}
+            firsts = {w.input_index: w for w in reversed(self.windows) if w.input_index not in heard}
+            chosen = {id(w) for w in [*voiced, *firsts.values()]}
+            voiced = [w for w in self.windows if id(w) in chosen]
         for window in self.windows:
             window.done = not any(window is w for w in voiced)
         self._progress(sum(w.duration for w in self.windows) - sum(w.duration for w in voiced))
         for index in range(len(self.audios)):
             self._report(index)
         if not self.options.condition_on_previous_text:
+            # as in openai-whisper, the initial prompt reaches only each input's first window
+            # (every window with `carry_initial_prompt`)
+            openers = {id(next(w for w in voiced if w.input_index == index))
+                       for index in {w.input_index for w in voiced}}
+            for window in voiced:
+                if id(window) not in openers:
+                    window.context = self._reset_context()
             return [self._request(w) for w in voiced]
         for window in voiced:  # each input's windows one after the other, in order
             self.queued[window.input_index].append(window)
@@ -389,7 +405,8 @@ class TranscriptionJob:
         self._progress((cut - window.start) / SAMPLE_RATE)
         follow_up = Window(window.input_index, cut, window.end,
                            WindowState(language=window.state.language), window.follow_ups + 1,
-                           "".join(s.text for s in window.segments))
+                           "".join(s.text for s in window.segments),
+                           None if self.options.condition_on_previous_text else self._reset_context())
         self.windows.append(follow_up)
         if is_silent(self._audio(follow_up)):
             follow_up.done = True
@@ -410,13 +427,17 @@ class TranscriptionJob:
         if not self.options.condition_on_previous_text:
             return
         if temperature > self.options.prompt_reset_on_temperature:
-            self.context[index] = list(self.initial) if self.options.carry_initial_prompt else []
+            self.context[index] = self._reset_context()
             return
         for start, end, ids in kept:
             if self.decode_timestamps:
                 # a span opened by no timestamp starts at the window's start, as its segment does
                 ids = [self._timestamp(start or 0.0), *ids, *([] if end is None else [self._timestamp(end)])]
             self.context[index] += ids
+
+    def _reset_context(self) -> list[int]:
+        """A context after a reset: the initial prompt if it is carried, else nothing."""
+        return list(self.initial) if self.options.carry_initial_prompt else []
 
     def _without_repeats(self, previous: str, span: Span) -> Span:
         """`span` less its leading tokens whose words repeat the end of `previous`."""
@@ -469,7 +490,8 @@ class TranscriptionJob:
     def _request(self, window: Window) -> WindowRequest:
         prefix = control_prefix(self.tokens, window.state.language, self.options.task,
                                 self.decode_timestamps)
-        decoder_prompt = self._decoder_prompt(self.context[window.input_index])
+        context = self.context[window.input_index] if window.context is None else window.context
+        decoder_prompt = self._decoder_prompt(context)
         encoder_prompt = ({"cross_kv": window.cross_kv} if window.cross_kv is not None else
                           {"prompt": "", "multi_modal_data": {"audio": (self._audio(window), SAMPLE_RATE)}})
         prompt = {"encoder_prompt": encoder_prompt, "decoder_prompt": decoder_prompt}
@@ -565,12 +587,19 @@ class TranscriptionJob:
 
 
 def _prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Optional[str], name: str) -> list[int]:
-    """Tokens of " " + `text` for a prompt, or none."""
+    """Tokens of " " + `text` for a prompt, or none. Text that spells a special token
+    (<|endoftext|>, a timestamp, ...) is refused, as openai-whisper refuses it: a prompt is
+    plain text, and such a token would steer the decode instead."""
     if text is None or not text.strip():
         return []
     if tokens.sot_prev is None:
         raise ValueError(f"this Whisper vocabulary has no <|startofprev|>: {name} unsupported")
-    return tokenizer(" " + text.strip(), add_special_tokens=False)["input_ids"]
+    ids = tokenizer(" " + text.strip(), add_special_tokens=False)["input_ids"]
+    special = next((t for t in ids if t >= tokens.eot), None)  # Whisper's come after its text tokens
+    if special is not None:
+        raise ValueError(f"{name} contains {tokenizer.decode([special])!r}, the text of a special "
+                         f"token; a prompt is plain text")
+    return ids
 
 
 def _tail(ids: list[int], n: int) -> list[int]:

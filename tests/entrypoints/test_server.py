@@ -235,6 +235,16 @@ def test_summarize_plain_and_streamed(server, bart):
     assert len({chunk["created"] for chunk in chunks}) == 1
 
 
+def test_stream_is_ignored_for_formats_that_cannot_stream(server):
+    """As OpenAI ignores `stream` where it cannot stream: subtitles come whole."""
+    with server.http() as http:
+        answers = [http.post("/v1/audio/transcriptions", files={"file": ("hello.wav", SAMPLE.read_bytes())},
+                             data={"model": "tiny.en", "response_format": "srt", **extra})
+                   for extra in ({}, {"stream": "true"})]
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[1].text == answers[0].text and answers[0].text.startswith("1\n00:00:00,000 --> ")
+
+
 @pytest.mark.parametrize("suffix, container, codec", [("m4a", "mp4", "aac"), ("webm", "webm", "libopus")])
 def test_transcribes_m4a_and_webm(server, tiny_en, tmp_path, suffix, container, codec):
     """Formats OpenAI takes that libsndfile does not read (phones record M4A, browsers WebM)."""

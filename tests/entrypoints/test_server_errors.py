@@ -172,8 +172,6 @@ AUDIO_CASES = [  # (files, form fields, status, param)
      "hallucination_silence_threshold"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"language": "fr"}, 400, "language"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"temperature": "3"}, 400, "temperature"),
-    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"stream": "true", "response_format": "srt"},
-     400, "stream"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"model": "bart"}, 400, "model"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"colour": "blue"}, 400, "colour"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"include[]": "logprobs"}, 400, "include[]"),
@@ -192,6 +190,8 @@ AUDIO_CASES = [  # (files, form fields, status, param)
     # options against the model and the engine are checked before the upload is decoded
     ({"file": ("notes.wav", b"not audio\n" * 20, "audio/wav")}, {"language": "fr"}, 400, "language"),
     ({"file": ("notes.wav", b"not audio\n" * 20, "audio/wav")}, {"beam_size": "6"}, 400, "beam_size"),
+    # a prompt is plain text: one that spells a special token is refused (openai-whisper)
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"prompt": "Hi <|endoftext|>"}, 400, "prompt"),
 ]
 
 
@@ -222,6 +222,10 @@ def test_bad_audio_requests(server):
         translation = http.post("/v1/audio/translations", data={"model": "tiny.en"},
                                 files={"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")})
         assert "English-only" in assert_error(translation, 400, "model")["message"]
+        # translations take no word timings (as OpenAI's), so nothing that needs them
+        hallucinations = http.post("/v1/audio/translations", data={"model": "tiny.en", "hallucination_silence_threshold": "1"},
+                                   files={"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")})
+        assert_error(hallucinations, 400, "hallucination_silence_threshold")
 
 
 @pytest.mark.parametrize("chunks", [3 * MAX_UPLOAD_MB * 16, MAX_UPLOAD_MB * 16])  # 3x the limit; just over

@@ -225,6 +225,25 @@ def test_conditioned_windows_run_in_order_prompted_with_the_text_before_them():
     assert [r.text for r in job.results([None, None])] == ["w1 w2 w3 w3", "w1 w2"]
 
 
+@pytest.mark.parametrize("carry", [False, True])
+def test_unconditioned_windows_after_the_first_get_no_initial_prompt(carry):
+    """As openai-whisper and faster-whisper reset the prompt after each window when not
+    conditioning: the initial prompt reaches an input's first window only (every window
+    with `carry_initial_prompt`), follow-ups included."""
+    def script(start, duration, temperature):
+        if start == 0.0:
+            return [ts(0.0), 1, ts(5.0), EOT], -0.2
+        return [ts(0.0), 2, ts(duration), EOT], -0.2
+
+    engine = ScriptedEngine(script)
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)], TranscribeOptions(
+        condition_on_previous_text=False, initial_prompt="w7 w8", carry_initial_prompt=carry))
+    run_job(engine, job)
+    assert [r[0] for r in engine.requests] == [0.0, 27.5, 55.0, 5.0]  # the last: a follow-up
+    prompted = [SOT_PREV, 7, 8, SOT]
+    assert engine.prompts == [prompted] + [prompted if carry else [SOT]] * 3
+
+
 def test_a_hot_decode_is_not_passed_on():
     def script(start, duration, temperature):
         return [ts(0.0), 1, ts(duration), EOT], (-2.0 if start == 0.0 and temperature < 0.6 else -0.2)

@@ -1,6 +1,9 @@
 """Whisper base: language detection and translation inside the batch, one encoder run per window."""
 from __future__ import annotations
 
+import numpy as np
+
+from encdec.audio import SAMPLE_RATE
 from tests.conftest import assert_all_blocks_free
 from tests.speech_corpus import wer
 
@@ -33,3 +36,11 @@ def test_language_tables_equal_openai_whispers():
     assert list(language_names().items()) == list(LANGUAGES.items())
     for spelling, code in [*TO_LANGUAGE_CODE.items(), *((c, c) for c in LANGUAGES)]:
         assert language_code(spelling.title()) == code
+
+
+def test_silence_still_has_a_language(base):
+    """openai-whisper detects the language on the first window, sound or not (English on
+    silence): a silent input gets it too, with no text."""
+    (result,) = base.transcribe((np.zeros(5 * SAMPLE_RATE, np.float32), SAMPLE_RATE))
+    assert (result.language, result.text, result.segments) == ("en", "", [])
+    assert_all_blocks_free(base)

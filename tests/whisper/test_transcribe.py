@@ -120,6 +120,9 @@ def test_option_errors(tiny_en, corpus):
         tiny_en.transcribe(clip, task="translate")
     with pytest.raises(ValueError, match="task must be"):
         tiny_en.transcribe(clip, task="summarize")
+    for prompt in ("Call me <|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>"):
+        with pytest.raises(ValueError, match=r"initial_prompt contains '<\|.*\|>', the text of a special token"):
+            tiny_en.transcribe(clip, initial_prompt=prompt)
     with pytest.raises(ValueError, match="input 1"):
         tiny_en.transcribe([clip, 3])
     assert tiny_en.transcribe([]) == []

@@ -191,7 +191,6 @@ class TranslationRequest(OpenAIBaseModel):
     condition_on_previous_text: Optional[bool] = None
     hotwords: Optional[str] = None
     vad_filter: Optional[bool] = None
-    hallucination_silence_threshold: Optional[float] = Field(None, gt=0.0)
 
 
 class TranscriptionRequest(TranslationRequest):
@@ -203,6 +202,7 @@ class TranscriptionRequest(TranslationRequest):
     timestamp_granularities: list[Literal["word", "segment"]] = Field(
         default_factory=lambda: ["segment"], alias="timestamp_granularities[]")
     stream: bool = False
+    hallucination_silence_threshold: Optional[float] = Field(None, gt=0.0)  # needs word timings
 
 
 class TranscriptionSegment(BaseModel):

@@ -39,7 +39,8 @@ from encdec.whisper.writers import verbose_json, write_srt, write_vtt
 AudioRequest = Union[TranscriptionRequest, TranslationRequest]
 # words of transcribe()'s ValueErrors -> the form field at fault, first match wins
 ERROR_FIELDS = (("translate", "model"), ("language", "language"), ("initial_prompt", "prompt"))
-OPTION_FIELDS = set(NAMES) & set(TranslationRequest.model_fields)  # the form's decoding options
+# the forms' decoding options (language: passed on its own)
+OPTION_FIELDS = set(NAMES) & set(TranscriptionRequest.model_fields) - {"language"}
 # option names in transcribe_options' errors -> form fields
 OPTION_PARAMS = {**{name: name for name in OPTION_FIELDS}, "initial_prompt": "prompt",
                  "word_timestamps": "timestamp_granularities[]"}
@@ -74,7 +75,7 @@ class OpenAIServingTranscription:
             await form.close()
         options["on_output"] = WindowCounter(self.metrics, served.name, request.state.start_time)
         try:
-            if getattr(body, "stream", False):
+            if streamed(body):
                 return await event_stream(request, self._events(served, audio, options))
             result = (await cancel_on_disconnect(
                 request, served.engine.transcribe([(audio, SAMPLE_RATE)], **options)))[0]
@@ -142,15 +143,18 @@ def granularities(body: AudioRequest) -> list[str]:
 def check_request(body: AudioRequest) -> None:
     """What the form allows but this server does not do."""
     if isinstance(body, TranscriptionRequest):
-        if body.stream and body.response_format not in ("json", "text"):
-            raise bad_request(f"stream=true sends text events: response_format must be json or "
-                              f"text, got {body.response_format!r}", "stream")
         if body.timestamp_granularities != ["segment"] and body.response_format != "verbose_json":
             raise bad_request(f"timestamp_granularities[] needs response_format=verbose_json, got "
                               f"{body.response_format!r}", "timestamp_granularities[]")
-    if body.hallucination_silence_threshold is not None and "word" not in granularities(body):
-        raise bad_request("hallucination_silence_threshold needs word timings: "
-                          "timestamp_granularities[]=word", "hallucination_silence_threshold")
+        if body.hallucination_silence_threshold is not None and "word" not in body.timestamp_granularities:
+            raise bad_request("hallucination_silence_threshold needs word timings: "
+                              "timestamp_granularities[]=word", "hallucination_silence_threshold")
+
+
+def streamed(body: AudioRequest) -> bool:
+    """Whether to answer with text events: `stream` with json or text; with another format
+    `stream` is ignored, as OpenAI ignores it where it cannot stream."""
+    return getattr(body, "stream", False) and body.response_format in ("json", "text")
 
 
 def request_options(body: AudioRequest) -> dict:
