@@ -112,26 +112,27 @@ def decoding_params(llm: LLM, args: argparse.Namespace):
         raise UsageError(option_wording(err, OPTIONS)) from None
 
 
-def check_min_tokens(llm: LLM, prompt: dict, params, args: argparse.Namespace) -> None:
-    """--min-tokens against the longest output `prompt` may get, which the checkpoint's
-    generation config and the model's length set when --max-tokens does not (UsageError)."""
-    if args.min_tokens is None:
-        return
+def check_lengths(llm: LLM, prompt: dict, params, args: argparse.Namespace) -> None:
+    """--max-tokens against the room the model's decoder has, and --min-tokens against the
+    longest output `prompt` may get, which the checkpoint's generation config and the model's
+    length set when --max-tokens does not (UsageError)."""
     engine = llm.llm_engine
     decoder_ids = engine.input_preprocessor.preprocess(prompt).prompt_token_ids
-    longest = resolve_sampling_params(dataclasses.replace(params, min_tokens=None),
-                                      engine.generation_defaults, len(decoder_ids),
-                                      engine.model_config.max_decoder_len).max_tokens
-    if args.min_tokens > longest:
+    try:
+        longest = resolve_sampling_params(dataclasses.replace(params, min_tokens=None),
+                                          engine.generation_defaults, len(decoder_ids),
+                                          engine.model_config.max_decoder_len).max_tokens
+    except ValueError as err:  # --max-tokens past the decoder's room
+        raise UsageError(option_wording(err, OPTIONS)) from None
+    if args.min_tokens is not None and args.min_tokens > longest:
         raise UsageError(f"--min-tokens {args.min_tokens}: the checkpoint's default max tokens is "
-                         f"{longest}; set --max-tokens" if args.max_tokens is None else
-                         f"--min-tokens {args.min_tokens}: the model writes at most {longest} tokens")
+                         f"{longest}; set --max-tokens")
 
 
 def print_outputs(llm: LLM, prompts: list[dict], params, args: argparse.Namespace) -> int:
     """Decode `prompts` (`params`: one SamplingParams, or one per prompt) and print one output
     a line; 0, or 1 if the engine refused them."""
-    check_min_tokens(llm, prompts[0], params[0] if isinstance(params, list) else params, args)
+    check_lengths(llm, prompts[0], params[0] if isinstance(params, list) else params, args)
     try:
         outputs = llm.generate(prompts, params, use_tqdm=False)
     except ValueError as err:

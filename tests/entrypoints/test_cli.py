@@ -258,7 +258,8 @@ def test_summarize_words_errors_as_options(tiny_bart_dir, capsys):
     assert cli.main(["summarize", "--model", str(tiny_bart_dir), "text", "--min-tokens", "300",
                      "--max-tokens", "300"]) == 2
     assert usage_error(capsys.readouterr().err, "summarize") == (
-        "--min-tokens 300: the model writes at most 254 tokens")
+        "--max-tokens=300 is more than the decoder has room for: it holds 256 positions and the "
+        "decoder prompt takes 2 tokens, so at most 254")
     assert cli.main(["summarize", "--model", str(tiny_bart_dir)]) == 2
     assert usage_error(capsys.readouterr().err, "summarize") == "give at least one TEXT or --file"
     assert cli.main(["summarize", "--model", str(tiny_bart_dir / "missing"), "text"]) == 2
