@@ -20,7 +20,6 @@ import itertools
 import logging
 import numbers
 import os
-import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence, Union
 

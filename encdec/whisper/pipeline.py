@@ -588,7 +588,7 @@ class TranscriptionJob:
 
 def _prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Optional[str], name: str) -> list[int]:
     """Tokens of " " + `text` for a prompt, or none. Text that spells a special token
-    (<|endoftext|>, a timestamp, ...) is refused, as openai-whisper refuses it: a prompt is
+    (<|endoftext|>, <|notimestamps|>, ...) is refused, as openai-whisper refuses it: a prompt is
     plain text, and such a token would steer the decode instead."""
     if text is None or not text.strip():
         return []
