@@ -29,8 +29,8 @@ from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error,
 from encdec.entrypoints.summarize_cli import add_summarize
 from encdec.entrypoints.translate_cli import add_translate
 from encdec.entrypoints.transcribe_args import (BOOL, add_transcribe_arguments, checked_options,
-                                                ignored_vad_flags, non_negative_float, number,
-                                                positive_float, positive_int)
+                                                flag_wording, ignored_vad_flags, non_negative_float,
+                                                number, positive_float, positive_int)
 from encdec.kernels import cpu_attention
 from encdec.kernels.cpu_decode import compile_decode_kernels
 from encdec.llm import LLM
@@ -179,6 +179,13 @@ def check_whisper_model(llm: LLM, args: argparse.Namespace) -> None:
     if warning:
         warn(warning)
         args.language = "en"
+    from encdec.whisper.transcribe import checked_options as checked_against
+
+    try:  # the options against the model (prompts in its vocabulary) and the engine
+        checked_against(llm.llm_engine, None if args.language == "auto" else args.language,
+                        args.task, **args.transcribe_options)
+    except ValueError as err:
+        raise UsageError(flag_wording(str(err))) from None
 
 
 def run_transcribe(args: argparse.Namespace) -> int:

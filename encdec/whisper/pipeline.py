@@ -266,8 +266,8 @@ class TranscriptionJob:
         self.rules = DecodingRules(tokens, self.decode_timestamps, suppress_tokens=options.suppress_tokens,
                                    suppress_blank=options.suppress_blank)
         self.max_decoder_len = max_decoder_len
-        self.initial = _prompt_ids(tokens, tokenizer, options.initial_prompt, "initial_prompt")
-        self.hotwords = _prompt_ids(tokens, tokenizer, options.hotwords, "hotwords")[:MAX_PROMPT_TOKENS]
+        self.initial = prompt_ids(tokens, tokenizer, options.initial_prompt, "initial_prompt")
+        self.hotwords = prompt_ids(tokens, tokenizer, options.hotwords, "hotwords")[:MAX_PROMPT_TOKENS]
         if self._max_tokens(self._decoder_prompt(list(self.initial))) <= 0:
             raise ValueError(f"initial_prompt and hotwords leave no room to decode "
                              f"({len(self.initial) + len(self.hotwords)} prompt tokens)")
@@ -586,7 +586,7 @@ class TranscriptionJob:
                              source=source if isinstance(source, str) else None)
 
 
-def _prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Optional[str], name: str) -> list[int]:
+def prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Optional[str], name: str) -> list[int]:
     """Tokens of " " + `text` for a prompt, or none. Text that spells a special token
     (<|endoftext|>, <|notimestamps|>, ...) is refused, as openai-whisper refuses it: a prompt is
     plain text, and such a token would steer the decode instead."""

@@ -19,7 +19,7 @@ import torch
 from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.outputs import RequestOutput
 from encdec.whisper.languages import AUTO, language_code
-from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
+from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob, prompt_ids
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
 
@@ -92,6 +92,8 @@ def checked_options(engine: Any, language: Optional[str] = None, task: str = "tr
     checked = TranscribeOptions(_check_options(tokens, language, task), task, timestamps,
                                 initial_prompt, **options)
     _check_engine_limits(checked, engine.model_config.vocab_size, max_num_seqs)
+    for name in ("initial_prompt", "hotwords"):  # plain text in the model's vocabulary
+        prompt_ids(tokens, engine.tokenizer, getattr(checked, name), name)
     return checked
 
 

@@ -205,6 +205,13 @@ def test_usage_errors(capsys):
     assert cli.main(["bench", "nosuch"]) == 2
 
 
+def test_options_against_the_model_are_usage_errors(capsys):
+    """Checked once the model is loaded, before any file is decoded, worded as flags."""
+    assert cli.main(["transcribe", str(SAMPLE), "--initial_prompt", "Hi <|endoftext|>"]) == 2
+    assert usage_error(capsys.readouterr().err, "transcribe") == (
+        "--initial_prompt contains '<|endoftext|>', the text of a special token; a prompt is plain text")
+
+
 def test_bench_runs_the_checkout_script(capfd):
     assert cli.main(["bench", "overhead", "--help"]) == 0
     assert "Engine overhead per decode step" in capfd.readouterr().out

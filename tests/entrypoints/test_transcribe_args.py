@@ -22,9 +22,12 @@ WORDS = ["Thank", "you", "for", "calling."]
 class RecordingLLM:
     """Answers every input with one segment of four timed words; keeps the options it got."""
 
-    llm_engine = SimpleNamespace(model_config=SimpleNamespace(
-        special_tokens=WhisperTokens(eot=1, sot=0, no_timestamps=None, multilingual=True),
-        vocab_size=100))
+    llm_engine = SimpleNamespace(
+        model_config=SimpleNamespace(special_tokens=WhisperTokens(
+            eot=50, sot=51, no_timestamps=None, multilingual=True, sot_prev=52,
+            lang_to_id={"en": 53, "fr": 54}, task_to_id={"transcribe": 55, "translate": 56}), vocab_size=100),
+        scheduler_config=SimpleNamespace(max_num_seqs=256),
+        tokenizer=lambda text, add_special_tokens: {"input_ids": [2] * len(text.split())})
 
     def __init__(self):
         self.calls: list[dict] = []
