@@ -302,19 +302,20 @@ class TranscriptionJob:
             firsts = {w.input_index: w for w in reversed(self.windows) if w.input_index not in heard}
             chosen = {id(w) for w in [*voiced, *firsts.values()]}
             voiced = [w for w in self.windows if id(w) in chosen]
+        decoded = {id(w) for w in voiced}
         for window in self.windows:
-            window.done = not any(window is w for w in voiced)
+            window.done = id(window) not in decoded
         self._progress(sum(w.duration for w in self.windows) - sum(w.duration for w in voiced))
         for index in range(len(self.audios)):
             self._report(index)
         if not self.options.condition_on_previous_text:
             # as in openai-whisper, the initial prompt reaches only each input's first window
             # (every window with `carry_initial_prompt`)
-            openers = {id(next(w for w in voiced if w.input_index == index))
-                       for index in {w.input_index for w in voiced}}
+            opened: set[int] = set()
             for window in voiced:
-                if id(window) not in openers:
+                if window.input_index in opened:
                     window.context = self._reset_context()
+                opened.add(window.input_index)
             return [self._request(w) for w in voiced]
         for window in voiced:  # each input's windows one after the other, in order
             self.queued[window.input_index].append(window)

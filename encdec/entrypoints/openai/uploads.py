@@ -120,20 +120,24 @@ def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
             declared, frames = 0.0, 0
         if declared > max_seconds:
             raise too_long(name, declared, max_seconds)
+        if frames > max_samples:
+            raise too_dense(name, max_samples, max_seconds)
         try:
-            if frames > max_samples:
-                raise TooManySamples()
             audio = load_audio(copy.name, max_samples=max_samples)
         except TooManySamples:
-            raise bad_request(f"{name}: the audio has more than {max_samples} samples per channel, the "
-                              f"server's limit ({max_seconds:g} s at {MAX_UPLOAD_RATE} Hz: "
-                              f"--max-audio-seconds); send it at a lower sample rate", "file") from None
+            raise too_dense(name, max_samples, max_seconds) from None
         except ValueError as err:
             reason = str(err).replace(f"{copy.name}: ", "").replace(copy.name, name)
             raise bad_request(f"{name}: cannot decode the audio: {reason}", "file") from None
     if len(audio) / SAMPLE_RATE > max_seconds:
         raise too_long(name, len(audio) / SAMPLE_RATE, max_seconds)
     return audio
+
+
+def too_dense(name: str, max_samples: int, max_seconds: float) -> OpenAIError:
+    return bad_request(f"{name}: the audio has more than {max_samples} samples per channel, the "
+                       f"server's limit ({max_seconds:g} s at {MAX_UPLOAD_RATE} Hz: "
+                       f"--max-audio-seconds); send it at a lower sample rate", "file")
 
 
 def too_long(name: str, seconds: float, max_seconds: float) -> OpenAIError:
