@@ -2,7 +2,7 @@
 
 `generation_config.json` wins when it exists; otherwise the generation fields of `config.json`
 (older checkpoints such as facebook/bart-large-cnn keep them there). Keys the file does not set
-take Hugging Face's defaults (greedy, max_length 20, ...), as `generate()` would. Speech models
+take Hugging Face's defaults (greedy, 20 new tokens, ...), as `generate()` would. Speech models
 (Whisper) decode greedily up to the decoder's length instead, file or no file (`for_speech`).
 
 `resolve_sampling_params` turns a request's `SamplingParams` into concrete values. The config
@@ -27,29 +27,40 @@ logger = logging.getLogger(__name__)
 GENERATION_FIELDS = (
     "do_sample", "num_beams", "temperature", "top_k", "top_p", "length_penalty", "early_stopping",
     "no_repeat_ngram_size", "repetition_penalty", "min_length", "max_length", "min_new_tokens",
-    "max_new_tokens", "forced_bos_token_id", "forced_eos_token_id",
+    "max_new_tokens", "forced_bos_token_id", "forced_eos_token_id", "bad_words_ids",
+    "suppress_tokens", "begin_suppress_tokens",
 )
-# Hugging Face GenerationConfig defaults for the fields above.
+# Hugging Face GenerationConfig defaults for the fields above; without max_length (or
+# max_new_tokens) `generate()` makes DEFAULT_NEW_TOKENS tokens after the decoder prompt.
 HF_DEFAULTS = dict(do_sample=False, num_beams=1, temperature=1.0, top_k=50, top_p=1.0,
                    length_penalty=1.0, early_stopping=False, no_repeat_ngram_size=0,
-                   repetition_penalty=1.0, min_length=0, max_length=20, min_new_tokens=None,
-                   max_new_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None)
+                   repetition_penalty=1.0, min_length=0, max_length=None, min_new_tokens=None,
+                   max_new_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None,
+                   bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None)
+DEFAULT_NEW_TOKENS = 20
 
 
 @dataclass(frozen=True)
 class GenerationDefaults:
     """The generation fields a checkpoint sets; `found` is False when it has none at all.
     `fallback` holds the values of the fields it leaves unset. `decoder_prompt_len` is the
-    length of the model's default decoder prompt, which `max_length` and `min_length` count."""
+    length of the model's default decoder prompt, which `max_length` and `min_length` count.
+    `eos_token_ids` are the config's EOS tokens (`eos_token_id`, one or a list); those other
+    than the model's own EOS stop every request as EOS does (vLLM adds them to stop_token_ids),
+    set or not, unless it ignores EOS."""
 
     values: dict[str, Any] = field(default_factory=dict)
     found: bool = False
     fallback: dict[str, Any] = field(default_factory=lambda: HF_DEFAULTS)
     decoder_prompt_len: int = 1
+    eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], found: bool = True) -> "GenerationDefaults":
-        return cls({k: config[k] for k in GENERATION_FIELDS if config.get(k) is not None}, found)
+        eos = config.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else () if eos is None else (eos,)
+        return cls({k: config[k] for k in GENERATION_FIELDS if config.get(k) is not None}, found,
+                   eos_token_ids=eos_ids)
 
     def get(self, name: str) -> Any:
         return self.values.get(name, self.fallback[name])
@@ -65,7 +76,9 @@ class GenerationDefaults:
 
     def lengths(self, prompt_len: int) -> dict[str, int]:
         """`max_tokens` and `min_tokens` of the config for a decoder prompt of `prompt_len`."""
-        max_tokens = self.get("max_new_tokens") or self.get("max_length") - prompt_len
+        max_length = self.get("max_length")
+        max_tokens = (self.get("max_new_tokens") or
+                      (DEFAULT_NEW_TOKENS if max_length is None else max_length - prompt_len))
         min_tokens = max(self.get("min_length") - prompt_len, self.get("min_new_tokens") or 0, 0)
         return dict(max_tokens=max(max_tokens, 1), min_tokens=min_tokens)
 
@@ -77,7 +90,9 @@ class GenerationDefaults:
             no_repeat_ngram_size=self.get("no_repeat_ngram_size"),
             repetition_penalty=float(self.get("repetition_penalty")),
             forced_bos_token_id=self.get("forced_bos_token_id"),
-            forced_eos_token_id=self.get("forced_eos_token_id"))
+            forced_eos_token_id=self.get("forced_eos_token_id"),
+            bad_words_ids=self.get("bad_words_ids"), suppress_tokens=self.get("suppress_tokens"),
+            begin_suppress_tokens=self.get("begin_suppress_tokens"))
         num_beams, sample = self.get("num_beams"), bool(self.get("do_sample"))
         if num_beams > 1:
             values.update(beam_width=num_beams, use_beam_search=not sample)
@@ -132,6 +147,9 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
     values["max_tokens"] = min(values["max_tokens"], room)
     if params.min_tokens is None:  # a config's min_length never outlasts the length limit
         values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
+    if not params.ignore_eos:
+        values["stop_token_ids"] = params.stop_token_ids + [
+            t for t in defaults.eos_token_ids if t not in params.stop_token_ids]
     return dataclasses.replace(params, **values)
 
 

@@ -44,11 +44,13 @@ class TranslationInputs:
     forced_bos_token_id: Optional[int] = None
 
 
-def decoder_start_token_id(hf_config: Any) -> int:
-    """<DEC>: the config's decoder_start_token_id, else its bos token (as Hugging Face's
-    generate()), else its pad token (T5)."""
+def decoder_start_token_id(hf_config: Any, generation_config: Optional[dict] = None) -> int:
+    """<DEC>: the decoder_start_token_id, else the bos token (as Hugging Face's generate()),
+    else the pad token (T5); each from the generation config first, then the model config."""
     for name in ("decoder_start_token_id", "bos_token_id", "pad_token_id"):
-        token = getattr(hf_config, name, None)
+        token = (generation_config or {}).get(name)
+        if token is None:
+            token = getattr(hf_config, name, None)
         if token is not None:
             return token
     raise ValueError("the model config names no decoder_start_token_id, bos_token_id or pad_token_id")
@@ -58,7 +60,7 @@ def text_input_hooks(hf_config: Any, tokenizer: Any = None,
                      generation_config: Optional[dict] = None) -> InputHooks:
     """Text models: tokens from the config; the default decoder prompt is [<DEC>], where Hugging
     Face's generate() starts (T5, PEGASUS, Marian: the pad token; mBART: </s>)."""
-    start = decoder_start_token_id(hf_config)
+    start = decoder_start_token_id(hf_config, generation_config)
     return InputHooks(TextTokens(start, hf_config.eos_token_id), [start])
 
 
@@ -66,7 +68,7 @@ def bart_input_hooks(hf_config: Any, tokenizer: Any = None,
                      generation_config: Optional[dict] = None) -> InputHooks:
     """BART: the default decoder prompt is [<DEC>, <BOS>] ([2, 0]), the start BART's summarizers
     were fine-tuned on (vLLM's default too)."""
-    hooks = text_input_hooks(hf_config)
+    hooks = text_input_hooks(hf_config, tokenizer, generation_config)
     bos = getattr(hf_config, "bos_token_id", None)
     if bos is None:
         return hooks

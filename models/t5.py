@@ -170,7 +170,7 @@ def t5_input_hooks(hf_config: Any, tokenizer: Any = None,
     """T5 has no absolute positions: inputs and outputs are limited to the length it was trained
     on, the config's n_positions (512)."""
     limit = getattr(hf_config, "n_positions", None) or T5_MAX_LENGTH
-    return replace(text_input_hooks(hf_config), max_lengths=(limit, limit))
+    return replace(text_input_hooks(hf_config, tokenizer, generation_config), max_lengths=(limit, limit))
 
 
 def t5_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: Optional[str],

@@ -99,8 +99,10 @@ class LLMEngine:
         if max_num_batched_tokens < needed:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "
                              f"request can need ({needed}: encoder + decoder positions)")
-        defaults = dataclasses.replace(load_generation_defaults(model),
-                                       decoder_prompt_len=len(loaded.default_decoder_prompt))
+        defaults = load_generation_defaults(model)
+        eos = loaded.model_config.eos_token_id
+        defaults = dataclasses.replace(defaults, decoder_prompt_len=len(loaded.default_decoder_prompt),
+                                       eos_token_ids=tuple(t for t in defaults.eos_token_ids if t != eos))
         if loaded.audio_processor is not None:
             defaults = defaults.for_speech(loaded.model_config.max_decoder_len)
         return cls(loaded, cache_config, scheduler_config, device_config, seed, defaults,
@@ -163,10 +165,13 @@ class LLMEngine:
             token = getattr(params, name)
             if token is not None and token >= vocab:
                 raise ValueError(f"{name}={token} is not a token id of this model (vocab_size={vocab})")
-        for token in params.stop_token_ids:
-            if token >= vocab:
-                raise ValueError(f"stop_token_ids: {token} is not a token id of this model "
-                                 f"(vocab_size={vocab})")
+        for name in ("stop_token_ids", "suppress_tokens", "begin_suppress_tokens", "bad_words_ids"):
+            ids = getattr(params, name) or []
+            flat = [t for w in ids for t in w] if name == "bad_words_ids" else ids
+            for token in flat:
+                if token >= vocab:
+                    raise ValueError(f"{name}: {token} is not a token id of this model "
+                                     f"(vocab_size={vocab})")
         if params.logprobs is not None and params.logprobs > vocab:
             raise ValueError(f"logprobs={params.logprobs} is more than the vocabulary (vocab_size={vocab})")
 

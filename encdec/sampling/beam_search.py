@@ -8,8 +8,10 @@ log-probabilities) with `top_candidates`. `BeamSearch.step` then:
   `max_tokens`, into finished hypotheses scored `score / generated_len ** length_penalty`,
   where generated_len counts every token after the decoder prompt, this one included; the
   best `beam_width` hypotheses are kept;
-- keeps the best `beam_width` unfinished candidates as the next running beams (candidates
-  scored -inf, which can never win, are dropped instead of running as dead beams);
+- keeps the best `beam_width` unfinished candidates as the next running beams; candidates
+  scored -inf (tokens that forced or banned tokens rule out) can never win and are dropped,
+  from the beams and from the hypotheses alike, so a search where fewer than `n` sequences
+  are possible returns fewer;
 - decides whether the request is done: `early_stopping=True` once `beam_width` hypotheses are
   finished (`round(beam_width * patience)` with openai-whisper's `patience`); otherwise once the best running beam, normalised by the current generated length
   (by `max_tokens` for "never" with a positive length penalty), cannot beat the worst of a
@@ -26,6 +28,7 @@ does: the sum of the log-probabilities divided by the number of tokens before th
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
@@ -85,7 +88,7 @@ class BeamSearch:
         if params.beam_rules == "whisper":
             return self._whisper_step(candidates, outputs, is_stop, generated)
         hits = [is_stop(c.token_id) or generated >= params.max_tokens for c in candidates]
-        ended = [c for c, hit in zip(candidates[:width], hits) if hit]
+        ended = [c for c, hit in zip(candidates[:width], hits) if hit and c.beam_score > -math.inf]
         self.num_ended += len(ended)
         scores = _normalize([c.beam_score for c in ended], generated, params.length_penalty)
         self.finished = sorted(self.finished + [
@@ -136,4 +139,8 @@ class BeamSearch:
 
 
 def _normalize(scores: list[float], length: int, length_penalty: float) -> list[float]:
-    return (torch.tensor(scores, dtype=torch.float32) / (length ** length_penalty)).tolist()
+    try:
+        divisor = length ** length_penalty
+    except OverflowError:  # a huge length_penalty: every score is 0, as its limit is
+        divisor = math.inf
+    return (torch.tensor(scores, dtype=torch.float32) / divisor).tolist()

@@ -1,8 +1,8 @@
 """Built-in logits processors, each a small function over many rows of a batch at once.
 
 `apply_logits_processors` runs them in Hugging Face's order (repetition penalty, no-repeat
-n-gram, min tokens, forced BOS, forced EOS), then each request's own processors (row by row,
-or together where their class can).
+n-gram, bad words, min tokens, forced BOS, forced EOS, suppressed tokens, suppressed at the
+beginning), then each request's own processors (row by row, or together where their class can).
 A row's history is its decoder prompt plus its output, as Hugging Face's `input_ids` in
 `generate()`. The scores are logits for greedy and sampled rows and log-probabilities for beam
 rows, exactly where Hugging Face applies them. Every function modifies `scores` in place.
@@ -29,10 +29,10 @@ def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
     for size in sorted({p.no_repeat_ngram_size for _, p in rows if p.no_repeat_ngram_size}):
         picked = [i for i, (_, p) in enumerate(rows) if p.no_repeat_ngram_size == size]
         ban_repeated_ngrams(scores, picked, _histories(rows, picked), size)
-    bans = [(i, t) for i, (data, p) in enumerate(rows)
-            if len(data.output_token_ids) < p.min_tokens for t in _stop_ids(p, eos_token_id)]
-    if bans:
-        ban_tokens(scores, [i for i, _ in bans], [t for _, t in bans])
+    _ban(scores, [(i, t) for i, (data, p) in enumerate(rows) if p.bad_words_ids
+                  for t in bad_word_ends(data.get_token_ids(), p.bad_words_ids, eos_token_id)])
+    _ban(scores, [(i, t) for i, (data, p) in enumerate(rows)
+                  if len(data.output_token_ids) < p.min_tokens for t in _stop_ids(p, eos_token_id)])
     for forced in ([(i, p.forced_bos_token_id) for i, (data, p) in enumerate(rows)
                     if p.forced_bos_token_id is not None and len(data) == 1],
                    [(i, p.forced_eos_token_id) for i, (data, p) in enumerate(rows)
@@ -40,6 +40,10 @@ def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
                     and len(data.output_token_ids) == p.max_tokens - 1]):
         if forced:
             force_tokens(scores, [i for i, _ in forced], [t for _, t in forced])
+    _ban(scores, [(i, t) for i, (_, p) in enumerate(rows) for t in p.suppress_tokens or []])
+    _ban(scores, [(i, t) for i, (data, p) in enumerate(rows) if p.begin_suppress_tokens
+                  and len(data.output_token_ids) == _first_free_step(data, p)
+                  for t in p.begin_suppress_tokens])
     _request_processors(scores, rows)
 
 
@@ -85,12 +89,32 @@ def ban_repeated_ngrams(scores: torch.Tensor, rows: list[int], histories: list[l
         return
     windows = tokens.unfold(1, size, 1)  # [rows, num_windows, size]
     prefix = tokens[:, tokens.shape[1] - size + 1:]
-    matches = (windows[..., :-1] == prefix[:, None, :]).all(-1) & (lengths >= size)[:, None]
+    # a window that starts in the padding is not an n-gram (for size 1 it would match nothing)
+    inside = torch.arange(windows.shape[1])[None, :] >= (tokens.shape[1] - lengths)[:, None]
+    matches = (windows[..., :-1] == prefix[:, None, :]).all(-1) & inside
     vocab = scores.shape[-1]
     banned = torch.zeros(len(rows), vocab + 1, dtype=torch.bool)
     banned.scatter_(1, torch.where(matches, windows[..., -1], vocab), True)
     picked = scores[rows]
     scores[rows] = picked.masked_fill(banned[:, :vocab].to(scores.device), -float("inf"))
+
+
+def bad_word_ends(history: list[int], bad_words_ids: list[list[int]],
+                  eos_token_id: Optional[int]) -> list[int]:
+    """The last tokens of the bad words whose other tokens end `history` (Hugging Face's
+    `NoBadWordsLogitsProcessor`: a lone EOS is never a bad word)."""
+    return [word[-1] for word in bad_words_ids if word != [eos_token_id]
+            and (len(word) == 1 or history[len(history) - len(word) + 1:] == word[:-1])]
+
+
+def _first_free_step(data: SequenceData, params: SamplingParams) -> int:
+    """The first generated token not forced: after a forced BOS that follows a lone <DEC>, the second."""
+    return int(params.forced_bos_token_id is not None and len(data.prompt_token_ids) == 1)
+
+
+def _ban(scores: torch.Tensor, bans: list[tuple[int, int]]) -> None:
+    if bans:
+        ban_tokens(scores, [i for i, _ in bans], [t for _, t in bans])
 
 
 def ban_tokens(scores: torch.Tensor, rows: list[int], tokens: list[int]) -> None:

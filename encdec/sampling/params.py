@@ -21,6 +21,7 @@ BUILTIN_DEFAULTS = dict(
     max_tokens=16, min_tokens=0, temperature=1.0, top_k=-1, top_p=1.0, use_beam_search=False,
     beam_width=1, length_penalty=1.0, early_stopping=False, no_repeat_ngram_size=0,
     repetition_penalty=1.0, forced_bos_token_id=None, forced_eos_token_id=None,
+    bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None,
 )
 EARLY_STOPPING_VALUES = (True, False, "never")
 BEAM_RULES = ("hf", "whisper")
@@ -61,7 +62,10 @@ class SamplingParams:
     `encdec.sampling.beam_search`): `length_penalty` and `early_stopping` do not apply, and `n`
     may be up to `round(beam_width * patience)`, every hypothesis it keeps.
     `forced_bos_token_id` is forced as the first generated token (the default decoder prompt is
-    then just <DEC>), `forced_eos_token_id` as the last one allowed by `max_tokens`.
+    then just <DEC>), `forced_eos_token_id` as the last one allowed by `max_tokens`. As in
+    Hugging Face's generation config: `bad_words_ids` (token sequences that are never completed;
+    EOS alone is never banned), `suppress_tokens` (never sampled) and `begin_suppress_tokens` (not
+    sampled first; after a forced BOS: not second).
 
     `output_kind` says what `LLMEngine.step()` returns for the request as it runs (streaming);
     beam search gives one output, when it finishes, whatever the kind.
@@ -89,6 +93,9 @@ class SamplingParams:
     repetition_penalty: Optional[float] = None
     forced_bos_token_id: Optional[int] = None
     forced_eos_token_id: Optional[int] = None
+    bad_words_ids: Optional[list[list[int]]] = None
+    suppress_tokens: Optional[list[int]] = None
+    begin_suppress_tokens: Optional[list[int]] = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
@@ -109,9 +116,15 @@ class SamplingParams:
             if value is not None or name != "use_beam_search":
                 setattr(self, name, flag(name, value))
         stop = self.stop_token_ids if self.stop_token_ids is not None else []
-        _check(isinstance(stop, (list, tuple, np.ndarray)),
-               f"stop_token_ids must be a list of token ids, got {stop!r}")
-        self.stop_token_ids = [_integer("stop_token_ids", t) for t in stop]
+        self.stop_token_ids = _token_ids("stop_token_ids", stop)
+        for name in ("suppress_tokens", "begin_suppress_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, _token_ids(name, value))
+        if self.bad_words_ids is not None:
+            _check(_is_list(self.bad_words_ids) and all(_is_list(w) and len(w) for w in self.bad_words_ids),
+                   f"bad_words_ids must be a list of non-empty lists of token ids, got {self.bad_words_ids!r}")
+            self.bad_words_ids = [_token_ids("bad_words_ids", w) for w in self.bad_words_ids]
 
     def _validate(self) -> None:
         _check(self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
@@ -121,8 +134,8 @@ class SamplingParams:
                f"min_tokens must be an integer >= 0, got {self.min_tokens!r}")
         _check(self.max_tokens is None or self.min_tokens is None or self.min_tokens <= self.max_tokens,
                f"min_tokens must be <= max_tokens={self.max_tokens}, got {self.min_tokens}")
-        _check(self.temperature is None or self.temperature >= 0.0,
-               f"temperature must be >= 0, got {self.temperature}")
+        _check(self.temperature is None or 0.0 <= self.temperature < math.inf,
+               f"temperature must be a finite number >= 0, got {self.temperature}")
         _check(self.top_p is None or 0.0 < self.top_p <= 1.0,
                f"top_p must be in (0, 1], got {self.top_p}")
         _check(self.top_k is None or self.top_k == -1 or self.top_k >= 1,
@@ -131,10 +144,16 @@ class SamplingParams:
                f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
         _check(self.logprobs is None or self.logprobs >= 0,
                f"logprobs must be an integer >= 0, got {self.logprobs!r}")
-        _check(all(t >= 0 for t in self.stop_token_ids),
-               f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}")
+        for name in ("stop_token_ids", "suppress_tokens", "begin_suppress_tokens"):
+            ids = getattr(self, name) or []
+            _check(all(t >= 0 for t in ids), f"{name} must be non-negative integers, got {ids!r}")
+        _check(all(t >= 0 for w in self.bad_words_ids or [] for t in w),
+               f"bad_words_ids must be non-negative integers, got {self.bad_words_ids!r}")
         _check(isinstance(self.output_kind, RequestOutputKind),
                f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
+        _check(isinstance(self.logits_processors, (list, tuple))
+               and all(callable(p) for p in self.logits_processors),
+               f"logits_processors must be a list of callables, got {self.logits_processors!r}")
         self._validate_processors()
         self._validate_beam_search()
 
@@ -230,6 +249,17 @@ def _integer(name: str, value: Any) -> Optional[int]:
         return None
     _check(is_number(value, integer=True), f"{name} must be an integer, got {value!r}")
     return int(value)
+
+
+def _is_list(value: Any) -> bool:
+    return isinstance(value, (list, tuple, np.ndarray))
+
+
+def _token_ids(name: str, value: Any) -> list[int]:
+    """A list of token ids as Python ints; anything else names `name`."""
+    _check(_is_list(value) and all(t is not None for t in value),
+           f"{name} must be a list of token ids, got {value!r}")
+    return [_integer(name, t) for t in value]
 
 
 def _check(ok: bool, message: str) -> None:

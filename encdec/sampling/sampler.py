@@ -159,14 +159,14 @@ def _group_output(g: SequenceGroupMetadata, tokens: torch.Tensor, scores: torch.
                   log_normalizer: torch.Tensor, params: SamplingParams) -> GroupOutput:
     """Samples with their log-probabilities (scores minus each row's log-normalizer)."""
     token_logprobs = (scores.gather(1, tokens) - log_normalizer[:, None]).tolist()
-    if params.logprobs:
+    if params.logprobs is not None:
         top_vals, top_ids = scores.topk(params.logprobs, dim=-1)
         top_vals = (top_vals - log_normalizer[:, None]).tolist()
     samples = []
     top: Any = None
     for row, (seq_id, row_tokens) in enumerate(zip(g.seq_data, tokens.tolist())):
         for token, logprob in zip(row_tokens, token_logprobs[row]):
-            if params.logprobs:
+            if params.logprobs is not None:
                 top = dict(zip(top_ids[row].tolist(), top_vals[row]))
                 top[token] = logprob
             samples.append(SequenceOutput(seq_id, token, logprob, top))

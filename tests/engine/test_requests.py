@@ -43,7 +43,15 @@ def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(max_tokens=0), "max_tokens must be an integer >= 1"),
     (dict(max_tokens=-3), "max_tokens must be an integer >= 1"),
-    (dict(temperature=-0.5), "temperature must be >= 0"),
+    (dict(temperature=-0.5), "temperature must be a finite number >= 0"),
+    (dict(temperature=float("inf")), "temperature must be a finite number >= 0, got inf"),
+    (dict(logits_processors=[1]), "logits_processors must be a list of callables"),
+    (dict(bad_words_ids=[[]]), "bad_words_ids must be a list of non-empty lists of token ids"),
+    (dict(bad_words_ids=[5]), "bad_words_ids must be a list of non-empty lists of token ids"),
+    (dict(suppress_tokens=[-1]), "suppress_tokens must be non-negative integers"),
+    (dict(begin_suppress_tokens="5"), "begin_suppress_tokens must be a list of token ids"),
+    (dict(stop_token_ids=[None]), "stop_token_ids must be a list of token ids"),
+    (dict(logits_processors=lambda ids, row: row), "logits_processors must be a list of callables"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(top_k=0), "top_k must be -1"),
@@ -164,6 +172,9 @@ def test_min_tokens_stop_ids_and_logprobs(llm):
     assert held.text == llm.get_tokenizer().decode(shown, skip_special_tokens=True)
     assert len(held.logprobs) == len(held.token_ids)
     assert all(tok in lp and len(lp) <= 3 for tok, lp in zip(held.token_ids, held.logprobs))
+    bare = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=4, logprobs=0),
+                        use_tqdm=False)[0].outputs[0]  # vLLM: just each sampled token's
+    assert [list(lp) for lp in bare.logprobs] == [[t] for t in bare.token_ids]
     assert_all_blocks_free(llm)
 
 

@@ -203,3 +203,25 @@ def test_invalid_once_defaults_apply_is_refused(llm):
         llm.generate(texts(1), SamplingParams(use_beam_search=True, temperature=0.0), use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests()
     assert_all_blocks_free(llm)
+
+
+def test_extreme_length_penalties_rank_without_failing_the_batch(llm):
+    """`length ** 1e308` overflows a float: the scores go to 0, as their limit does, instead of
+    an OverflowError inside the step that would fail every request in the batch."""
+    prompts = texts(2)
+    params = [SamplingParams(beam_width=3, n=2, max_tokens=12, length_penalty=1e308),
+              SamplingParams(beam_width=3, max_tokens=12, length_penalty=-1e308),
+              SamplingParams(temperature=0.0, max_tokens=12)]
+    outs = llm.generate([prompts[0], prompts[0], prompts[1]], params, use_tqdm=False)
+    assert [len(o.outputs) for o in outs] == [2, 1, 1]
+    assert outs[2].outputs[0].token_ids == llm.generate(prompts[1], params[2], use_tqdm=False)[0].outputs[0].token_ids
+    assert_all_blocks_free(llm)
+
+
+def test_hypotheses_that_cannot_be_are_not_returned(llm):
+    """One token long with forced EOS: only [EOS] is possible, so n=3 returns that one
+    hypothesis, not two made of tokens scored -inf."""
+    out = llm.generate(texts(1), SamplingParams(beam_width=3, n=3, max_tokens=1, forced_eos_token_id=EOS),
+                       use_tqdm=False)[0]
+    assert [(c.token_ids, c.cumulative_logprob) for c in out.outputs] == [([EOS], 0.0)]
+    assert_all_blocks_free(llm)

@@ -3,13 +3,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 
 import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM, GenerationConfig
 
 from encdec import LLM, SamplingParams
 from encdec.entrypoints.summaries import summary_params
 from encdec.generation_config import (GenerationDefaults, load_generation_defaults,
                                       resolve_sampling_params)
+from tests.bart_checkpoints import CORPUS, make_bart_checkpoint
+from tests.conftest import assert_all_blocks_free
 
 CNN = dict(num_beams=4, length_penalty=2.0, max_length=142, min_length=56, no_repeat_ngram_size=3,
            early_stopping=True, forced_bos_token_id=0, forced_eos_token_id=2)
@@ -62,7 +67,10 @@ def test_other_configs():
     new_tokens = resolve(SamplingParams(), dict(max_new_tokens=40, max_length=500, min_new_tokens=4))
     assert (new_tokens.max_tokens, new_tokens.min_tokens, new_tokens.temperature) == (40, 4, 0.0)
     hf_default = resolve(SamplingParams(), {})  # a generation config with none of these keys
-    assert (hf_default.max_tokens, hf_default.temperature) == (19, 0.0)  # HF: max_length 20, greedy
+    # Hugging Face: without max_length, 20 new tokens after the decoder prompt; greedy
+    assert (hf_default.max_tokens, hf_default.temperature) == (20, 0.0)
+    assert resolve(SamplingParams(), {}, prompt_len=4).max_tokens == 20
+    assert resolve(SamplingParams(), dict(max_length=20), prompt_len=4).max_tokens == 16  # a set one counts the prompt
     room = resolve_sampling_params(SamplingParams(), GenerationDefaults(), 10, 14)
     assert (room.max_tokens, room.temperature, room.min_tokens) == (4, 1.0, 0)  # built-in 16, capped
     config_room = resolve_sampling_params(SamplingParams(), GenerationDefaults.from_dict(dict(max_length=500)), 10, 64)
@@ -117,9 +125,46 @@ def test_summaries_with_a_temperature_keep_the_config_lengths():
     short = summary_params(defaults, temperature=0.0, max_tokens=30)
     assert (short.max_tokens, short.min_tokens) == (30, 30)
     unset = summary_params(GenerationDefaults.from_dict(dict(num_beams=2)), temperature=0.0)
-    assert (unset.max_tokens, unset.min_tokens) == (19, 0)  # Hugging Face's max_length, 20
+    assert (unset.max_tokens, unset.min_tokens) == (20, 0)  # Hugging Face's 20 new tokens
 
 
 def test_engine_knows_its_default_decoder_prompt(tiny_bart_dir):
     llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64)
     assert llm.llm_engine.generation_defaults.decoder_prompt_len == 2  # <DEC> <BOS>
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_more_generation_config_fields_decode_as_hugging_face(tmp_path, num_beams):
+    """Fields real checkpoints ship (opus-mt: bad_words_ids [[pad]]) decode as `generate()`
+    decodes them: bad words, suppressed tokens (always and at the start), EOS as a list, a
+    decoder_start_token_id that only the generation config has right, no max_length (20 new
+    tokens). The banned tokens are the ones the model picks without them, so each rule shows."""
+    model_dir = make_bart_checkpoint(tmp_path / "m", seed=3, decoder_start_token_id=0)
+    (model_dir / "generation_config.json").unlink(missing_ok=True)
+    prompts = CORPUS[:6]
+    free = LLM(model=str(model_dir), num_gpu_blocks=128).generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), use_tqdm=False)
+    outputs = [o.outputs[0].token_ids for o in free]
+    common = [t for t, _ in Counter(t for ids in outputs for t in ids).most_common() if t not in (0, 1, 2)]
+    first = outputs[0][0]
+    bigram = next((a, b) for ids in outputs for a, b in zip(ids, ids[1:]) if b not in (common[0], first))
+    config = GenerationConfig(decoder_start_token_id=2, bos_token_id=0, pad_token_id=1, num_beams=num_beams,
+                              eos_token_id=[2, common[2]], bad_words_ids=[[1], [common[1]], list(bigram)],
+                              suppress_tokens=[common[0]], begin_suppress_tokens=[first])
+    config.save_pretrained(str(model_dir))
+
+    llm = LLM(model=str(model_dir), num_gpu_blocks=128)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(), use_tqdm=False)]
+    hf = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).eval()
+    tokenizer = llm.get_tokenizer()
+    expected = []
+    with torch.inference_mode():
+        for text in prompts:
+            ids = hf.generate(**tokenizer(text, return_tensors="pt"),
+                              decoder_input_ids=torch.tensor([[2, 0]]))[0].tolist()[2:]
+            expected.append(ids[:ids.index(1)] if 1 in ids else ids)  # no padding
+    assert got == expected
+    assert any(len(ids) == 20 for ids in got)  # 20 new tokens without max_length
+    assert any(ids[-1] == common[2] for ids in got)  # the config's second EOS stops
+    assert all(common[0] not in ids and common[1] not in ids and ids[0] != first for ids in got)
+    assert_all_blocks_free(llm)

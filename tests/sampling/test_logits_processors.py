@@ -51,6 +51,9 @@ ROWS = [  # (decoder prompt, output so far, params)
     ([2], [0, 3, 4, 3], resolved()),  # untouched
     ([2], [0, 1, 2, 1, 2, 1], resolved(no_repeat_ngram_size=2, repetition_penalty=1.1,
                                        min_tokens=7, forced_eos_token_id=EOS, max_tokens=7)),
+    # size 1 bans every token seen, in rows of different lengths (the shorter one left-padded)
+    ([2], [6], resolved(no_repeat_ngram_size=1)),
+    ([2, 0, 100 % VOCAB], [9, 6, 9], resolved(no_repeat_ngram_size=1)),
 ]
 
 

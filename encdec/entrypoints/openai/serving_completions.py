@@ -69,8 +69,7 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
         return SamplingParams(
             n=best_of, max_tokens=body.max_tokens, min_tokens=body.min_tokens,
             temperature=temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-            # the engine gives the chosen token's logprob with the top ones: ask for one at least
-            logprobs=None if body.logprobs is None else max(body.logprobs, 1),
+            logprobs=body.logprobs,
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
             logits_processors=processors, output_kind=RequestOutputKind.DELTA)
 
