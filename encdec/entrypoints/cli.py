@@ -29,14 +29,14 @@ from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error,
 from encdec.entrypoints.summarize_cli import add_summarize
 from encdec.entrypoints.translate_cli import add_translate
 from encdec.entrypoints.transcribe_args import (BOOL, add_transcribe_arguments, checked_options,
-                                                flag_wording, ignored_vad_flags, non_negative_float,
-                                                number, positive_float, positive_int)
+                                                drop_ineffective_flags, flag_wording, ignored_vad_flags,
+                                                non_negative_float, number, positive_float, positive_int)
 from encdec.kernels import cpu_attention
 from encdec.kernels.cpu_decode import compile_decode_kernels
 from encdec.llm import LLM
 from encdec.models.quantization import COMPUTE_TYPES, QUANTIZATION_METHODS, resolve_compute_type
 from encdec.weights.loader import check_model
-from encdec.whisper.languages import english_only_warning, requested_language
+from encdec.whisper.languages import english_only_warning, language_names, requested_language
 from encdec.whisper.timing import dtw
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Transcription
@@ -111,13 +111,23 @@ def transcript_lines(result: Transcription, timestamps: bool) -> list[str]:
         text = result.text.strip()
         return [text] if text else []
     return [f"[{format_timestamp(s.start, False)} --> {format_timestamp(s.end, False)}] "
-            f"{s.text.strip()}" for s in result.segments if s.text.strip()]
+            f"{s.text}" for s in result.segments if s.text.strip()]
+
+
+def language_lines(result: Transcription, args: argparse.Namespace) -> list[str]:
+    """openai-whisper's notes on a detected language (the second one also with --verbose False)."""
+    if not getattr(args, "detects_language", False) or not result.language:
+        return []
+    name = language_names().get(result.language, result.language).title()
+    return (["Detecting language using up to the first 30 seconds. Use `--language` to specify the "
+             "language"] if args.verbose else []) + [f"Detected language: {name}"]
 
 
 def report(result: Transcription, args: argparse.Namespace, with_header: bool) -> bool:
     """Print one transcript and write its files; False if writing failed."""
     header = [f"==> {result.source} <=="] if with_header else []
-    lines = header + transcript_lines(result, args.timestamps) if args.verbose else []
+    lines = header + language_lines(result, args)
+    lines += transcript_lines(result, args.timestamps) if args.verbose else []
     for line in lines:
         tqdm.write(line, file=sys.stdout)
     if args.output_format is None:
@@ -150,6 +160,8 @@ def resolve_outputs(args: argparse.Namespace) -> None:
 
 def check_transcribe_options(args: argparse.Namespace) -> None:
     """The transcribe options that the parser alone cannot check, before anything loads."""
+    for warning in drop_ineffective_flags(args):
+        warn(warning)
     try:
         args.transcribe_options, args.writer_options = checked_options(args)
     except ValueError as err:
@@ -179,6 +191,7 @@ def check_whisper_model(llm: LLM, args: argparse.Namespace) -> None:
     if warning:
         warn(warning)
         args.language = "en"
+    args.detects_language = tokens.multilingual and args.language in (None, "auto")
     from encdec.whisper.transcribe import checked_options as checked_against
 
     try:  # the options against the model (prompts in its vocabulary) and the engine

@@ -99,12 +99,15 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
     g.add_argument("--beam_size", type=number(int, 1, MAX_SEQS, none=True), default=5,
                    help=f"beams at temperature 0; 1 decodes greedily (default: 5; fastest: "
                         f"{FAST_GREEDY}); at most {MAX_SEQS}")
-    g.add_argument("--best_of", type=number(int, 1, MAX_SEQS), default=5,
+    g.add_argument("--best_of", type=number(int, 1, MAX_SEQS, none=True), default=5,
                    help=f"samples per decode at temperatures above 0, the likeliest kept; at most "
                         f"{MAX_SEQS} (default: 5)")
     g.add_argument("--patience", type=number(float, 0, none=True, above=True), default=None,
                    help="beam search patience: wait for beam_size * patience finished beams "
                         "(default: 1.0)")
+    g.add_argument("--length_penalty", type=number(float, none=True), default=None,
+                   help="rank beams and samples by log-probability over ((5 + length) / 6) ** "
+                        "length_penalty (Google NMT's alpha); default: over the length")
     g.add_argument("--temperature", type=number(float, 0, 2), default=0.0,
                    help="first temperature of each window's decode, in [0, 2]; 0 decodes greedily "
                         "or with beams (default: 0)")
@@ -228,12 +231,29 @@ def ignored_vad_flags(args: argparse.Namespace) -> list[str]:
     return [] if args.vad_filter else [f"--{name}" for name in VAD_NAMES if name in args]
 
 
+def drop_ineffective_flags(args: argparse.Namespace) -> list[str]:
+    """Unset the flags that openai-whisper's command line takes but ignores here, as it ignores
+    them; returns a warning for each."""
+    ineffective = []
+    if args.max_line_count and not args.max_line_width:
+        ineffective.append(("max_line_count", "has no effect without --max_line_width"))
+    if args.max_words_per_line and args.max_line_width:
+        ineffective.append(("max_words_per_line", "has no effect with --max_line_width"))
+    if args.hallucination_silence_threshold is not None and not args.word_timestamps:
+        ineffective.append(("hallucination_silence_threshold", "has no effect without --word_timestamps True"))
+    for name, _ in ineffective:
+        setattr(args, name, None)
+    return [f"--{name} {why}" for name, why in ineffective]
+
+
 def checked_options(args: argparse.Namespace) -> tuple[dict[str, Any], WriterOptions]:
     """`LLM.transcribe` options (all but language and task) and `WriterOptions` from `args`."""
     values = {name: getattr(args, name) for name in NAMES
               if hasattr(args, name) and name not in PASSED_ELSEWHERE}
     if args.no_fallback:
         values["temperature_increment_on_fallback"] = None
+    if values.get("best_of", 1) is None:  # openai-whisper's optional_int: one sample
+        values["best_of"] = 1
     try:
         writer = WriterOptions(task=args.task, **{name: getattr(args, name) for name in WRITER_NAMES})
         return transcribe_options(values), writer

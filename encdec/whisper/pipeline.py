@@ -61,7 +61,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from encdec.audio import SAMPLE_RATE
+from encdec.audio import HOP_LENGTH, SAMPLE_RATE
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams, max_candidates
 from encdec.checks import flag, is_number, number, text
@@ -111,7 +111,9 @@ class TranscribeOptions:
     transcribes only the speech regions Silero VAD finds (`vad_parameters`: `VadOptions` or
     a dict of its fields; `encdec.whisper.vad`).
     At temperature 0 a window is decoded greedily, or with beam search of `beam_size` beams
-    (openai-whisper's `patience`, length-normalized scores). `condition_on_previous_text`: each window of an input is prompted with the text before it,
+    (openai-whisper's `patience`). A window's candidates (beams, or `best_of` samples) are
+    ranked as openai-whisper ranks them: by their log-probability over their length, or with
+    `length_penalty` over ((5 + length) / 6) ** length_penalty. `condition_on_previous_text`: each window of an input is prompted with the text before it,
     so an input's windows run one after another (other inputs' windows fill the batch); off,
     all windows run at once (faster on one long input, about a point of WER worse: measured in
     the module docstring; only an input's first window is then prompted with `initial_prompt`,
@@ -135,6 +137,7 @@ class TranscribeOptions:
     best_of: int = 5
     beam_size: Optional[int] = None
     patience: Optional[float] = None
+    length_penalty: Optional[float] = None
     compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD
     logprob_threshold: Optional[float] = LOGPROB_THRESHOLD
     no_speech_threshold: Optional[float] = NO_SPEECH_THRESHOLD
@@ -165,7 +168,8 @@ class TranscribeOptions:
                                           or not self.beam_size or self.beam_size < 2):
             raise ValueError(f"patience must be a number > 0, with beam_size >= 2; got "
                              f"patience={self.patience!r}, beam_size={self.beam_size!r}")
-        for name in ("compression_ratio_threshold", "logprob_threshold", "no_speech_threshold"):
+        for name in ("length_penalty", "compression_ratio_threshold", "logprob_threshold",
+                     "no_speech_threshold"):
             setattr(self, name, number(name, getattr(self, name), none=True))
         self.prompt_reset_on_temperature = number("prompt_reset_on_temperature",
                                                   self.prompt_reset_on_temperature, 0, 2)
@@ -199,7 +203,8 @@ class Decode:
 
     @property
     def compression_ratio(self) -> float:
-        return compression_ratio(self.text)
+        """Of the text without its outer spaces, as openai-whisper and faster-whisper count it."""
+        return compression_ratio(self.text.strip())
 
 
 @dataclass
@@ -227,6 +232,11 @@ class Window:
     @property
     def duration(self) -> float:
         return (self.end - self.start) / SAMPLE_RATE
+
+    @property
+    def frames_duration(self) -> float:
+        """Its whole 10 ms log-mel frames, in seconds (openai-whisper's segment duration)."""
+        return (self.end - self.start) // HOP_LENGTH * HOP_LENGTH / SAMPLE_RATE
 
 
 @dataclass
@@ -257,6 +267,9 @@ class TranscriptionJob:
                  audios: list[np.ndarray], options: TranscribeOptions,
                  on_progress: Optional[Callable[[float], None]] = None,
                  on_segments: Optional[Callable[[int, list[Segment]], None]] = None):
+        for name, callback in (("on_progress", on_progress), ("on_segments", on_segments)):
+            if callback is not None and not callable(callback):
+                raise ValueError(f"{name} must be a function or None, got {callback!r}")
         self.tokens = tokens
         self.tokenizer = tokenizer
         self.options = options
@@ -278,7 +291,7 @@ class TranscriptionJob:
             audios = [speech.audio for speech in self.speech_maps]
         self.audios = audios
         self.context = [list(self.initial) for _ in audios]  # per input: the tokens to condition on
-        language = options.language if tokens.multilingual else "en"
+        self.language = language = options.language if tokens.multilingual else "en"
         self.windows = [Window(index, start, end, WindowState(language=language))
                         for index, audio in enumerate(audios)
                         for start, end in _clipped_windows(audio, options.clip_timestamps)]
@@ -356,7 +369,8 @@ class TranscriptionJob:
             rows = slice(len(prefix) - 1, len(prefix) + len(text))  # predicting text, then <|endoftext|>
             frames = max(1, round(window.duration * FRAMES_PER_SECOND))
             weights = scores[:, rows, :frames].softmax(dim=-1).numpy()
-            probs = logits[rows][:-1].softmax(dim=-1)[range(len(text)), text].numpy()
+            # over the text tokens only, as openai-whisper: not timestamps (likely at a segment's start)
+            probs = logits[rows][:-1, :self.tokens.eot].softmax(dim=-1)[range(len(text)), text].numpy()
             words = align_words(self.tokenizer, text, weights, probs, frames,
                                 window.state.language or "en", window.offset)
             index = window.input_index
@@ -395,8 +409,8 @@ class TranscriptionJob:
         self._extend_context(window.input_index, plan.kept, decode.temperature)
         if not self.options.timestamps:  # the window is one segment, its kept text
             plan.kept = [(0.0, plan.resume, [t for _, _, ids in plan.kept for t in ids])]
-        window.segments = window_segments(
-            plan.kept, self.tokens, self.tokenizer, window.offset, window.duration,
+        window.segments = window_segments(  # an open segment ends at the last whole frame, as in openai-whisper
+            plan.kept, self.tokens, self.tokenizer, window.offset, window.frames_duration,
             avg_logprob=decode.avg_logprob, no_speech_prob=no_speech, temperature=decode.temperature,
             compression_ratio=decode.compression_ratio, seek=round(window.offset * 100))
         if plan.resume is None or window.follow_ups >= MAX_FOLLOW_UPS:
@@ -452,17 +466,20 @@ class TranscriptionJob:
         return start, end, ids[cut:]
 
     def _best_decode(self, request: WindowRequest, output: RequestOutput) -> Decode:
-        """The likeliest of a request's completions, as openai-whisper's default ranker picks
-        it: by the sum of log-probabilities over the tokens before <|endoftext|>, divided by
-        their number (its `avg_logprob` divides by one more)."""
+        """The likeliest of a request's completions, as openai-whisper's ranker picks it: by
+        the sum of log-probabilities over the tokens before <|endoftext|>, divided by their
+        number or by ((5 + number) / 6) ** length_penalty (its `avg_logprob` divides by one
+        more)."""
         ranked = []
+        length_penalty = self.options.length_penalty
         for completion in output.outputs:
             sampled = completion.token_ids[request.num_forced:]
             num_text = len(sampled) - (1 if sampled and sampled[-1] == self.tokens.eot else 0)
             logprob = completion.cumulative_logprob
             decode = Decode(sampled, decode_text(self.tokenizer, sampled, self.tokens),
                             logprob / (num_text + 1), request.params.temperature)
-            ranked.append((logprob / max(num_text, 1), decode))
+            penalty = max(num_text, 1) if length_penalty is None else ((5 + num_text) / 6) ** length_penalty
+            ranked.append((logprob / penalty, decode))
         return max(ranked, key=lambda pair: pair[0])[1]
 
     def _needs_fallback(self, decode: Decode, no_speech_prob: float) -> bool:
@@ -582,7 +599,7 @@ class TranscriptionJob:
         segments = self._in_input_time(index, [seg for w in windows for seg in w.segments])
         spoken = [w for w in windows if w.segments] or windows
         return Transcription(text="".join(s.text for s in segments).strip(),
-                             language=spoken[0].state.language if spoken else self.options.language,
+                             language=spoken[0].state.language if spoken else self.language,
                              segments=segments, duration=self.durations[index],
                              source=source if isinstance(source, str) else None)
 

@@ -42,7 +42,9 @@ def compression_ratio(text: str) -> float:
 def is_no_speech(no_speech_prob: float, avg_logprob: float, text: str,
                  no_speech_threshold: Optional[float] = NO_SPEECH_THRESHOLD,
                  logprob_threshold: Optional[float] = LOGPROB_THRESHOLD) -> bool:
-    """The rule above with the transcription's thresholds (None: that check never fires)."""
-    unsure = ((logprob_threshold is not None and avg_logprob < logprob_threshold)
+    """The rule above with the transcription's thresholds: `no_speech_threshold` None never
+    finds silence; `logprob_threshold` None never vouches for a decode (as in openai-whisper,
+    only an average log-probability above it keeps a window that seems silent)."""
+    unsure = (logprob_threshold is None or not avg_logprob > logprob_threshold
               or not any(ch.isalnum() for ch in text))
     return no_speech_threshold is not None and no_speech_prob > no_speech_threshold and unsure

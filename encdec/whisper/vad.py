@@ -56,9 +56,12 @@ class VadOptions:
 
     @classmethod
     def of(cls, value: Any) -> Optional[VadOptions]:
-        """`vad_parameters` as given: a `VadOptions`, a dict of its fields, or None."""
+        """`vad_parameters` as given: a `VadOptions`, a dict of its fields (or a dataclass with
+        them, such as faster-whisper's `VadOptions`), or None."""
         if value is None or isinstance(value, VadOptions):
             return value
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = dataclasses.asdict(value)
         if not isinstance(value, dict):
             raise ValueError(f"vad_parameters must be a VadOptions, a dict of its fields or None, "
                              f"got {type(value).__name__}")

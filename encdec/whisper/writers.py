@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, TextIO, Union
 
@@ -174,10 +174,15 @@ def write_srt(result: Transcription, file: TextIO, options: WriterOptions = Writ
         file.write(f"{index}\n{start} --> {end}\n{cue.text}\n\n")
 
 
-def write_vtt(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
+def write_vtt(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions(),
+              always_include_hours: bool = False) -> None:
+    """WebVTT; times have hours from the first hour on, as openai-whisper writes them (OpenAI's
+    API always writes them: `always_include_hours`)."""
     file.write("WEBVTT\n\n")
     for cue in subtitle_cues(result, options):
-        file.write(f"{format_timestamp(cue.start)} --> {format_timestamp(cue.end)}\n{cue.text}\n\n")
+        start = format_timestamp(cue.start, always_include_hours)
+        end = format_timestamp(cue.end, always_include_hours)
+        file.write(f"{start} --> {end}\n{cue.text}\n\n")
 
 
 def write_tsv(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
@@ -193,14 +198,21 @@ def _word_dict(word: Word) -> dict:
 
 
 def write_json(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
-    """openai-whisper's json (with `duration`): every segment field, words with their times
-    and probabilities."""
-    segments = [dict(id=i, **asdict(s)) | {"words": [_word_dict(w) for w in s.words]}
-                for i, s in enumerate(result.segments)]
-    data = dict(text=result.text, language=result.language, segments=segments,
-                duration=result.duration)
-    json.dump(data, file, ensure_ascii=False, indent=2)
-    file.write("\n")
+    """openai-whisper's json, laid out as it writes it (one line), with `duration` added: the
+    text as decoded (its leading space kept), every segment field, and with word timestamps
+    each segment's words with their times and probabilities. Segment tokens are text tokens
+    (openai-whisper's also hold the segment's timestamp tokens)."""
+    worded = options.word_timestamps or any(s.words for s in result.segments)
+    segments = []
+    for i, s in enumerate(result.segments):
+        segment = dict(id=i, seek=s.seek, start=s.start, end=s.end, text=s.text, tokens=s.tokens,
+                       temperature=s.temperature, avg_logprob=s.avg_logprob,
+                       compression_ratio=s.compression_ratio, no_speech_prob=s.no_speech_prob)
+        if worded:
+            segment["words"] = [_word_dict(w) for w in s.words]
+        segments.append(segment)
+    text = "".join(s.text for s in result.segments) if result.segments else result.text
+    json.dump(dict(text=text, segments=segments, language=result.language, duration=result.duration), file)
 
 
 def language_name(result: Transcription, task: str) -> str:

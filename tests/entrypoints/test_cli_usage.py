@@ -53,7 +53,7 @@ SERVE = ["serve", "--model", "tiny.en"]
                                   "(integers >= 0, or -1), got '-2'"),
     (["--patience", "0"], "argument --patience: expected a finite number > 0 or None, got '0'"),
     (["--beam_size", "300"], "argument --beam_size: expected an integer in [1, 256] or None, got '300'"),
-    (["--best_of", "300"], "argument --best_of: expected an integer in [1, 256], got '300'"),
+    (["--best_of", "300"], "argument --best_of: expected an integer in [1, 256] or None, got '300'"),
     (["--threads", "100000"], f"argument --threads: expected an integer in [0, {cli.MAX_THREADS}], "
                               f"got '100000'"),
     (["--device", "foo"], "argument --device: expected cpu, cuda or cuda:N, got 'foo'"),

@@ -76,6 +76,8 @@ def test_defaults_are_openai_whispers(llm):
      dict(temperature=(0.4, 0.7, 1.0))),
     (["--best_of", "3", "--beam_size", "None"], dict(best_of=3, beam_size=None)),
     (["--beam_size", "4", "--patience", "1.5"], dict(beam_size=4, patience=1.5)),
+    (["--length_penalty", "0.6"], dict(length_penalty=0.6)),
+    (["--best_of", "None"], dict(best_of=1)),  # openai-whisper's optional_int
     (["--compression_ratio_threshold", "None", "--logprob_threshold", "-0.5",
       "--no_speech_threshold", "0.3"],
      dict(compression_ratio_threshold=None, logprob_threshold=-0.5, no_speech_threshold=0.3)),
@@ -112,11 +114,16 @@ def test_language_task_batch_size_and_threads(llm, monkeypatch):
 
 
 def test_verbose_false_prints_nothing_but_writes(llm, tmp_path, capsys):
-    assert run("--verbose", "False", "-o", str(tmp_path)) == 0
+    assert run("--verbose", "False", "--language", "en", "-o", str(tmp_path)) == 0
     assert capsys.readouterr().out == ""
     assert (tmp_path / "hello.txt").read_text().split() == WORDS
+    # as openai-whisper's: a detected language is named even then, and explained with --verbose True
+    assert run("--verbose", "False") == 0
+    assert capsys.readouterr().out == "Detected language: English\n"
     assert run("--verbose", "True") == 0
-    assert " ".join(WORDS) in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines() == [
+        "Detecting language using up to the first 30 seconds. Use `--language` to specify the language",
+        "Detected language: English", f"[00:00.000 --> 00:02.000]  {' '.join(WORDS)}"]
 
 
 @pytest.mark.parametrize("spelling", [["-f", "{fmt}", "-o", "{dir}"],
@@ -159,13 +166,24 @@ def test_subtitle_flags(llm, tmp_path):
     assert "\nThank you for\n" in vtt and "\ncalling.\n" in vtt
 
 
+@pytest.mark.parametrize("argv, unset, message", [
+    (["--word_timestamps", "True", "--max_line_count", "2"], "max_line_count",
+     "--max_line_count has no effect without --max_line_width"),
+    (["--word_timestamps", "True", "--max_line_width", "20", "--max_words_per_line", "3"],
+     "max_words_per_line", "--max_words_per_line has no effect with --max_line_width"),
+    (["--hallucination_silence_threshold", "2"], "hallucination_silence_threshold",
+     "--hallucination_silence_threshold has no effect without --word_timestamps True"),
+])
+def test_flags_openai_whisper_ignores_are_ignored_with_a_warning(llm, capsys, argv, unset, message):
+    assert run(*argv) == 0
+    assert message in capsys.readouterr().err
+    assert getattr(llm.options(), unset, None) is None
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--highlight_words", "True"], "--highlight_words needs --word_timestamps=True"),
     (["--max_line_width", "20"], "--max_line_width needs --word_timestamps=True"),
     (["--max_words_per_line", "3"], "--max_words_per_line needs --word_timestamps=True"),
-    (["--word_timestamps", "True", "--max_line_count", "2"], "--max_line_count needs --max_line_width"),
-    (["--hallucination_silence_threshold", "2"],
-     "--hallucination_silence_threshold needs --word_timestamps=True"),
     (["--beam_size", "1", "--patience", "2"], "--patience must be a number > 0, with --beam_size >= 2"),
     (["--vad_threshold", "1.5"], "--vad_threshold must be in (0, 1)"),
     (["--clip_timestamps", "3,1"], "--clip_timestamps must be"),
@@ -180,7 +198,7 @@ def test_option_errors_name_the_flag(llm, capsys, argv, message):
 @pytest.mark.parametrize("argv, message", [
     (["--word_timestamps", "yes"], "argument --word_timestamps: expected True or False, got 'yes'"),
     (["--beam_size", "0"], "argument --beam_size: expected an integer in [1, 256] or None, got '0'"),
-    (["--best_of", "x"], "argument --best_of: expected an integer in [1, 256], got 'x'"),
+    (["--best_of", "x"], "argument --best_of: expected an integer in [1, 256] or None, got 'x'"),
     (["--temperature_increment_on_fallback", "-1"], "expected a finite number >= 0 or None, got '-1'"),
     (["--vad_speech_pad_ms", "1.5"], "argument --vad_speech_pad_ms: expected an integer >= 0"),
     (["--max_line_width", "0"], "argument --max_line_width: expected an integer >= 1"),
@@ -196,7 +214,7 @@ def test_help_groups_the_flags(capsys):
     assert cli.main(["transcribe", "--help"]) == 0
     out = capsys.readouterr().out
     groups = {"model and input": ["--model", "--language", "--task", "--threads", "--batch_size"],
-              "decoding": ["--beam_size", "--best_of", "--patience", "--temperature ",
+              "decoding": ["--beam_size", "--best_of", "--patience", "--length_penalty", "--temperature ",
                            "--suppress_tokens", "--suppress_blank", "--condition_on_previous_text"],
               "temperature fallback and thresholds": [
                   "--temperature_increment_on_fallback", "--no_fallback",

@@ -213,5 +213,8 @@ def test_silence_checks():
 def test_no_speech_rule_takes_the_thresholds():
     assert is_no_speech(0.3, -0.5, " Hi.", no_speech_threshold=0.2, logprob_threshold=0.0)
     assert not is_no_speech(0.9, -1.5, " Hello.", no_speech_threshold=None)
-    assert not is_no_speech(0.9, -1.5, " Hello.", logprob_threshold=None)
+    # as openai-whisper: without a logprob threshold nothing vouches for the decode, and only an
+    # average above the threshold does
+    assert is_no_speech(0.9, -0.3, " Hello.", logprob_threshold=None)
+    assert is_no_speech(0.9, -1.0, " Hello.") and not is_no_speech(0.9, -0.999, " Hello.")
     assert not is_no_speech(0.9, -0.3, " ." * 30, no_speech_threshold=None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from faster_whisper.vad import VadOptions as FasterVadOptions
 
 from encdec.audio import SAMPLE_RATE
 from encdec.outputs import CompletionOutput, RequestOutput
@@ -17,6 +18,7 @@ from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
 from encdec.whisper.segments import split_spans
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcribe import run_job
+from encdec.whisper.vad import VadOptions
 
 EOT, SOT, SOT_PREV, NO_TS = 10, 11, 12, 17
 TOKENS = WhisperTokens(eot=EOT, sot=SOT, no_timestamps=NO_TS, multilingual=False, sot_prev=SOT_PREV)
@@ -286,6 +288,17 @@ def test_a_hot_decode_is_not_passed_on():
 def test_bad_options_are_named(options, message):
     with pytest.raises(ValueError, match=message):
         TranscribeOptions(**options)
+
+
+def test_vad_parameters_of_faster_whisper():
+    """faster-whisper's own `VadOptions` (a dataclass of the same fields) is taken as it is."""
+    options = TranscribeOptions(vad_filter=True, vad_parameters=FasterVadOptions(threshold=0.3, speech_pad_ms=100))
+    assert options.vad_parameters == VadOptions(threshold=0.3, speech_pad_ms=100)
+
+
+def test_callbacks_are_checked_first():
+    with pytest.raises(ValueError, match="on_progress must be a function or None, got 5"):
+        TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(5.0)], TranscribeOptions(), on_progress=5)
 
 
 def test_optional_forms_of_options():

@@ -1,9 +1,11 @@
 """Transcripts equal to openai-whisper's (`whisper.transcribe`, the reference implementation)
 for the bundled tiny.en weights on the espeak-ng corpus: greedy with temperature fallback (its
 `transcribe()` defaults), its command line's beam search (beam 5, best_of 5) and a patient beam.
-Each segment's times, text, text tokens, average log-probability and no-speech probability."""
+Each segment's times, text, text tokens, average log-probability, no-speech probability,
+compression ratio and temperature."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.openai_whisper_ref import openai_whisper_model
@@ -19,19 +21,37 @@ def reference(tmp_path_factory):
 def segments_of(reference, audio, eot: int, **options) -> list[tuple]:
     result = whisper.transcribe(reference, audio, fp16=False, **options)
     return [(s["start"], s["end"], s["text"].strip(), [t for t in s["tokens"] if t < eot],
-             s["avg_logprob"], s["no_speech_prob"]) for s in result["segments"]]
+             s["avg_logprob"], s["no_speech_prob"], s["compression_ratio"], s["temperature"])
+            for s in result["segments"]]
 
 
-@pytest.mark.parametrize("options", [{}, {"beam_size": 5, "best_of": 5}, {"beam_size": 3, "patience": 2.0}],
-                         ids=["defaults", "beam5", "patience2"])
+@pytest.mark.parametrize("options", [{}, {"beam_size": 5, "best_of": 5}, {"beam_size": 3, "patience": 2.0},
+                                     {"beam_size": 3, "length_penalty": 1.0}],
+                         ids=["defaults", "beam5", "patience2", "length_penalty"])
 def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options):
     eot = tiny_en.llm_engine.model_config.special_tokens.eot
     ours = tiny_en.transcribe([clip.pair for clip in corpus], **options)
     for clip, transcript in zip(corpus, ours):
         expected = segments_of(reference, clip.audio, eot, **options)
-        got = [(s.start, s.end, s.text.strip(), s.tokens, s.avg_logprob, s.no_speech_prob)
-               for s in transcript.segments]
+        got = [(s.start, s.end, s.text.strip(), s.tokens, s.avg_logprob, s.no_speech_prob,
+                s.compression_ratio, s.temperature) for s in transcript.segments]
         assert [(round(g[0], 2), round(g[1], 2), *g[2:4]) for g in got] == \
             [(round(e[0], 2), round(e[1], 2), *e[2:4]) for e in expected]
         for g, e in zip(got, expected):
             assert g[4:] == pytest.approx(e[4:], abs=1e-3)
+
+
+def test_words_equal_openai_whisper(tiny_en, reference, corpus):
+    """Word timestamps: each word's text, times and probability (its
+    tokens' over the text vocabulary, as openai-whisper computes it: at a segment's start the
+    model expects a timestamp, which used to halve the first word's)."""
+    ours = tiny_en.transcribe([clip.pair for clip in corpus[:4]], word_timestamps=True)
+    for clip, transcript in zip(corpus, ours):
+        result = whisper.transcribe(reference, clip.audio, fp16=False, word_timestamps=True)
+        expected = [w for s in result["segments"] for w in s["words"]]
+        got = [w for s in transcript.segments for w in s.words]
+        assert [w.word for w in got] == [w["word"] for w in expected]
+        # times: most within a frame pair; a segment's last word may end up to 0.1 s apart
+        gaps = [abs(a - b) for g, e in zip(got, expected) for a, b in ((g.start, e["start"]), (g.end, e["end"]))]
+        assert np.median(gaps) <= 0.021 and max(gaps) <= 0.1
+        assert [w.probability for w in got] == pytest.approx([w["probability"] for w in expected], abs=0.01)

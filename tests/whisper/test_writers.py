@@ -1,6 +1,7 @@
 """Transcript writers: srt / vtt parsed back, tsv and json round trips, timestamp formatting."""
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import re
@@ -19,7 +20,8 @@ SEGMENTS = [
 RESULT = Transcription(text="".join(s.text for s in SEGMENTS), language="en", segments=SEGMENTS,
                        duration=3725.0, source="/some/dir/talk.take1.wav")
 CUE_TEXTS = ["Hello there.", "A long cue -> with an arrow.", "Past the hour, ünïcode."]
-TIME_LINE = re.compile(r"^(\d\d):(\d\d):(\d\d)([.,])(\d\d\d) --> (\d\d):(\d\d):(\d\d)\4(\d\d\d)$")
+TIME = r"(?:(\d\d):)?(\d\d):(\d\d)([.,])(\d\d\d)"  # hours are left out in vtt under an hour
+TIME_LINE = re.compile(rf"^{TIME} --> {TIME.replace('([.,])', '[.,]')}$")
 
 
 def parse_cues(text: str, marker: str, numbered: bool) -> list[tuple[int, int, str]]:
@@ -32,8 +34,9 @@ def parse_cues(text: str, marker: str, numbered: bool) -> list[tuple[int, int, s
         match = TIME_LINE.match(lines[0])
         assert match and match.group(4) == marker, lines[0]
         h1, m1, s1, _, ms1, h2, m2, s2, ms2 = match.groups()
-        start = ((int(h1) * 60 + int(m1)) * 60 + int(s1)) * 1000 + int(ms1)
-        end = ((int(h2) * 60 + int(m2)) * 60 + int(s2)) * 1000 + int(ms2)
+        assert (h1 is None) == (h2 is None) == (marker == "." and int(m2) < 60 and h2 is None)
+        start = ((int(h1 or 0) * 60 + int(m1)) * 60 + int(s1)) * 1000 + int(ms1)
+        end = ((int(h2 or 0) * 60 + int(m2)) * 60 + int(s2)) * 1000 + int(ms2)
         cues.append((start, end, "\n".join(lines[1:])))
     return cues
 
@@ -231,3 +234,29 @@ def test_verbose_json(tmp_path, task, language):
     assert data["words"] == [dict(word=w.word.strip(), start=w.start, end=w.end) for w in ALL_WORDS]
     [plain] = write_result(result, tmp_path, "verbose_json", basename="plain")
     assert "words" not in json.loads(plain.read_text())
+
+
+@pytest.mark.parametrize("fmt", ALL_FORMATS)
+def test_files_are_openai_whispers(tmp_path, fmt):
+    """Byte for byte what openai-whisper's writers make of the same segments (its json has no
+    `duration`). Whitespace inside a text (here a tab) differs: cues keep it on one line."""
+    from whisper.utils import get_writer
+
+    plain = [dataclasses.replace(s, text=s.text.replace("\t", " ")) for s in SEGMENTS]
+    result = dataclasses.replace(RESULT, text="".join(s.text for s in plain), segments=plain)
+    segments = [dict(id=i, seek=s.seek, start=s.start, end=s.end, text=s.text, tokens=s.tokens,
+                     temperature=s.temperature, avg_logprob=s.avg_logprob,
+                     compression_ratio=s.compression_ratio, no_speech_prob=s.no_speech_prob)
+                for i, s in enumerate(plain)]
+    reference = dict(text=result.text, segments=segments, language="en")
+    (tmp_path / "openai").mkdir()
+    get_writer(fmt, str(tmp_path / "openai"))(reference, RESULT.source, highlight_words=False,
+                                                max_line_width=None, max_line_count=None,
+                                                max_words_per_line=None)
+    [path] = write_result(result, tmp_path, fmt)
+    expected = (tmp_path / "openai" / path.name).read_text(encoding="utf-8")
+    got = path.read_text(encoding="utf-8")
+    if fmt == "json":
+        assert got.startswith(expected[:-1] + ", ") and json.loads(got)["duration"] == 3725.0
+    else:
+        assert got == expected

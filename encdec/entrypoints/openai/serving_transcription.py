@@ -176,7 +176,10 @@ def response(result: Transcription, body: AudioRequest, task: str) -> Response:
         return PlainTextResponse(result.text + "\n")
     if response_format in ("srt", "vtt"):
         out = io.StringIO()
-        (write_srt if response_format == "srt" else write_vtt)(result, out)
+        if response_format == "srt":
+            write_srt(result, out)
+        else:
+            write_vtt(result, out, always_include_hours=True)  # as OpenAI's API writes them
         return PlainTextResponse(out.getvalue(), media_type="text/vtt" if response_format == "vtt" else None)
     kinds = granularities(body)
     data = verbose_json(result, task, segments="segment" in kinds, words="word" in kinds)
