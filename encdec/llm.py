@@ -124,6 +124,8 @@ class LLM:
                         finished[out.request_id] = out
                         if bar is not None:
                             bar.update(1)
+                for error in engine.take_failures().values():
+                    raise error
         except BaseException:
             for request_id in request_ids:
                 if request_id not in finished:

@@ -14,6 +14,8 @@ the engine runs.
   waiting queue); past it `generate()` raises `EngineOverloaded` at once. A job of several
   requests (a list of prompts, a Whisper upload's windows) shares an `Admission`: it is taken
   or refused whole.
+* A request whose own logits processor fails gets that error, alone (`LLMEngine.take_failures`);
+  the others go on.
 * If a step raises, every request in flight gets `EngineDeadError` (caused by the step's
   error), every request is aborted so all blocks are free, `is_healthy()` turns false and new
   requests are refused with the reason.
@@ -204,6 +206,10 @@ class AsyncLLMEngine:
             except BaseException as err:  # the engine is in an unknown state: stop serving
                 self._fail_all(err)
                 return
+            for request_id, error in engine.take_failures().items():  # theirs alone
+                stream = self._streams.pop(request_id, None)
+                if stream is not None:
+                    stream.put(error)
             for out in outputs:
                 stream = self._streams.get(out.request_id)
                 if stream is None:

@@ -74,6 +74,7 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, self.model_config.eos_token_id)
         self.seq_ids = itertools.count()
         self.groups: dict[str, SequenceGroup] = {}
+        self.failures: dict[str, Exception] = {}  # see `take_failures`
         self.num_steps = 0
 
     @classmethod
@@ -233,13 +234,17 @@ class LLMEngine:
             self.cache_engine.swap_in(sched.blocks_to_swap_in)
         if sched.blocks_to_copy:
             self.cache_engine.copy(sched.blocks_to_copy)
+        failed: dict[str, Exception] = {}
         if metadata:
             self.num_steps += 1
             sampler_output = self.model_runner.execute_model(metadata, self.cache_engine.gpu_cache)
-            self._process_model_outputs(sched.scheduled_seq_groups, sampler_output)
-        outputs = [self.output_processor.make_output(g)
-                   for g in sched.scheduled_seq_groups + sched.ignored_seq_groups]
-        for group, out in zip(sched.scheduled_seq_groups, outputs):
+            failed = self._process_model_outputs(sched.scheduled_seq_groups, sampler_output)
+            for request_id in failed:
+                self.abort_request(request_id)
+            self.failures.update(failed)
+        scheduled = [g for g in sched.scheduled_seq_groups if g.request_id not in failed]
+        outputs = [self.output_processor.make_output(g) for g in scheduled + sched.ignored_seq_groups]
+        for group, out in zip(scheduled, outputs):
             wanted = group.return_cross_kv
             if out is not None and out.finished and wanted and (wanted is True or wanted(out)):
                 out.cross_kv = self.cache_engine.gather(
@@ -248,10 +253,21 @@ class LLMEngine:
             self.groups.pop(group.request_id)
         return [out for out in outputs if out is not None]
 
-    def _process_model_outputs(self, groups: list[SequenceGroup], outputs: SamplerOutput) -> None:
+    def take_failures(self) -> dict[str, Exception]:
+        """The requests that failed alone in the steps since the last call, with their errors
+        (a logits processor of theirs failed): they are aborted and give no more outputs."""
+        failures, self.failures = self.failures, {}
+        return failures
+
+    def _process_model_outputs(self, groups: list[SequenceGroup], outputs: SamplerOutput) -> dict[str, Exception]:
+        """Append the samples to their sequences; returns the groups that failed, with the error."""
         by_id = {o.request_id: o for o in outputs}
         now = time.monotonic()
+        failed = {}
         for group in groups:
+            if by_id[group.request_id].error is not None:
+                failed[group.request_id] = by_id[group.request_id].error
+                continue
             samples = by_id[group.request_id].samples
             if samples and group.first_token_time is None:
                 group.first_token_time = now
@@ -268,6 +284,7 @@ class LLMEngine:
                 if status is not None:
                     seq.finish(status)
                     self.scheduler.free_seq(seq)
+        return failed
 
     def _process_beams(self, group: SequenceGroup, samples: list[SequenceOutput]) -> None:
         """One beam-search step: continue, fork and free beams; the group keeps them in rank order.

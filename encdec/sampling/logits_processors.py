@@ -20,8 +20,10 @@ Row = tuple[SequenceData, SamplingParams]
 
 
 def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
-                            eos_token_id: Optional[int]) -> None:
-    """Process `scores` [len(rows), vocab] in place; `rows` hold resolved SamplingParams."""
+                            eos_token_id: Optional[int]) -> dict[int, Exception]:
+    """Process `scores` [len(rows), vocab] in place; `rows` hold resolved SamplingParams.
+    Returns the rows whose own processors failed (raised, or returned something other than
+    the row), with the error: their requests fail alone."""
     penalized = [i for i, (_, p) in enumerate(rows) if p.repetition_penalty != 1.0]
     if penalized:
         repetition_penalty(scores, penalized, _histories(rows, penalized),
@@ -44,27 +46,41 @@ def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
     _ban(scores, [(i, t) for i, (data, p) in enumerate(rows) if p.begin_suppress_tokens
                   and len(data.output_token_ids) == _first_free_step(data, p)
                   for t in p.begin_suppress_tokens])
-    _request_processors(scores, rows)
+    return _request_processors(scores, rows)
 
 
-def _request_processors(scores: torch.Tensor, rows: Sequence[Row]) -> None:
+def _request_processors(scores: torch.Tensor, rows: Sequence[Row]) -> dict[int, Exception]:
     """Each request's own processors, in order. A processor with a static `process_batch(scores,
     rows, histories, processors)` runs as one call for all the rows that have one of its class
-    at the same place in their list; the others run row by row."""
+    at the same place in their list; the others run row by row. A row whose processor fails
+    runs no more of them."""
+    failed: dict[int, Exception] = {}
     depth = max((len(p.logits_processors) for _, p in rows), default=0)
     for place in range(depth):
         together: dict[type, list[int]] = {}
         for i, (data, p) in enumerate(rows):
-            if place >= len(p.logits_processors):
+            if place >= len(p.logits_processors) or i in failed:
                 continue
             processor = p.logits_processors[place]
             if hasattr(processor, "process_batch"):
                 together.setdefault(type(processor), []).append(i)
-            else:
-                scores[i] = processor(data.output_token_ids, scores[i])
+                continue
+            try:
+                row = processor(data.output_token_ids, scores[i])
+                if not isinstance(row, torch.Tensor) or row.shape != scores[i].shape:
+                    raise TypeError(f"logits processor {processor!r} returned {type(row).__name__} "
+                                    f"{tuple(getattr(row, 'shape', ()))}; it must return the logits "
+                                    f"row, a tensor of shape {tuple(scores[i].shape)}")
+                scores[i] = row
+            except Exception as err:  # the user's code: its request fails, not the batch
+                failed[i] = err
         for kind, picked in together.items():
-            kind.process_batch(scores, picked, [rows[i][0].output_token_ids for i in picked],
-                               [rows[i][1].logits_processors[place] for i in picked])
+            try:
+                kind.process_batch(scores, picked, [rows[i][0].output_token_ids for i in picked],
+                                   [rows[i][1].logits_processors[place] for i in picked])
+            except Exception as err:
+                failed.update(dict.fromkeys(picked, err))
+    return failed
 
 
 def repetition_penalty(scores: torch.Tensor, rows: list[int], histories: list[list[int]],

@@ -36,6 +36,7 @@ class SequenceOutput:
 class GroupOutput:
     request_id: str
     samples: list[SequenceOutput]
+    error: Optional[Exception] = None  # one of its logits processors failed: no samples
 
 
 SamplerOutput = list[GroupOutput]
@@ -73,8 +74,8 @@ class Sampler:
         if any(hf):
             rows = _rows(hf, meta.row_slices, scores)
             scores[rows] = torch.log_softmax(scores[rows], dim=-1)
-        apply_logits_processors(scores, [(data, g.sampling_params) for g in meta.groups
-                                         for data in g.seq_data.values()], self.eos_token_id)
+        failed = apply_logits_processors(scores, [(data, g.sampling_params) for g in meta.groups
+                                                  for data in g.seq_data.values()], self.eos_token_id)
         if any(whisper):
             rows = _rows(whisper, meta.row_slices, scores)
             scores[rows] = torch.log_softmax(scores[rows], dim=-1)
@@ -85,6 +86,10 @@ class Sampler:
         outputs = []
         for g, rows, is_beam in zip(meta.groups, meta.row_slices, beam):
             params = g.sampling_params
+            error = next((failed[i] for i in range(rows.start, rows.stop) if i in failed), None)
+            if error is not None:
+                outputs.append(GroupOutput(g.request_id, [], error))
+                continue
             if is_beam:
                 outputs.append(self._beam_output(g, scores[rows], params))
                 continue

@@ -121,6 +121,9 @@ def run_job(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = No
             for out in engine.step():
                 if out.finished and out.request_id in pending:
                     submit(job.finish(pending.pop(out.request_id), out))
+            for request_id, error in engine.take_failures().items():
+                pending.pop(request_id, None)
+                raise error
             if aligner is not None:
                 job.align(aligner)
     except BaseException:

@@ -119,6 +119,43 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
     engine_blocks_free(engine.engine)
 
 
+def test_a_failing_logits_processor_fails_its_request_alone(tiny_bart_dir):
+    """The caller's own code raising (or returning no row) ends that request with the error;
+    the requests beside it in the batch finish as offline and the engine stays healthy."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
+    steps = 0
+
+    def breaks_at_step_three(output_ids, row):
+        nonlocal steps
+        steps += 1
+        if steps == 3:
+            raise KeyError("user bug")
+        return row
+
+    good = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(beam_width=2, max_tokens=12)]
+    bad = [SamplingParams(temperature=0, max_tokens=12, logits_processors=[breaks_at_step_three]),
+           SamplingParams(temperature=0, max_tokens=12, logits_processors=[lambda ids, row: None])]
+    expected = [o.outputs[0].token_ids for o in LLM(model=str(tiny_bart_dir), num_gpu_blocks=200).generate(
+        ["The rain in spain", "Paged attention"], good, use_tqdm=False)]
+
+    async def final(prompt, params):
+        return [out async for out in engine.generate(prompt, params)][-1].outputs[0].token_ids
+
+    async def main():
+        results = await asyncio.gather(final("The rain in spain", good[0]), final("Hello", bad[0]),
+                                       final("Paged attention", good[1]), final("Hello", bad[1]),
+                                       return_exceptions=True)
+        assert results[0::2] == expected
+        assert isinstance(results[1], KeyError) and "user bug" in str(results[1])
+        assert isinstance(results[3], TypeError) and "it must return the logits row" in str(results[3])
+        assert engine.is_healthy()
+        assert await final("The rain in spain", good[0]) == expected[0]
+        await engine.shutdown()
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
 def test_a_failing_forward_pass_fails_every_request_and_kills_the_engine(tiny_bart_dir):
     engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
     runner = engine.engine.model_runner

@@ -178,6 +178,19 @@ def test_min_tokens_stop_ids_and_logprobs(llm):
     assert_all_blocks_free(llm)
 
 
+def test_a_failing_logits_processor_raises_from_generate_and_leaves_nothing(llm):
+    def broken(output_ids, row):
+        raise ZeroDivisionError("in the user's processor")
+
+    with pytest.raises(ZeroDivisionError, match="in the user's processor"):
+        llm.generate([TEXT, TEXT], [SamplingParams(temperature=0.0, max_tokens=5),
+                                    SamplingParams(temperature=0.0, max_tokens=5, logits_processors=[broken])],
+                     use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests() and not llm.llm_engine.take_failures()
+    assert_all_blocks_free(llm)
+    assert len(llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)[0].outputs[0].token_ids) == 5
+
+
 def test_abort_frees_self_and_cross_blocks(llm):
     engine = llm.llm_engine
     engine.add_request("a", TEXT, SamplingParams(temperature=0.0, max_tokens=50))

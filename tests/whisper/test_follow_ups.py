@@ -64,6 +64,9 @@ class ScriptedEngine:
                        for i in range(params.n)]
         return [RequestOutput(request_id, None, [SOT], None, [], completions, True)]
 
+    def take_failures(self):
+        return {}
+
 
 def clock_audio(seconds: float) -> np.ndarray:
     """Audio whose every sample is its own time in seconds plus one: loud everywhere, and the
