@@ -166,13 +166,13 @@ class LLMEngine:
             token = getattr(params, name)
             if token is not None and token >= vocab:
                 raise ValueError(f"{name}={token} is not a token id of this model (vocab_size={vocab})")
-        for name in ("stop_token_ids", "suppress_tokens", "begin_suppress_tokens", "bad_words_ids"):
-            ids = getattr(params, name) or []
-            flat = [t for w in ids for t in w] if name == "bad_words_ids" else ids
-            for token in flat:
-                if token >= vocab:
-                    raise ValueError(f"{name}: {token} is not a token id of this model "
-                                     f"(vocab_size={vocab})")
+        lists = {name: getattr(params, name) or [] for name in
+                 ("stop_token_ids", "suppress_tokens", "begin_suppress_tokens")}
+        lists["bad_words_ids"] = [t for word in params.bad_words_ids or [] for t in word]
+        for name, ids in lists.items():
+            unknown = next((t for t in ids if t >= vocab), None)
+            if unknown is not None:
+                raise ValueError(f"{name}: {unknown} is not a token id of this model (vocab_size={vocab})")
         if params.logprobs is not None and params.logprobs > vocab:
             raise ValueError(f"logprobs={params.logprobs} is more than the vocabulary (vocab_size={vocab})")
 
@@ -265,10 +265,11 @@ class LLMEngine:
         now = time.monotonic()
         failed = {}
         for group in groups:
-            if by_id[group.request_id].error is not None:
-                failed[group.request_id] = by_id[group.request_id].error
+            output = by_id[group.request_id]
+            if output.error is not None:
+                failed[group.request_id] = output.error
                 continue
-            samples = by_id[group.request_id].samples
+            samples = output.samples
             if samples and group.first_token_time is None:
                 group.first_token_time = now
             if group.beam_search is not None:

@@ -116,7 +116,7 @@ def transcript_lines(result: Transcription, timestamps: bool) -> list[str]:
 
 def language_lines(result: Transcription, args: argparse.Namespace) -> list[str]:
     """openai-whisper's notes on a detected language (the second one also with --verbose False)."""
-    if not getattr(args, "detects_language", False) or not result.language:
+    if not args.detects_language or not result.language:
         return []
     name = language_names().get(result.language, result.language).title()
     return (["Detecting language using up to the first 30 seconds. Use `--language` to specify the "

@@ -86,8 +86,8 @@ class Sampler:
         outputs = []
         for g, rows, is_beam in zip(meta.groups, meta.row_slices, beam):
             params = g.sampling_params
-            error = next((failed[i] for i in range(rows.start, rows.stop) if i in failed), None)
-            if error is not None:
+            error = failed and next((failed[i] for i in range(rows.start, rows.stop) if i in failed), None)
+            if error:
                 outputs.append(GroupOutput(g.request_id, [], error))
                 continue
             if is_beam:
