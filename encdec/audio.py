@@ -9,7 +9,10 @@ Two ways to turn a 30 s window into the 3000 feature frames the encoder expects:
   3000 frames.
 
 They differ in the dynamic-range clamp and in the padded frames, which is enough to
-change transcripts of short clips, so callers pick one on purpose.
+change transcripts of short clips, so callers pick one on purpose. Long audio is cut into
+windows after its log-mel is taken, as both references cut it (``input_features`` then
+``window_features``): a window that starts past the input's start sees the samples before it,
+and every window shares the input's clamp.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ MAX_AMPLITUDE = 1e16
 MIN_SAMPLE_RATE = 1_000
 MAX_SAMPLE_RATE = 1_000_000
 BLOCK_FRAMES = 1 << 16  # frames a file is decoded in at a time
+MEL_BLOCK_FRAMES = 3000  # log-mel frames of a long input computed at a time
 
 AudioSource = Union[str, os.PathLike, tuple]
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
@@ -262,8 +266,12 @@ def _log10_mel(batch: torch.Tensor, n_mels: int) -> torch.Tensor:
     stft = torch.stft(
         batch, N_FFT, HOP_LENGTH, window=window, center=True, pad_mode="reflect", return_complex=True
     )
-    power = stft[..., :-1].abs() ** 2
-    mel = mel_filters(n_mels).to(batch.device) @ power
+    return _log10_power_mel(stft[..., :-1].abs() ** 2, n_mels)
+
+
+def _log10_power_mel(power: torch.Tensor, n_mels: int) -> torch.Tensor:
+    """``log10(max(mel power, 1e-10))`` of a power spectrum ``[..., N_FFT // 2 + 1, frames]``."""
+    mel = mel_filters(n_mels).to(power.device) @ power
     return torch.clamp(mel, min=1e-10).log10()
 
 
@@ -322,17 +330,33 @@ def windows_features(
 
 
 def _whisper_style(clips: list[torch.Tensor], n_mels: int) -> torch.Tensor:
-    # faster-whisper appends 160 zeros, takes the log-mel (clamp max over all frames),
-    # keeps len // 160 content frames and zero-pads them. Padding every clip with more
-    # zeros leaves those frames unchanged, so the batch shares one STFT.
-    lengths = torch.tensor([len(c) for c in clips])
-    total = int(lengths.max()) + HOP_LENGTH
-    batch = torch.stack([pad_or_trim(c, total) for c in clips])
-    log_spec = _normalize(_log10_mel(batch, n_mels), max_frames=(lengths + HOP_LENGTH) // HOP_LENGTH)
-    content = lengths // HOP_LENGTH
-    frame = torch.arange(log_spec.shape[-1])
-    log_spec = log_spec.masked_fill(frame[None, None, :] >= content[:, None, None], 0.0)
-    return pad_or_trim(log_spec, N_FRAMES).contiguous()
+    return torch.stack([window_features(input_features(c, n_mels), 0, N_FRAMES) for c in clips])
+
+
+def input_features(audio: ArrayLike, n_mels: int = 80) -> torch.Tensor:
+    """The normalised log-mel ``[n_mels, len(audio) // 160]`` of a whole 16 kHz input, as
+    faster-whisper (and, but for the last frame or two, openai-whisper) computes it before
+    cutting windows from it: 160 zeros appended, one clamp (max - 8) over every frame, and each
+    frame sees its neighbours' samples, also across the windows' edges. The spectrum is taken
+    ``MEL_BLOCK_FRAMES`` frames at a time (the same numbers as one STFT of it all, without an
+    hour of audio's complex spectrum in memory at once)."""
+    clip = _as_batch(audio)[0][0]
+    signal = torch.nn.functional.pad(clip, (0, max(HOP_LENGTH, N_FFT // 2 + 1 - len(clip))))
+    frames = len(signal) // HOP_LENGTH  # a centred STFT's, less its last (as `_log10_mel`)
+    padded = torch.nn.functional.pad(signal[None, None], (N_FFT // 2, N_FFT // 2), mode="reflect")[0, 0]
+    blocks = []
+    for first in range(0, frames, MEL_BLOCK_FRAMES):
+        last = min(frames, first + MEL_BLOCK_FRAMES)
+        stft = torch.stft(padded[first * HOP_LENGTH:(last - 1) * HOP_LENGTH + N_FFT], N_FFT, HOP_LENGTH,
+                          window=_hann_window(), center=False, return_complex=True)
+        blocks.append(_log10_power_mel(stft.abs() ** 2, n_mels))
+    return _normalize(torch.cat(blocks, dim=-1))[:, :len(clip) // HOP_LENGTH]
+
+
+def window_features(features: torch.Tensor, start: int, num_frames: int) -> torch.Tensor:
+    """Frames ``[start, start + num_frames)`` of an input's ``features`` (at most 3000, and
+    what the input has) zero-padded to the 3000 frames of a window, as both references pad."""
+    return pad_or_trim(features[:, start:start + min(num_frames, N_FRAMES)], N_FRAMES).contiguous()
 
 
 def whisper_features(audio: ArrayLike, n_mels: int = 80, style: str = "hf") -> torch.Tensor:

@@ -135,6 +135,27 @@ def test_whisper_style_matches_faster_whisper(inputs, fw_extractors, name, n_mel
     assert torch.all(ours[:, content:] == 0)
 
 
+def test_input_features_are_faster_whispers_whole_input_log_mel(fw_extractors):
+    """A long input's log-mel is taken once, as faster-whisper's `transcribe` takes it, and a
+    window cut from it past the start differs from the window's own log-mel: its first frames
+    hear the samples before it, and its quiet frames share the loud part's clamp."""
+    audio = _noise(70, 16000, seed=3)
+    audio[40 * 16000:] *= 1e-4  # 80 dB quieter: under the whole input's clamp floor (max - 8)
+    ours = A.input_features(audio)
+    ref = fw_extractors[80](audio)[:, :-1]  # its content frames (faster-whisper's `content_frames`)
+    assert ours.shape == ref.shape == (80, 7000) and np.abs(ours.numpy() - ref).max() < WHISPER_TOL
+    window = A.window_features(ours, 3500, 3500)  # 35 s from 35 s: its first 30 s
+    assert window.shape == (80, A.N_FRAMES) and torch.equal(window, ours[:, 3500:6500])
+    alone = A.whisper_features(audio[35 * 16000:65 * 16000], style="whisper")
+    assert (window[:, :2] - alone[:, :2]).abs().max() > 0.1  # the first frames hear what came before
+    quiet = A.window_features(ours, 4200, 3000)  # 42 s to the end: 28 s, zero-padded
+    assert torch.equal(quiet[:, 2800:], torch.zeros(80, 200))
+    floor = ours.max() - 2.0  # (max - 8 + 4) / 4
+    assert (quiet[:, 2:2800] == floor).float().mean() > 0.99
+    alone = A.whisper_features(audio[42 * 16000:], style="whisper")[:, 2:2800]  # under its own clamp
+    assert (alone < floor - 0.1).float().mean() > 0.5
+
+
 @pytest.mark.parametrize("style", A.STYLES)
 def test_batch_equals_single_windows(inputs, hf_extractors, style):
     names = ["wav22k", "short22k", "noise16k", "noise16k_35s"]

@@ -1,7 +1,7 @@
 """Turn any accepted prompt into `EncoderDecoderInputs`, validating it at the edge.
 
-Encoder side: text is tokenized with special tokens, token ids pass unchanged, audio becomes
-features through the model's audio processor, an audio model's `CrossKVPrompt` (cross keys and
+Encoder side: text is tokenized with special tokens, token ids pass unchanged, audio (or
+log-mel frames made already) becomes features through the model's audio processor, an audio model's `CrossKVPrompt` (cross keys and
 values from an earlier output) is checked against the cache's shape and replaces the encoder.
 Decoder side: None gives the model's default decoder prompt (BART: [<DEC>, <BOS>] = [2, 0]);
 text is tokenized without special tokens; any token list not starting with <DEC>
@@ -22,7 +22,8 @@ from encdec.config import ModelConfig
 from encdec.inputs.data import is_explicit_encoder_decoder_prompt
 from encdec.sequence import EncoderDecoderInputs
 
-# audio source -> (encoder features, encoder sequence length)
+# audio source -> (encoder features, encoder sequence length); its `features(frames)` takes
+# log-mel frames (`encdec.whisper.processor.WhisperAudioProcessor`)
 AudioProcessor = Callable[[Any], tuple[Any, int]]
 
 
@@ -86,11 +87,16 @@ class InputPreprocessor:
         text, ids, mm_data = _parse_singleton(prompt, "encoder_prompt")
         limit = self.model_config.max_encoder_len
         if mm_data:
-            if set(mm_data) != {"audio"}:
-                raise ValueError(f"multi_modal_data supports only 'audio', got {sorted(mm_data)}")
+            if set(mm_data) not in ({"audio"}, {"audio_features"}):
+                raise ValueError(f"multi_modal_data takes one of 'audio' (a waveform or file) and "
+                                 f"'audio_features' (log-mel frames), got {sorted(mm_data)}")
             if self.audio_processor is None:
-                raise ValueError("this model takes no audio: multi_modal_data['audio'] is for Whisper")
-            features, length = self.audio_processor(mm_data["audio"])
+                raise ValueError(f"this model takes no audio: multi_modal_data[{next(iter(mm_data))!r}] "
+                                 f"is for Whisper")
+            if "audio" in mm_data:
+                features, length = self.audio_processor(mm_data["audio"])
+            else:
+                features, length = self.audio_processor.features(mm_data["audio_features"])
             return text, [0] * length, features
         if self.audio_processor is not None:
             raise ValueError("this model's encoder takes audio: pass "

@@ -1,11 +1,14 @@
-"""How much of its audio a window's decode covered, and where a follow-up window resumes.
+"""How much of its audio a window's decode covered, and where the next window starts.
 
 Whisper often ends a window early: it closes a segment, opens the next one (or not) and emits
 <|endoftext|> seconds before the window's audio ends. openai-whisper and faster-whisper decode
 one window at a time and move their `seek` to the last timestamp, so the rest is decoded next.
-encdec decodes all windows of a file at once (its speed on long audio), so it repairs instead:
-when a window's decode stops short, a follow-up window from the resume point to the window's
-end joins the same continuous batch, and so on until the window is covered.
+Conditioned on previous text, encdec does the same (`plan_seek`), but where they would move on
+to the window's end after a decode that closed its last segment early, it goes on from that
+segment's end. Without conditioning, encdec decodes all windows of a file at once (its speed
+on long audio), so it repairs instead (`plan_window`): when a window's decode stops short, a
+follow-up window from the resume point to the window's end joins the same continuous batch,
+and so on until the window is covered.
 
 Measured on long espeak-ng clips (tests/whisper/test_long_audio.py; numbers in the module
 `encdec.whisper.pipeline`'s docstring): the quiet-point cuts of `encdec.whisper.windows` keep
@@ -15,7 +18,7 @@ early end-of-text. Overlapping windows would not bring those back
 the same words; the repair loop decodes only what is missing. So: quiet-point cuts plus the
 repair loop, no overlap.
 
-The rules, in seconds from the window's start (`plan_window`):
+The rules of `plan_window`, in seconds from the window's start:
 
 * Timestamp mode. Segments closed by a timestamp are kept. A last segment left open (no
   closing timestamp: the decode hit the token limit, or the model stopped mid-segment) is
@@ -67,14 +70,40 @@ def plan_window(spans: list[Span], texts: list[str], duration: float, timestamps
     kept = list(spans)
     resume = last_timestamp or 0.0
     start, end, _ = kept[-1]
-    looping = (compression_ratio_threshold is not None
-               and compression_ratio(texts[-1]) > compression_ratio_threshold)
-    if end is None or looping:
+    if end is None or _looping(texts[-1], compression_ratio_threshold):
         kept.pop()
         resume = start or 0.0
     if resume <= 0.0 or duration - resume <= MIN_REMAINDER:
         return WindowPlan(spans, None)  # nothing to gain from decoding again: keep it all
     return WindowPlan(kept, resume)
+
+
+def plan_seek(spans: list[Span], texts: list[str], duration: float, timestamps: bool, single_ending: bool,
+              compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD) -> WindowPlan:
+    """The plan of a seek window (conditioned decoding, one window of an input after another):
+    `resume` is where the input's next window starts (None: at this one's end), openai-whisper's
+    `seek`. A last segment left open, or looping, is dropped and decoded again from the end of
+    the segment before it; a decode that ends in a pair of timestamps resumes at the first of
+    them; one that ends in a lone closing timestamp (`single_ending`) moves on to the window's
+    end, unless more than `MIN_REMAINDER` seconds of it are left (the repair: openai-whisper
+    moves on and loses what the window still held). A decode with no timestamps, or none
+    after 0, keeps everything."""
+    if not timestamps or not spans:
+        return WindowPlan(spans, None)
+    kept = list(spans)
+    _, end, _ = kept[-1]
+    if end is None or _looping(texts[-1], compression_ratio_threshold):
+        kept.pop()
+    elif single_ending and duration - end <= MIN_REMAINDER:
+        return WindowPlan(spans, None)
+    resume = kept[-1][1] if kept else None  # only a last segment is ever open
+    if not resume or resume <= 0.0:
+        return WindowPlan(spans, None)
+    return WindowPlan(kept, resume)
+
+
+def _looping(text: str, compression_ratio_threshold: Optional[float]) -> bool:
+    return compression_ratio_threshold is not None and compression_ratio(text) > compression_ratio_threshold
 
 
 def words(text: str) -> list[str]:

@@ -9,9 +9,10 @@ the transcript so far), and edits the row in place:
 * at the first sampled step, suppress the blank and <|endoftext|> (`begin_suppress_tokens`);
 * in timestamp mode, the timestamp rules: no <|notimestamps|>; the first token is a timestamp
   of at most `max_initial_timestamp` seconds; timestamps come in pairs (a lone timestamp is
-  followed by text, a closing one by another timestamp or the end); they never decrease;
-  and when the timestamps together are likelier than the best text token, a timestamp it is.
-  (Monotonic means non-decreasing, as in CTranslate2 / faster-whisper.)
+  followed by text, a closing one by another timestamp or the end); they never decrease, and
+  a segment's closing timestamp comes after its opening one (no segment of zero length, which
+  could loop forever: openai-whisper's rule); and when the timestamps together are likelier
+  than the best text token, a timestamp it is.
 """
 from __future__ import annotations
 
@@ -117,13 +118,17 @@ def _timestamp_rules(scores: torch.Tensor, timed: list[tuple[int, list[int], Dec
         else:
             checked.append(row)
             last = history[-1]
+            closed = False  # the last token closed a segment: the next may open at that time
             if last >= begin:
                 penultimate = history[-2] if len(history) > 1 else last
                 if penultimate >= begin:  # a pair just closed, or the opening one: text next
                     hi = begin
                 else:  # a segment's text just ended: its closing timestamp (or the end) next
                     only_end.append(row)
-            lo = max(lo, next((t for t in reversed(history) if t >= begin), begin))
+                    closed = True
+            stamp = next((t for t in reversed(history) if t >= begin), None)
+            if stamp is not None:
+                lo = stamp if closed else stamp + 1
         low.append(lo)
         high.append(hi)
     index = torch.tensor([row for row, _, _ in timed])

@@ -6,13 +6,17 @@ hands each finished output to `finish()`, submits the follow-ups that returns, a
 job runs under the offline `LLM` and under the async engine, and a window can be submitted
 when another one finishes, while other files' windows keep the batch full.
 
-* Windows: audio longer than 30 s is cut at quiet points (`encdec.whisper.windows`). A
-  window whose decode stops short gets a follow-up window for the rest of its audio
-  (`encdec.whisper.coverage`). Windows are decoded with timestamp tokens whenever the
-  vocabulary has them, also for a transcript without timestamps: they show where a decode
-  stopped.
-* Front end: the engine's Whisper audio hook, openai-whisper style (the log-mel of the
-  window itself, features zero-padded to 3000 frames): it reproduces faster-whisper's text.
+* Windows: conditioned on previous text (the default), an input's next window starts where its
+  last decode left off and runs 30 s or to its clip's end (`plan_seek`, openai-whisper's
+  `seek`). Otherwise audio longer than 30 s is cut at quiet points (`encdec.whisper.windows`)
+  and a window whose decode stops short gets a follow-up window for the rest of its audio
+  (`plan_window`; both in `encdec.whisper.coverage`). Windows are decoded with timestamp
+  tokens whenever the vocabulary has them, also for a transcript without timestamps: they
+  show where a decode stopped.
+* Front end: as in openai-whisper and faster-whisper, one log-mel per input
+  (`encdec.audio.input_features`); each window's request carries its frames of it (zero-padded
+  to 3000 by the engine's Whisper audio hook), so a window past the input's start sees the
+  samples before it and shares the input's clamp.
 * Decoding: greedy with temperature fallback (`TranscribeOptions`), with openai-whisper's
   rules (`encdec.whisper.decoding`). A decode that fails gets its window's cross-attention
   keys and values from the engine (the request's `return_cross_kv` test), and the window's
@@ -30,8 +34,10 @@ when another one finishes, while other files' windows keep the batch full.
   so far; the windows of other inputs fill the batch meanwhile. Off, every window of every
   input runs at once.
 
-Measured on the long clips of `tests/whisper/test_long_audio.py` (377 s, 91 sentences; WER,
-sentences lost in brackets), greedy, the same weights:
+Measured before the windows followed the decodes (conditioned windows were cut at quiet
+points too; they now give openai-whisper's segments on those clips) on the long clips of
+`tests/whisper/test_long_audio.py` (377 s, 91 sentences; WER, sentences lost in brackets),
+greedy, the same weights:
 
 | tiny.en / base                        | timestamps        | no timestamps     |
 |---------------------------------------|-------------------|-------------------|
@@ -61,12 +67,12 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from encdec.audio import HOP_LENGTH, SAMPLE_RATE
+from encdec.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, input_features
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams, max_candidates
 from encdec.checks import flag, is_number, number, text
 from encdec.whisper.control import ControlProcessor, WindowState, control_prefix
-from encdec.whisper.coverage import MAX_FOLLOW_UPS, Span, plan_window, repeated_words, words
+from encdec.whisper.coverage import MAX_FOLLOW_UPS, Span, plan_seek, plan_window, repeated_words, words
 from encdec.whisper.decoding import TIME_PRECISION, DecodingRules
 from encdec.whisper.segments import decode_text, window_segments, split_spans
 from encdec.whisper.silence import (COMPRESSION_RATIO_THRESHOLD, LOGPROB_THRESHOLD,
@@ -113,12 +119,13 @@ class TranscribeOptions:
     At temperature 0 a window is decoded greedily, or with beam search of `beam_size` beams
     (openai-whisper's `patience`). A window's candidates (beams, or `best_of` samples) are
     ranked as openai-whisper ranks them: by their log-probability over their length, or with
-    `length_penalty` over ((5 + length) / 6) ** length_penalty. `condition_on_previous_text`: each window of an input is prompted with the text before it,
-    so an input's windows run one after another (other inputs' windows fill the batch); off,
-    all windows run at once (faster on one long input, about a point of WER worse: measured in
-    the module docstring; only an input's first window is then prompted with `initial_prompt`,
-    every window with `carry_initial_prompt`). A decode sampled hotter than `prompt_reset_on_temperature` (in
-    [0, 2], as temperatures are) is not passed on.
+    `length_penalty` over ((5 + length) / 6) ** length_penalty. `condition_on_previous_text`:
+    each window of an input is prompted with the text before it and starts where the last
+    decode left off, so an input's windows run one after another (other inputs' windows fill
+    the batch); off, all windows run at once (faster on one long input, about a point of WER
+    worse: measured in the module docstring; only an input's first window is then prompted
+    with `initial_prompt`, every window with `carry_initial_prompt`). A decode sampled hotter
+    than `prompt_reset_on_temperature` (in [0, 2], as temperatures are) is not passed on.
 
     Every value is checked here, before any work: flags are True or False, prompts and
     punctuation marks strings, numbers real numbers (not bools, not NaN) within their ranges.
@@ -233,11 +240,6 @@ class Window:
     def duration(self) -> float:
         return (self.end - self.start) / SAMPLE_RATE
 
-    @property
-    def frames_duration(self) -> float:
-        """Its whole 10 ms log-mel frames, in seconds (openai-whisper's segment duration)."""
-        return (self.end - self.start) // HOP_LENGTH * HOP_LENGTH / SAMPLE_RATE
-
 
 @dataclass
 class WindowRequest:
@@ -256,9 +258,9 @@ class WindowRequest:
 class TranscriptionJob:
     """The windows of some audio inputs, as engine requests; see the module docstring.
 
-    `tokens`, `tokenizer` and `max_decoder_len` come from the model; `audios` are 16 kHz mono
-    waveforms. `on_progress(seconds)` is called as windows finish, with the seconds of audio
-    covered so far over all inputs (the last call gives the total). `on_segments(index,
+    `tokens`, `tokenizer`, `max_decoder_len` and `n_mels` come from the model; `audios` are
+    16 kHz mono waveforms. `on_progress(seconds)` is called as windows finish, with the seconds
+    of audio covered so far over all inputs (the last call gives the total). `on_segments(index,
     segments)` gets an input's segments in time order as soon as everything before them is
     decoded (for streaming a transcript).
     """
@@ -266,7 +268,7 @@ class TranscriptionJob:
     def __init__(self, tokens: WhisperTokens, tokenizer: Any, max_decoder_len: int,
                  audios: list[np.ndarray], options: TranscribeOptions,
                  on_progress: Optional[Callable[[float], None]] = None,
-                 on_segments: Optional[Callable[[int, list[Segment]], None]] = None):
+                 on_segments: Optional[Callable[[int, list[Segment]], None]] = None, n_mels: int = 80):
         for name, callback in (("on_progress", on_progress), ("on_segments", on_segments)):
             if callback is not None and not callable(callback):
                 raise ValueError(f"{name} must be a function or None, got {callback!r}")
@@ -290,11 +292,16 @@ class TranscriptionJob:
             self.speech_maps = [SpeechMap(audio, options.vad_parameters or VadOptions()) for audio in audios]
             audios = [speech.audio for speech in self.speech_maps]
         self.audios = audios
+        self.features = [input_features(audio, n_mels) for audio in audios]
         self.context = [list(self.initial) for _ in audios]  # per input: the tokens to condition on
         self.language = language = options.language if tokens.multilingual else "en"
-        self.windows = [Window(index, start, end, WindowState(language=language))
-                        for index, audio in enumerate(audios)
-                        for start, end in _clipped_windows(audio, options.clip_timestamps)]
+        self.clips = [_clips(audio, options.clip_timestamps) for audio in audios]  # per input, in samples
+        # conditioned, an input's windows follow its decodes (`plan_seek`): each clip's first is made here
+        self.seek = options.condition_on_previous_text
+        cuts = (lambda clip: [(0, min(len(clip), N_SAMPLES))]) if self.seek else split_windows
+        self.windows = [Window(index, clip_start + start, clip_start + end, WindowState(language=language))
+                        for index, audio in enumerate(audios) for clip_start, clip_end in self.clips[index]
+                        for start, end in cuts(audio[clip_start:clip_end])]
         self.queued: list[list[Window]] = [[] for _ in audios]  # conditioned: windows waiting their turn
         self.on_progress = on_progress
         self.on_segments = on_segments
@@ -319,9 +326,12 @@ class TranscriptionJob:
         for window in self.windows:
             window.done = id(window) not in decoded
         self._progress(sum(w.duration for w in self.windows) - sum(w.duration for w in voiced))
+        if self.seek:  # a clip goes on after its silent first window
+            later = (self._seek_window(w, w.end) for w in list(self.windows) if w.done)
+            voiced = sorted([*voiced, *filter(None, later)], key=lambda w: (w.input_index, w.start))
         for index in range(len(self.audios)):
             self._report(index)
-        if not self.options.condition_on_previous_text:
+        if not self.seek:
             # as in openai-whisper, the initial prompt reaches only each input's first window
             # (every window with `carry_initial_prompt`)
             opened: set[int] = set()
@@ -398,21 +408,34 @@ class TranscriptionJob:
         if is_no_speech(no_speech, decode.avg_logprob, decode.text, o.no_speech_threshold,
                         o.logprob_threshold):
             self._progress(window.duration)
-            return None
+            return self._seek_window(window, window.end) if self.seek else None
         spans = split_spans(decode.sampled, self.tokens)
         texts = [decode_text(self.tokenizer, ids, self.tokens) for _, _, ids in spans]
-        plan = plan_window(spans, texts, window.duration, self.decode_timestamps,
-                           self._last_timestamp(decode.sampled), self.options.compression_ratio_threshold)
+        if self.seek:
+            plan = plan_seek(spans, texts, window.duration, self.decode_timestamps,
+                             self._single_timestamp_ending(decode.sampled), o.compression_ratio_threshold)
+        else:
+            plan = plan_window(spans, texts, window.duration, self.decode_timestamps,
+                               self._last_timestamp(decode.sampled), o.compression_ratio_threshold)
         if window.previous_text and plan.kept:
             plan.kept[0] = self._without_repeats(window.previous_text, plan.kept[0])
             plan.kept = [span for span in plan.kept if span[2]]
         self._extend_context(window.input_index, plan.kept, decode.temperature)
         if not self.options.timestamps:  # the window is one segment, its kept text
             plan.kept = [(0.0, plan.resume, [t for _, _, ids in plan.kept for t in ids])]
-        window.segments = window_segments(  # an open segment ends at the last whole frame, as in openai-whisper
-            plan.kept, self.tokens, self.tokenizer, window.offset, window.frames_duration,
+        start, end = self._frames(window)
+        # an open segment ends at the window's last frame, as in openai-whisper; times past the
+        # window's end stay where nothing follows in its clip (as there), else stop at the next window
+        ends_clip = any(window.end == clip_end for _, clip_end in self.clips[window.input_index])
+        window.segments = window_segments(
+            plan.kept, self.tokens, self.tokenizer, window.offset, (end - start) * HOP_LENGTH / SAMPLE_RATE,
+            None if ends_clip else window.duration,
             avg_logprob=decode.avg_logprob, no_speech_prob=no_speech, temperature=decode.temperature,
             compression_ratio=decode.compression_ratio, seek=round(window.offset * 100))
+        if self.seek:
+            resume = window.end if plan.resume is None else window.start + round(plan.resume * SAMPLE_RATE)
+            self._progress((resume - window.start) / SAMPLE_RATE)
+            return self._seek_window(window, resume)
         if plan.resume is None or window.follow_ups >= MAX_FOLLOW_UPS:
             self._progress(window.duration)
             return None
@@ -428,6 +451,26 @@ class TranscriptionJob:
             self._progress(follow_up.duration)
             return None
         return follow_up
+
+    def _seek_window(self, window: Window, start: int) -> Optional[Window]:
+        """Seek windows: the next window of `window`'s clip, from `start` (in samples) for 30 s
+        or to the clip's end, with its language; silent ones on the way count as done. None at
+        the clip's end."""
+        clip_end = next(end for begin, end in self.clips[window.input_index] if begin <= window.start < end)
+        previous_text = "".join(s.text for s in window.segments) if start < window.end else ""
+        while True:
+            after = Window(window.input_index, start, min(start + N_SAMPLES, clip_end),
+                           WindowState(language=window.state.language), previous_text=previous_text)
+            first, last = self._frames(after)
+            if first >= last:
+                self._progress(after.duration)
+                return None
+            self.windows.append(after)
+            if not is_silent(self._audio(after)):
+                return after
+            after.done = True
+            self._progress(after.duration)
+            start, previous_text = after.end, ""
 
     def _next(self, window: Window, follow_up: Optional[Window]) -> list[WindowRequest]:
         """The follow-up's request, or when conditioned, the input's next window's."""
@@ -510,8 +553,10 @@ class TranscriptionJob:
                                 self.decode_timestamps)
         context = self.context[window.input_index] if window.context is None else window.context
         decoder_prompt = self._decoder_prompt(context)
+        start, end = self._frames(window)
         encoder_prompt = ({"cross_kv": window.cross_kv} if window.cross_kv is not None else
-                          {"prompt": "", "multi_modal_data": {"audio": (self._audio(window), SAMPLE_RATE)}})
+                          {"prompt": "", "multi_modal_data": {
+                              "audio_features": self.features[window.input_index][:, start:end]}})
         prompt = {"encoder_prompt": encoder_prompt, "decoder_prompt": decoder_prompt}
         params = SamplingParams(max_tokens=self._max_tokens(decoder_prompt) + len(prefix),
                                 output_kind=RequestOutputKind.FINAL_ONLY,
@@ -560,6 +605,18 @@ class TranscriptionJob:
 
     def _audio(self, window: Window) -> np.ndarray:
         return self.audios[window.input_index][window.start:window.end]
+
+    def _frames(self, window: Window) -> tuple[int, int]:
+        """The window's log-mel frames `[start, end)` in its input's features (at most 3000)."""
+        start = round(window.start / HOP_LENGTH)
+        end = min(self.features[window.input_index].shape[-1], round(window.end / HOP_LENGTH), start + N_FRAMES)
+        return start, max(start, end)
+
+    def _single_timestamp_ending(self, sampled: list[int]) -> bool:
+        """Whether the text before <|endoftext|> ends in a lone timestamp (closing its segment)."""
+        begin = self.tokens.timestamp_begin
+        text = sampled[:sampled.index(self.tokens.eot)] if self.tokens.eot in sampled else sampled
+        return begin is not None and len(text) >= 2 and text[-1] >= begin and text[-2] < begin
 
     def _last_timestamp(self, sampled: list[int]) -> Optional[float]:
         begin = self.tokens.timestamp_begin
@@ -640,10 +697,9 @@ def _numbers(name: str, value: Any, kind: type, expected: str, strings: bool = T
         raise ValueError(f"{name} must be {expected}, got {value!r}") from None
 
 
-def _clipped_windows(audio: np.ndarray, clips: list[float]) -> list[tuple[int, int]]:
-    """Windows of the clips `[start, end, start, end, ...]` (seconds) of `audio`."""
+def _clips(audio: np.ndarray, clips: list[float]) -> list[tuple[int, int]]:
+    """The sample ranges of the clips `[start, end, start, end, ...]` (seconds) of `audio`."""
     bounds = [min(len(audio), round(t * SAMPLE_RATE)) for t in clips] or [0]
     if len(bounds) % 2:
         bounds.append(len(audio))
-    return [(start + s, start + e) for start, end in zip(bounds[::2], bounds[1::2]) if end > start
-            for s, e in split_windows(audio[start:end])]
+    return [(start, end) for start, end in zip(bounds[::2], bounds[1::2]) if end > start]

@@ -3,7 +3,8 @@
 In timestamp mode a window's tokens read `<|t0|> text <|t1|><|t1'|> text <|t2|> ...`: each
 segment is text between an opening and a closing timestamp. A trailing segment without its
 closing timestamp (the window was cut mid-sentence, or decoding hit the length limit) keeps
-its text and ends at the window's end. Without timestamps the window is one segment.
+its text and ends at the window's end; the other times are as sampled, even past that end
+when nothing follows the window in its clip. Without timestamps the window is one segment.
 Timestamp ids are not in the tokenizer: `(id - timestamp_begin) * 0.02` s from the window start.
 """
 from __future__ import annotations
@@ -45,13 +46,18 @@ def split_spans(sampled: list[int], tokens: WhisperTokens) -> list[tuple[Optiona
 
 def window_segments(spans: list[tuple[Optional[float], Optional[float], list[int]]],
                     tokens: WhisperTokens, tokenizer: Any, offset: float, duration: float,
-                    **scores: Any) -> list[Segment]:
-    """Segments of `split_spans` spans with absolute times, clipped to `[offset, offset + duration]`;
-    `scores` are the `Segment` fields their window's decode gives them all (avg_logprob, ...)."""
+                    limit: Optional[float] = None, **scores: Any) -> list[Segment]:
+    """Segments of `split_spans` spans with absolute times: as sampled, also past the window's
+    `duration` (as openai-whisper and faster-whisper keep them), up to `limit` seconds from
+    `offset` when one is given; an open last segment ends at `duration`, a text before any
+    timestamp starts at `offset`. `scores` are the `Segment` fields their window's decode
+    gives them all (avg_logprob, ...)."""
     segments = []
     for start, end, text in spans:
-        start = min(start or 0.0, duration)
-        end = duration if end is None else min(max(end, start), duration)
+        start = start or 0.0
+        end = max(duration if end is None else end, start)
+        if limit is not None:
+            start, end = min(start, limit), min(end, limit)
         segments.append(Segment(offset + start, offset + end, decode_text(tokenizer, text, tokens),
                                 text, **scores))
     return segments

@@ -76,8 +76,9 @@ def make_job(engine: Any, audios: list, language: Optional[str], task: str, time
              options: dict) -> TranscriptionJob:
     """A job for `engine`'s Whisper model, its options checked (`checked_options`)."""
     checked = checked_options(engine, language, task, timestamps, initial_prompt, **options)
-    return TranscriptionJob(_model_tokens(engine), engine.tokenizer, engine.model_config.max_decoder_len,
-                            audios, checked, on_progress, on_segments)
+    config = engine.model_config
+    return TranscriptionJob(_model_tokens(engine), engine.tokenizer, config.max_decoder_len, audios, checked,
+                            on_progress, on_segments, config.hf_config.num_mel_bins)
 
 
 def checked_options(engine: Any, language: Optional[str] = None, task: str = "transcribe",

@@ -16,7 +16,7 @@ import soundfile
 import torch
 
 from encdec import LLM, SamplingParams
-from encdec.audio import load_audio, whisper_features
+from encdec.audio import input_features, load_audio, whisper_features
 from encdec.models import whisper
 from tests.conftest import assert_all_blocks_free
 from tests.hf_reference import NEAR_TIE
@@ -201,4 +201,27 @@ def test_audio_prompt_errors(whisper_dir, tmp_path):
     with pytest.raises(ValueError, match="not found"):
         llm.generate({"prompt": "", "multi_modal_data": {"audio": str(tmp_path / "missing.wav")}},
                      use_tqdm=False)
+    for features, message in [
+            (torch.zeros(80, 3001), r"audio_features'\] must be a float tensor \[n_mels=80, frames <= 3000\]"),
+            (torch.zeros(128, 100), r"got \(128, 100\)"), (torch.zeros(80, 10, dtype=torch.int64), "float tensor"),
+            ([[0.0]], "got list"), (torch.full((80, 10), float("nan")), "NaN or inf")]:
+        with pytest.raises(ValueError, match=message):
+            llm.generate({"prompt": "", "multi_modal_data": {"audio_features": features}}, use_tqdm=False)
+    with pytest.raises(ValueError, match="takes one of 'audio' .* and 'audio_features'"):
+        llm.generate({"prompt": "", "multi_modal_data": {"audio": (torch.zeros(16000), 16000),
+                                                         "audio_features": torch.zeros(80, 100)}}, use_tqdm=False)
+    assert_all_blocks_free(llm)
+
+
+def test_audio_features_decode_as_their_audio(whisper_dir, clip_paths):
+    """Log-mel frames made already (`input_features`, a window of an input cut from it) decode
+    as the audio they came from."""
+    llm = LLM(model=str(whisper_dir), num_gpu_blocks=256, swap_space=0.05)
+    audios = [load_audio(str(p)) for p in clip_paths[:2]]
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    from_audio = llm.generate([{"prompt": "", "multi_modal_data": {"audio": (a, 16000)}} for a in audios],
+                              params, use_tqdm=False)
+    from_features = llm.generate([{"prompt": "", "multi_modal_data": {"audio_features": input_features(a)}}
+                                  for a in audios], params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in from_features] == [o.outputs[0].token_ids for o in from_audio]
     assert_all_blocks_free(llm)

@@ -89,8 +89,8 @@ def test_timestamps_come_in_pairs_and_never_decrease():
     text = {0, 1, 2, 4, 5, 6, 7, 8, 9, EN, FR}  # language tokens are not suppressed (as in openai)
     # After the opening timestamp: text or the end, no timestamp.
     assert allowed(rules, [ts(0.4)]) == text | {EOT}
-    # After text: anything from the last timestamp on (ties allowed), or text.
-    assert allowed(rules, [ts(0.4), 5]) == text | {EOT} | set(range(ts(0.4), VOCAB))
+    # After text: a timestamp after the opening one (no segment of zero length), or text.
+    assert allowed(rules, [ts(0.4), 5]) == text | {EOT} | set(range(ts(0.42), VOCAB))
     # After a closing timestamp: the next opening one (not earlier) or the end.
     assert allowed(rules, [ts(0.4), 5, ts(1.0)]) == {EOT, EN, FR} | set(range(ts(1.0), VOCAB))
     # After a closing + opening pair: text.
@@ -102,7 +102,7 @@ def test_timestamp_mass_beats_best_text_token():
     logits = torch.full((VOCAB,), -10.0)
     logits[5] = 0.0
     logits[TS:] = 0.0  # 101 timestamps at e^0 each outweigh the best text token
-    assert allowed(rules, [ts(0.0), 5], logits) == set(range(ts(0.0), VOCAB))
+    assert allowed(rules, [ts(0.0), 5], logits) == set(range(ts(0.02), VOCAB))
     logits[TS:] = -10.0
     assert 5 in allowed(rules, [ts(0.0), 5], logits)
 
@@ -170,7 +170,10 @@ def test_spans_pairs_unterminated_and_plain_text():
     assert split_spans([ts(0.0), EOT], TOKENS) == []
 
 
-def test_window_segments_are_offset_and_clipped():
+def test_window_segments_are_offset_and_keep_their_sampled_times():
+    """A timestamp past the window's end stays when nothing follows the window in its clip
+    (openai-whisper and faster-whisper keep it: 0.7 + <|2.34|> = 3.04 s for a clip that ends at
+    3 s); an open segment ends at the window's end."""
     class Tokenizer:
         def decode(self, ids):
             return "".join(f" w{i}" for i in ids)
@@ -178,7 +181,13 @@ def test_window_segments_are_offset_and_clipped():
     spans = split_spans([ts(0.2), 1, ts(1.5), ts(1.5), 2], TOKENS)
     segments = window_segments(spans, TOKENS, Tokenizer(), 30.0, 1.0, avg_logprob=-0.5, no_speech_prob=0.1)
     assert [(s.start, s.end, s.text, s.tokens) for s in segments] == [
-        (pytest.approx(30.2), 31.0, " w1", [1]), (31.0, 31.0, " w2", [2])]
+        (pytest.approx(30.2), 31.5, " w1", [1]), (31.5, 31.5, " w2", [2])]
+    (opened,) = window_segments(split_spans([ts(0.4), 3], TOKENS), TOKENS, Tokenizer(), 2.0, 1.0,
+                                avg_logprob=-0.5, no_speech_prob=0.1)
+    assert (opened.start, opened.end) == (pytest.approx(2.4), 3.0)
+    # a window cut before its clip's end: times stop at the next window's start
+    limited = window_segments(spans, TOKENS, Tokenizer(), 30.0, 1.0, 1.0, avg_logprob=-0.5, no_speech_prob=0.1)
+    assert [(s.start, s.end) for s in limited] == [(pytest.approx(30.2), 31.0), (31.0, 31.0)]
     assert segments[0].avg_logprob == -0.5 and segments[0].no_speech_prob == 0.1
 
 

@@ -13,7 +13,7 @@ from faster_whisper.vad import VadOptions as FasterVadOptions
 
 from encdec.audio import SAMPLE_RATE
 from encdec.outputs import CompletionOutput, RequestOutput
-from encdec.whisper.coverage import MIN_REMAINDER, plan_window, repeated_words
+from encdec.whisper.coverage import MIN_REMAINDER, plan_seek, plan_window, repeated_words
 from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
 from encdec.whisper.segments import split_spans
 from encdec.whisper.tokens import WhisperTokens
@@ -38,10 +38,11 @@ class Tokenizer:
 
 class ScriptedEngine:
     """`script(start_seconds, duration, temperature) -> (sampled ids, mean logprob)` per request;
-    one request finishes per step, first come first served."""
+    one request finishes per step, first come first served. `run(job)` drives a job."""
 
     def __init__(self, script):
         self.script = script
+        self.job = None
         self.queue: list[tuple[str, dict, object]] = []
         self.requests: list[tuple[float, float, float]] = []  # (start, duration, temperature)
         self.prompts: list[list[int]] = []  # decoder prompts, in the order decoded
@@ -52,11 +53,18 @@ class ScriptedEngine:
     def abort_request(self, request_id):
         self.queue = [q for q in self.queue if q[0] != request_id]
 
+    def run(self, job):
+        self.job = job
+        run_job(self, job)
+
     def step(self):
         request_id, prompt, params = self.queue.pop(0)
-        audio, _ = prompt["encoder_prompt"]["multi_modal_data"]["audio"]
-        start = round(float(audio[0]) - 1.0, 2)  # see clock_audio
-        duration = len(audio) / SAMPLE_RATE
+        window = next(r.window for r in self.job.requests_made if r.request_id == request_id)
+        start, duration = round(window.offset, 2), window.duration
+        # the window's frames of its input's log-mel
+        features = prompt["encoder_prompt"]["multi_modal_data"]["audio_features"]
+        assert features.shape == (80, min(3000, round(duration * 100)))
+        assert features.data_ptr() == self.job.features[window.input_index][:, round(start * 100):].data_ptr()
         self.requests.append((start, round(duration, 2), params.temperature))
         self.prompts.append(prompt["decoder_prompt"])
         ids, mean_logprob = self.script(start, duration, params.temperature)
@@ -69,9 +77,9 @@ class ScriptedEngine:
 
 
 def clock_audio(seconds: float) -> np.ndarray:
-    """Audio whose every sample is its own time in seconds plus one: loud everywhere, and the
-    scripted engine reads a window's start off its first sample. Its quietest stretch before
-    30 s is the whole search range, so the first window ends in its middle, at 27.5 s."""
+    """Audio whose every sample is its own time in seconds plus one: loud everywhere. Its
+    quietest stretch before 30 s is the whole search range, so the first window ends in its
+    middle, at 27.5 s."""
     return (np.arange(int(seconds * SAMPLE_RATE)) / SAMPLE_RATE + 1.0).astype(np.float32)
 
 
@@ -81,7 +89,7 @@ def run(script, seconds=40.0, **options):
     engine = ScriptedEngine(script)
     options.setdefault("condition_on_previous_text", False)
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio], TranscribeOptions(**options))
-    run_job(engine, job)
+    engine.run(job)
     return engine.requests, job.results([None])[0]
 
 
@@ -183,6 +191,44 @@ def test_plan_window_rules():
     assert plan_window(spans, texts, 20.0, False, None).resume is None
 
 
+def test_plan_seek_rules():
+    """openai-whisper's seek, and the repair where it would skip what a window still holds."""
+    def plan(tokens, duration=30.0):
+        spans = split_spans(tokens, TOKENS)
+        text = tokens[:tokens.index(EOT)] if EOT in tokens else tokens
+        single = len(text) >= 2 and text[-1] > NO_TS and text[-2] < EOT
+        result = plan_seek(spans, [Tokenizer().decode(ids) for *_, ids in spans], duration, True, single)
+        return result.resume, [ids for *_, ids in result.kept]
+
+    closed = [ts(0.0), 1, ts(2.0), ts(2.0), 2, ts(29.5), EOT]
+    assert plan(closed) == (None, [[1], [2]])  # closed near the end: the next window at this one's end
+    assert plan(closed, duration=40.0) == (29.5, [[1], [2]])  # 10.5 s left: the repair
+    # a final pair of timestamps: the next window at the first, however little is left
+    assert plan([ts(0.0), 1, ts(29.5), ts(29.8), EOT]) == (29.5, [[1]])
+    # an open last segment (the token limit) is decoded again from the end of the one before it
+    assert plan([ts(0.0), 1, ts(2.0), ts(2.2), 2, 2]) == (2.0, [[1]])
+    assert plan([ts(0.0), 1, 1]) == (None, [[1, 1]])  # nothing before it: kept, on to the end
+    assert plan_seek([], [], 30.0, True, False).resume is None
+    assert plan_seek(split_spans([1, 2, EOT], TOKENS), [" w1 w2"], 30.0, False, False).resume is None
+
+
+def test_seek_windows_pass_over_silence():
+    """Conditioned, a silent stretch is passed over a window at a time (as openai-whisper's
+    no-speech rule skips it, without decoding it); progress still adds up to the whole input."""
+    audio = clock_audio(100.0)
+    audio[25 * SAMPLE_RATE:65 * SAMPLE_RATE] = 0.0
+    progress = []
+    engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio, np.zeros(35 * SAMPLE_RATE, np.float32)],
+                           TranscribeOptions(clip_timestamps=[0, 40, 50]), on_progress=progress.append)
+    engine.run(job)
+    # input 0: clip [0, 40): [0, 30) decoded, [30, 40) silent; clip [50, 100): sound from 65 s;
+    # input 1 (35 s, one clip): [0, 30) and [30, 35) silent
+    assert engine.requests == [(0.0, 30.0, 0.0), (50.0, 30.0, 0.0), (80.0, 20.0, 0.0)]
+    assert progress[-1] == pytest.approx(40 + 50 + 35)
+    assert [[round(s.start) for s in r.segments] for r in job.results([None] * 2)] == [[0, 50, 80], []]
+
+
 @pytest.mark.parametrize("previous, text, expected", [
     (" The cat sat on the mat.", " On the mat. A dog barked.", 3),
     (" The cat sat on the mat.", " A dog barked.", 0),
@@ -204,30 +250,38 @@ def test_segments_are_reported_in_time_order_as_soon_as_what_precedes_them_is_de
                            on_segments=lambda index, segments: reported.append(
                                [(round(s.start, 2), s.text) for s in segments]))
     engine = ScriptedEngine(script)
-    run_job(engine, job)
+    engine.run(job)
     # decoded in the order 0, 27.5, 55, then the follow-up at 5.0: its segment comes before
     # the later windows', so they wait for it
     assert [r[0] for r in engine.requests] == [0.0, 27.5, 55.0, 5.0]
     assert reported == [[(0.0, " w1")], [(5.0, " w2")], [(27.5, " w2")], [(55.0, " w2")]]
 
 
-def test_conditioned_windows_run_in_order_prompted_with_the_text_before_them():
+def test_conditioned_windows_follow_the_decodes_prompted_with_the_text_before_them():
+    """Conditioned, an input's windows run one after another, each starting where the last
+    decode left off (openai-whisper's seek): a segment left open is dropped and decoded again
+    from the end of the one before it, and a decode that closes its last segment moves on to
+    its window's end; each window is prompted with the text kept before it."""
     def script(start, duration, temperature):
-        if start == 0.0:
-            return [ts(0.0), 1, 2, ts(4.0), ts(duration), EOT], -0.2
+        if start == 0.0:  # a segment to 4.0, then one that the window cuts off
+            return [ts(0.0), 1, 2, ts(4.0), ts(4.0), 3, EOT], -0.2
         return [ts(0.0), 3, ts(duration), EOT], -0.2
 
     audio = clock_audio(60.0)
     engine = ScriptedEngine(script)
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio, audio[:10 * SAMPLE_RATE]],
                            TranscribeOptions(condition_on_previous_text=True))
-    run_job(engine, job)
-    starts = [r[0] for r in engine.requests]
-    assert starts == [0.0, 0.0, 27.5, 55.0]  # both inputs' first windows at once, then in order
+    engine.run(job)
+    # both inputs' first windows at once, then each input's next one when its last is decoded
+    assert engine.requests == [(0.0, 30.0, 0.0), (0.0, 10.0, 0.0), (4.0, 30.0, 0.0), (4.0, 6.0, 0.0),
+                               (34.0, 26.0, 0.0)]
     assert engine.prompts[:2] == [[SOT], [SOT]]
     assert engine.prompts[2] == [SOT_PREV, ts(0.0), 1, 2, ts(4.0), SOT]
-    assert engine.prompts[3] == [SOT_PREV, ts(0.0), 1, 2, ts(4.0), ts(0.0), 3, ts(27.5), SOT]
-    assert [r.text for r in job.results([None, None])] == ["w1 w2 w3 w3", "w1 w2"]
+    assert engine.prompts[4] == [SOT_PREV, ts(0.0), 1, 2, ts(4.0), ts(0.0), 3, ts(30.0), SOT]
+    first, second = job.results([None, None])
+    assert [(round(s.start, 2), round(s.end, 2), s.text) for s in first.segments] == [
+        (0.0, 4.0, " w1 w2"), (4.0, 34.0, " w3"), (34.0, 60.0, " w3")]
+    assert second.text == "w1 w2 w3"
 
 
 @pytest.mark.parametrize("carry", [False, True])
@@ -243,7 +297,7 @@ def test_unconditioned_windows_after_the_first_get_no_initial_prompt(carry):
     engine = ScriptedEngine(script)
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)], TranscribeOptions(
         condition_on_previous_text=False, initial_prompt="w7 w8", carry_initial_prompt=carry))
-    run_job(engine, job)
+    engine.run(job)
     assert [r[0] for r in engine.requests] == [0.0, 27.5, 55.0, 5.0]  # the last: a follow-up
     prompted = [SOT_PREV, 7, 8, SOT]
     assert engine.prompts == [prompted] + [prompted if carry else [SOT]] * 3
@@ -255,7 +309,7 @@ def test_a_hot_decode_is_not_passed_on():
 
     engine = ScriptedEngine(script)
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions())
-    run_job(engine, job)
+    engine.run(job)
     assert [r[2] for r in engine.requests] == [0.0, 0.2, 0.4, 0.6, 0.0]
     assert engine.prompts[-1] == [SOT]
 
@@ -319,7 +373,7 @@ def test_text_with_no_opening_timestamp_joins_the_context_from_the_window_start(
     engine = ScriptedEngine(lambda start, duration, t: (
         [1, 2, EOT] if start == 0.0 else [ts(0.0), 3, ts(1.0), EOT], -0.2))
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions(temperature=0.0))
-    run_job(engine, job)
+    engine.run(job)
     assert engine.prompts[1] == [SOT_PREV, ts(0.0), 1, 2, SOT]
     assert job.results([None])[0].text.startswith("w1 w2")
 
@@ -329,17 +383,17 @@ def test_hotwords_open_every_prompt_and_a_carried_initial_prompt_stays():
         return [ts(0.0), *([5] * 150), ts(duration), EOT], -0.2
 
     engine = ScriptedEngine(script)
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(90.0)],
                            TranscribeOptions(initial_prompt="w7 w8", hotwords="w9", carry_initial_prompt=True,
                                              compression_ratio_threshold=None))
-    run_job(engine, job)
+    engine.run(job)
     first, second, third = engine.prompts
     assert first == [SOT_PREV, 9, 7, 8, SOT]
-    assert second == [SOT_PREV, 9, 7, 8, ts(0.0), *[5] * 150, ts(27.5), SOT]
+    assert second == [SOT_PREV, 9, 7, 8, ts(0.0), *[5] * 150, ts(30.0), SOT]
     # two windows of context outgrow the 223 prompt tokens: the initial prompt stays
-    assert third[:4] == [SOT_PREV, 9, 7, 8] and len(third) == 1 + 223 + 1 and third[-2:] == [ts(27.5), SOT]
+    assert third[:4] == [SOT_PREV, 9, 7, 8] and len(third) == 1 + 223 + 1 and third[-2:] == [ts(30.0), SOT]
     plain = ScriptedEngine(script)
-    run_job(plain, TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
+    plain.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(90.0)],
                                     TranscribeOptions(initial_prompt="w7 w8", compression_ratio_threshold=None)))
     assert plain.prompts[0] == [SOT_PREV, 7, 8, SOT] and plain.prompts[2][1:3] != [7, 8]
 
@@ -348,7 +402,7 @@ def test_clip_timestamps_limit_the_audio_decoded():
     engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
                            TranscribeOptions(clip_timestamps="2,5,40", condition_on_previous_text=False))
-    run_job(engine, job)
+    engine.run(job)
     assert [(r[0], r[1]) for r in engine.requests] == [(2.0, 3.0), (40.0, 20.0)]
     (result,) = job.results([None])
     assert [(round(s.start, 2), round(s.end, 2)) for s in result.segments] == [(2.0, 5.0), (40.0, 60.0)]

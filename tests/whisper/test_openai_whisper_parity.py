@@ -1,8 +1,9 @@
 """Transcripts equal to openai-whisper's (`whisper.transcribe`, the reference implementation)
 for the bundled tiny.en weights on the espeak-ng corpus: greedy with temperature fallback (its
-`transcribe()` defaults), its command line's beam search (beam 5, best_of 5) and a patient beam.
-Each segment's times, text, text tokens, average log-probability, no-speech probability,
-compression ratio and temperature."""
+`transcribe()` defaults), its command line's beam search (beam 5, best_of 5) and a patient beam;
+and on long audio, where the windows follow the decodes as its `seek` does. Each segment's
+times, text, text tokens, average log-probability, no-speech probability, compression ratio and
+temperature."""
 from __future__ import annotations
 
 import numpy as np
@@ -32,13 +33,28 @@ def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options):
     eot = tiny_en.llm_engine.model_config.special_tokens.eot
     ours = tiny_en.transcribe([clip.pair for clip in corpus], **options)
     for clip, transcript in zip(corpus, ours):
-        expected = segments_of(reference, clip.audio, eot, **options)
-        got = [(s.start, s.end, s.text.strip(), s.tokens, s.avg_logprob, s.no_speech_prob,
-                s.compression_ratio, s.temperature) for s in transcript.segments]
-        assert [(round(g[0], 2), round(g[1], 2), *g[2:4]) for g in got] == \
-            [(round(e[0], 2), round(e[1], 2), *e[2:4]) for e in expected]
-        for g, e in zip(got, expected):
-            assert g[4:] == pytest.approx(e[4:], abs=1e-3)
+        assert_segments_equal(transcript, segments_of(reference, clip.audio, eot, **options))
+
+
+@pytest.mark.parametrize("clip, options", [(1, {}), (2, {}), (2, {"clip_timestamps": "33.3"})],
+                         ids=["102s", "86s", "86s-from-33.3s"])
+def test_long_audio_segments_equal_openai_whisper(tiny_en, reference, long_clips, clip, options):
+    """Past 30 s, conditioned (the default): each window starts where the last decode left off,
+    and its features are cut from one log-mel of the whole input, as in openai-whisper; a clip
+    that starts mid-input hears the audio before its first frame."""
+    eot = tiny_en.llm_engine.model_config.special_tokens.eot
+    audio = long_clips[clip].audio
+    (ours,) = tiny_en.transcribe([(audio, 16000)], **options)
+    assert_segments_equal(ours, segments_of(reference, audio, eot, **options))
+
+
+def assert_segments_equal(transcript, expected: list[tuple]) -> None:
+    got = [(s.start, s.end, s.text.strip(), s.tokens, s.avg_logprob, s.no_speech_prob,
+            s.compression_ratio, s.temperature) for s in transcript.segments]
+    assert [(round(g[0], 2), round(g[1], 2), *g[2:4]) for g in got] == \
+        [(round(e[0], 2), round(e[1], 2), *e[2:4]) for e in expected]
+    for g, e in zip(got, expected):
+        assert g[4:] == pytest.approx(e[4:], abs=1e-3)
 
 
 def test_words_equal_openai_whisper(tiny_en, reference, corpus):
