@@ -227,6 +227,7 @@ class Window:
     previous_text: str = ""  # a follow-up's: the text kept before it in its chain
     context: Optional[list[int]] = None  # its own prompt context, not its input's
     cross_kv: Any = None  # its cross-attention keys and values: fallbacks and word alignment
+    resume: Optional[int] = None  # seek windows waiting for words: where the next one starts
     decodes: list[Decode] = field(default_factory=list)  # one per temperature tried
     segments: list[Segment] = field(default_factory=list)
     done: bool = False  # decoded (or silent): its segments are final
@@ -358,6 +359,9 @@ class TranscriptionJob:
         follow_up = self._settle(window, decode)
         if self.options.word_timestamps and window.segments:
             self.unaligned.append((window, decode))  # done once `align` gave it words
+            if window.resume is not None:
+                window.decodes = []
+                return []  # `align` starts the input's next window, after its words
         else:
             window.done = True
             window.cross_kv = None
@@ -365,23 +369,26 @@ class TranscriptionJob:
         window.decodes = []
         return self._next(window, follow_up)
 
-    def align(self, aligner: Callable[[list[list[int]], list[Any]], list[tuple[Any, Any]]]) -> None:
+    def align(self, aligner: Callable[[list[list[int]], list[Any]], list[tuple[Any, Any]]]) -> list[WindowRequest]:
         """Give the windows decoded since the last call their words: `aligner(token ids,
-        cross_kvs)` is the model's teacher-forced alignment pass (`alignment_pass`), one batch."""
+        cross_kvs)` is the model's teacher-forced alignment pass (`alignment_pass`), one batch.
+        Returns the requests of the seek windows that come next (see `_resume_after_words`)."""
         if not self.unaligned:
-            return
+            return []
         batch, self.unaligned = self.unaligned, []
+        requests = []
         prefixes = [self._alignment_prefix(window) for window, _ in batch]
         texts = [[t for seg in window.segments for t in seg.tokens] for window, _ in batch]
-        results = aligner([prefix + text for prefix, text in zip(prefixes, texts)],
+        results = aligner([prefix + text + [self.tokens.eot] for prefix, text in zip(prefixes, texts)],
                           [window.cross_kv for window, _ in batch])
-        for (window, _), prefix, text, (scores, logits) in zip(batch, prefixes, texts, results):
+        for (window, decode), prefix, text, (scores, logits) in zip(batch, prefixes, texts, results):
             rows = slice(len(prefix) - 1, len(prefix) + len(text))  # predicting text, then <|endoftext|>
-            frames = max(1, round(window.duration * FRAMES_PER_SECOND))
-            weights = scores[:, rows, :frames].softmax(dim=-1).numpy()
+            first, last = self._frames(window)
+            frames = max(1, (last - first) // 2)  # encoder positions of its log-mel frames, as openai-whisper
+            weights = scores[:, :, :frames].softmax(dim=-1).numpy()  # every row of the pass, as openai-whisper
             # over the text tokens only, as openai-whisper: not timestamps (likely at a segment's start)
             probs = logits[rows][:-1, :self.tokens.eot].softmax(dim=-1)[range(len(text)), text].numpy()
-            words = align_words(self.tokenizer, text, weights, probs, frames,
+            words = align_words(self.tokenizer, text, weights, rows.start, probs, frames,
                                 window.state.language or "en", window.offset)
             index = window.input_index
             last_speech = max(self.last_speech[index], window.offset)
@@ -395,6 +402,19 @@ class TranscriptionJob:
             window.done = True
             window.cross_kv = None
             self._report(index)
+            if window.resume is not None:
+                requests += self._next(window, self._resume_after_words(window, decode))
+        return requests
+
+    def _resume_after_words(self, window: Window, decode: Decode) -> Optional[Window]:
+        """A seek window's next window, as openai-whisper seeks with word timestamps: unless its
+        decode closed its last segment, from its last word's end."""
+        resume = window.resume
+        ends = [word.end for segment in window.segments for word in segment.words]
+        if ends and ends[-1] > window.offset and not self._single_timestamp_ending(decode.sampled):
+            resume = round(ends[-1] * SAMPLE_RATE / HOP_LENGTH) * HOP_LENGTH
+        self._progress((resume - window.start) / SAMPLE_RATE)
+        return self._seek_window(window, resume)
 
     def _alignment_prefix(self, window: Window) -> list[int]:
         """<|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>: the alignment pass's prompt."""
@@ -434,6 +454,9 @@ class TranscriptionJob:
             compression_ratio=decode.compression_ratio, seek=round(window.offset * 100))
         if self.seek:
             resume = window.end if plan.resume is None else window.start + round(plan.resume * SAMPLE_RATE)
+            if self.options.word_timestamps and window.segments:
+                window.resume = resume  # the words may move it (`_resume_after_words`)
+                return None
             self._progress((resume - window.start) / SAMPLE_RATE)
             return self._seek_window(window, resume)
         if plan.resume is None or window.follow_ups >= MAX_FOLLOW_UPS:

@@ -2,9 +2,9 @@
 
 Some cross-attention heads of Whisper's decoder (the alignment heads) look at the audio frame
 a text token is spoken in. Given their attention weights for a window's text tokens (one
-teacher-forced decoder pass, `alignment_weights` of the model), each head's weights are
-normalized per frame over the tokens, median-filtered along time, and averaged over the
-heads; dynamic time warping then finds the monotonic path through (token, frame) that
+teacher-forced decoder pass over the prompt, the text and <|endoftext|>), each head's
+weights are normalized per frame over all the pass's tokens, median-filtered along time, and
+averaged over the heads; dynamic time warping then finds the monotonic path through (token, frame) that
 collects the most attention, and a word's start and end are where the path enters its first
 token and leaves its last one. Tokens are grouped into words at spaces (or per character for
 languages written without spaces), punctuation joins the neighbouring word, and overlong words
@@ -85,13 +85,15 @@ def _compiled_dtw_path():
     return numba.njit(cache=True)(_dtw_path)
 
 
-def token_frames(weights: np.ndarray, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
-    """`weights` [heads, tokens, frames] of the alignment heads (softmax over the window's
-    `num_frames` encoder frames) -> the DTW path (token index, frame index) of the tokens."""
+def token_frames(weights: np.ndarray, rows: slice, num_frames: int) -> tuple[np.ndarray, np.ndarray]:
+    """`weights` [heads, tokens, frames] of the alignment heads over the whole pass (softmax
+    over the window's `num_frames` encoder frames; each frame normalised over all the pass's
+    tokens, the prompt's and <|endoftext|>'s too, as openai-whisper normalises it) -> the DTW
+    path (token index, frame index) of the tokens in `rows`."""
     w = weights[:, :, :num_frames]
     std, mean = w.std(axis=-2, keepdims=True), w.mean(axis=-2, keepdims=True)
     w = (w - mean) / np.maximum(std, 1e-10)
-    matrix = median_filter(w, MEDIAN_FILTER_WIDTH).mean(axis=0)
+    matrix = median_filter(w[:, rows], MEDIAN_FILTER_WIDTH).mean(axis=0)
     return dtw(-matrix)
 
 
@@ -120,14 +122,16 @@ def split_words(tokenizer: Any, tokens: list[int], language: str) -> list[tuple[
     return words
 
 
-def align_words(tokenizer: Any, text_tokens: list[int], weights: np.ndarray, token_probs: np.ndarray,
-                num_frames: int, language: str, offset: float) -> list[Word]:
-    """Words of one window's `text_tokens` with times: `weights` [heads, len(text_tokens) + 1,
-    frames] are the alignment heads' attention of the text tokens and the end of text,
+def align_words(tokenizer: Any, text_tokens: list[int], weights: np.ndarray, first_row: int,
+                token_probs: np.ndarray, num_frames: int, language: str, offset: float) -> list[Word]:
+    """Words of one window's `text_tokens` with times: `weights` [heads, tokens, frames] are
+    the alignment heads' attention over the pass (its prompt, the text tokens and the end of
+    text), the rows from `first_row` on predicting the text tokens and the end of text;
     `token_probs` each text token's probability, `offset` the window's start (seconds)."""
     if not text_tokens:
         return []
-    token_index, frame_index = token_frames(weights, num_frames)
+    rows = slice(first_row, first_row + len(text_tokens) + 1)
+    token_index, frame_index = token_frames(weights, rows, num_frames)
     jumps = np.diff(token_index, prepend=-1).astype(bool)
     jump_times = frame_index[jumps] / FRAMES_PER_SECOND  # when each token (and the end) starts
     words, position = [], 0

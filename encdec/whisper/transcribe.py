@@ -126,7 +126,7 @@ def run_job(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = No
                 pending.pop(request_id, None)
                 raise error
             if aligner is not None:
-                job.align(aligner)
+                submit(job.align(aligner))
     except BaseException:
         for request_id in pending:
             engine.abort_request(request_id)
@@ -160,7 +160,8 @@ async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Ca
                     on_output(final)
                 pending |= {asyncio.ensure_future(decode(r)) for r in job.finish(request, final)}
             if aligner is not None and job.unaligned:
-                await loop.run_in_executor(None, job.align, aligner)
+                following = await loop.run_in_executor(None, job.align, aligner)
+                pending |= {asyncio.ensure_future(decode(r)) for r in following}
     finally:
         for task in pending:
             task.cancel()

@@ -1,9 +1,12 @@
 """The async driver gives `LLM.transcribe`'s transcripts: the corpus clips and the long clips
-(follow-up windows, conditioning on previous text) through `AsyncLLMEngine.transcribe`."""
+(follow-up windows, conditioning on previous text; with word timestamps, the next window after
+a window's words) through `AsyncLLMEngine.transcribe`."""
 from __future__ import annotations
 
 import asyncio
 import threading
+
+import numpy as np
 
 from encdec import AsyncLLMEngine
 from encdec.audio import SAMPLE_RATE
@@ -13,18 +16,23 @@ from encdec.whisper.pipeline import TranscriptionJob
 def test_async_transcripts_equal_the_offline_ones(tiny_en, corpus, long_clips):
     inputs = [clip.pair for clip in corpus] + [(clip.audio, SAMPLE_RATE) for clip in long_clips]
     offline = tiny_en.transcribe(inputs)
+    joined = [(np.concatenate([clip.audio for clip in corpus[:12]]), SAMPLE_RATE)]  # 37 s: two windows or more
+    offline_words = tiny_en.transcribe(joined, word_timestamps=True)
     engine = AsyncLLMEngine.from_model("tiny.en", num_gpu_blocks=20 * 110, swap_space=0.05)
 
     async def main():
         together = await engine.transcribe(inputs)
         one_by_one = await asyncio.gather(*(engine.transcribe([item]) for item in inputs[:4]))
+        words = await engine.transcribe(joined, word_timestamps=True)
         await engine.shutdown()
-        return together, [t for (t,) in one_by_one]
+        return together, [t for (t,) in one_by_one], words
 
-    together, one_by_one = asyncio.run(main())
+    together, one_by_one, words = asyncio.run(main())
     key = [(t.text, [(s.start, s.end, s.tokens) for s in t.segments]) for t in offline]
     assert [(t.text, [(s.start, s.end, s.tokens) for s in t.segments]) for t in together] == key
     assert [t.text for t in one_by_one] == [t.text for t in offline[:4]]
+    assert [[(s.start, s.end, s.words) for s in t.segments] for t in words] == \
+        [[(s.start, s.end, s.words) for s in t.segments] for t in offline_words]
     bm = engine.engine.block_manager
     assert bm.get_num_free_gpu_blocks() == bm.num_total_gpu_blocks
 
