@@ -31,3 +31,12 @@ def keep_freed_memory() -> bool:
     _done = all(libc.mallopt(option, value) == 1 for option, value in (
         (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 40), (_M_TOP_PAD, 256 << 20)))
     return _done
+
+
+def release_free_memory() -> None:
+    """Hand the C heap's free pages back to the system (glibc's `malloc_trim`), unless
+    `keep_freed_memory` is in effect (it keeps them on purpose). For work done off the engine
+    in a worker thread: glibc keeps what that thread freed for its next allocations, so a
+    server's resident size would creep up with each round of uploads."""
+    if not _done and platform.libc_ver()[0] == "glibc":
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
