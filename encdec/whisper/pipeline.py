@@ -79,7 +79,7 @@ from encdec.whisper.silence import (COMPRESSION_RATIO_THRESHOLD, LOGPROB_THRESHO
                                     NO_SPEECH_THRESHOLD, compression_ratio, is_no_speech, is_silent)
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
-from encdec.whisper.timing import (APPEND_PUNCTUATIONS, FRAMES_PER_SECOND, PREPEND_PUNCTUATIONS, align_words,
+from encdec.whisper.timing import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, align_words,
                                    drop_hallucinations, words_into_segments)
 from encdec.whisper.vad import SpeechMap, VadOptions
 from encdec.whisper.windows import split_windows
@@ -446,7 +446,7 @@ class TranscriptionJob:
         start, end = self._frames(window)
         # an open segment ends at the window's last frame, as in openai-whisper; times past the
         # window's end stay where nothing follows in its clip (as there), else stop at the next window
-        ends_clip = any(window.end == clip_end for _, clip_end in self.clips[window.input_index])
+        ends_clip = window.end == self._clip_end(window)
         window.segments = window_segments(
             plan.kept, self.tokens, self.tokenizer, window.offset, (end - start) * HOP_LENGTH / SAMPLE_RATE,
             None if ends_clip else window.duration,
@@ -479,7 +479,7 @@ class TranscriptionJob:
         """Seek windows: the next window of `window`'s clip, from `start` (in samples) for 30 s
         or to the clip's end, with its language; silent ones on the way count as done. None at
         the clip's end."""
-        clip_end = next(end for begin, end in self.clips[window.input_index] if begin <= window.start < end)
+        clip_end = self._clip_end(window)
         previous_text = "".join(s.text for s in window.segments) if start < window.end else ""
         while True:
             after = Window(window.input_index, start, min(start + N_SAMPLES, clip_end),
@@ -628,6 +628,10 @@ class TranscriptionJob:
 
     def _audio(self, window: Window) -> np.ndarray:
         return self.audios[window.input_index][window.start:window.end]
+
+    def _clip_end(self, window: Window) -> int:
+        """The end (in samples) of the clip `window` lies in."""
+        return next(end for begin, end in self.clips[window.input_index] if begin <= window.start < end)
 
     def _frames(self, window: Window) -> tuple[int, int]:
         """The window's log-mel frames `[start, end)` in its input's features (at most 3000)."""
