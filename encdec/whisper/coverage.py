@@ -42,14 +42,13 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from encdec.whisper.segments import Span
 from encdec.whisper.silence import COMPRESSION_RATIO_THRESHOLD, compression_ratio
 
 MIN_REMAINDER = 1.0  # seconds of a window after the resume point worth a follow-up
 MAX_FOLLOW_UPS = 8  # follow-ups of one window at most (each advances by MIN_REMAINDER or more)
 MIN_REPEATED_WORDS = 2  # a seam overlap shorter than this is taken for speech
 MAX_REPEATED_WORDS = 30
-
-Span = tuple[Optional[float], Optional[float], list[int]]  # (start, end, text ids)
 
 
 @dataclass

@@ -72,9 +72,9 @@ from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams, max_candidates
 from encdec.checks import flag, is_number, number, text
 from encdec.whisper.control import ControlProcessor, WindowState, control_prefix
-from encdec.whisper.coverage import MAX_FOLLOW_UPS, Span, plan_seek, plan_window, repeated_words, words
+from encdec.whisper.coverage import MAX_FOLLOW_UPS, plan_seek, plan_window, repeated_words, words
 from encdec.whisper.decoding import TIME_PRECISION, DecodingRules
-from encdec.whisper.segments import decode_text, window_segments, split_spans
+from encdec.whisper.segments import Span, decode_text, span_tokens, split_spans, window_segments
 from encdec.whisper.silence import (COMPRESSION_RATIO_THRESHOLD, LOGPROB_THRESHOLD,
                                     NO_SPEECH_THRESHOLD, compression_ratio, is_no_speech, is_silent)
 from encdec.whisper.tokens import WhisperTokens
@@ -378,7 +378,7 @@ class TranscriptionJob:
         batch, self.unaligned = self.unaligned, []
         requests = []
         prefixes = [self._alignment_prefix(window) for window, _ in batch]
-        texts = [[t for seg in window.segments for t in seg.tokens] for window, _ in batch]
+        texts = [[t for seg in window.segments for t in seg.tokens if t < self.tokens.eot] for window, _ in batch]
         results = aligner([prefix + text + [self.tokens.eot] for prefix, text in zip(prefixes, texts)],
                           [window.cross_kv for window, _ in batch])
         for (window, decode), prefix, text, (scores, logits) in zip(batch, prefixes, texts, results):
@@ -393,7 +393,7 @@ class TranscriptionJob:
             index = window.input_index
             last_speech = max(self.last_speech[index], window.offset)
             self.last_speech[index] = words_into_segments(
-                words, window.segments, last_speech,
+                words, window.segments, self.tokens.eot, last_speech,
                 (self.options.prepend_punctuations, self.options.append_punctuations))
             threshold = self.options.hallucination_silence_threshold
             if threshold is not None:
@@ -449,7 +449,7 @@ class TranscriptionJob:
         ends_clip = window.end == self._clip_end(window)
         window.segments = window_segments(
             plan.kept, self.tokens, self.tokenizer, window.offset, (end - start) * HOP_LENGTH / SAMPLE_RATE,
-            None if ends_clip else window.duration,
+            None if ends_clip else window.duration, self.options.timestamps,
             avg_logprob=decode.avg_logprob, no_speech_prob=no_speech, temperature=decode.temperature,
             compression_ratio=decode.compression_ratio, seek=round(window.offset * 100))
         if self.seek:
@@ -510,11 +510,8 @@ class TranscriptionJob:
         if temperature > self.options.prompt_reset_on_temperature:
             self.context[index] = self._reset_context()
             return
-        for start, end, ids in kept:
-            if self.decode_timestamps:
-                # a span opened by no timestamp starts at the window's start, as its segment does
-                ids = [self._timestamp(start or 0.0), *ids, *([] if end is None else [self._timestamp(end)])]
-            self.context[index] += ids
+        for span in kept:
+            self.context[index] += span_tokens(span, self.tokens)
 
     def _reset_context(self) -> list[int]:
         """A context after a reset: the initial prompt if it is carried, else nothing."""
@@ -622,9 +619,6 @@ class TranscriptionJob:
     def _max_tokens(self, decoder_prompt: list[int]) -> int:
         """Tokens a window may sample after its control tokens (openai: n_text_ctx // 2)."""
         return min(SAMPLE_LEN, self.max_decoder_len - len(decoder_prompt) - MAX_CONTROL_TOKENS)
-
-    def _timestamp(self, seconds: float) -> int:
-        return self.tokens.timestamp_begin + round(seconds / TIME_PRECISION)
 
     def _audio(self, window: Window) -> np.ndarray:
         return self.audios[window.input_index][window.start:window.end]

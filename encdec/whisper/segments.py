@@ -6,6 +6,7 @@ closing timestamp (the window was cut mid-sentence, or decoding hit the length l
 its text and ends at the window's end; the other times are as sampled, even past that end
 when nothing follows the window in its clip. Without timestamps the window is one segment.
 Timestamp ids are not in the tokenizer: `(id - timestamp_begin) * 0.02` s from the window start.
+A segment's `tokens` are its ids as decoded, timestamps included, as openai-whisper's are.
 """
 from __future__ import annotations
 
@@ -15,13 +16,15 @@ from encdec.whisper.decoding import TIME_PRECISION
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment
 
+Span = tuple[Optional[float], Optional[float], list[int]]  # (start, end, text ids)
+
 
 def decode_text(tokenizer: Any, token_ids: list[int], tokens: WhisperTokens) -> str:
     """Text of the ordinary tokens (below <|endoftext|>); control and timestamp ids are skipped."""
     return tokenizer.decode([t for t in token_ids if t < tokens.eot])
 
 
-def split_spans(sampled: list[int], tokens: WhisperTokens) -> list[tuple[Optional[float], Optional[float], list[int]]]:
+def split_spans(sampled: list[int], tokens: WhisperTokens) -> list[Span]:
     """`(start, end, text ids)` per segment, times relative to the window (None = unknown)."""
     begin = tokens.timestamp_begin
     spans = []
@@ -44,20 +47,33 @@ def split_spans(sampled: list[int], tokens: WhisperTokens) -> list[tuple[Optiona
     return spans
 
 
-def window_segments(spans: list[tuple[Optional[float], Optional[float], list[int]]],
-                    tokens: WhisperTokens, tokenizer: Any, offset: float, duration: float,
-                    limit: Optional[float] = None, **scores: Any) -> list[Segment]:
+def span_tokens(span: Span, tokens: WhisperTokens) -> list[int]:
+    """A span's ids as decoded: its opening timestamp (the window's start for a text before
+    any), its text and its closing timestamp, if any; its text alone without timestamp ids."""
+    start, end, text = span
+    if tokens.timestamp_begin is None:
+        return list(text)
+    times = [start or 0.0, *([] if end is None else [end])]
+    opening, *closing = [tokens.timestamp_begin + round(time / TIME_PRECISION) for time in times]
+    return [opening, *text, *closing]
+
+
+def window_segments(spans: list[Span], tokens: WhisperTokens, tokenizer: Any, offset: float, duration: float,
+                    limit: Optional[float] = None, timestamps: bool = True, **scores: Any) -> list[Segment]:
     """Segments of `split_spans` spans with absolute times: as sampled, also past the window's
     `duration` (as openai-whisper and faster-whisper keep them), up to `limit` seconds from
     `offset` when one is given; an open last segment ends at `duration`, a text before any
     timestamp starts at `offset`. `scores` are the `Segment` fields their window's decode
-    gives them all (avg_logprob, ...)."""
+    gives them all (avg_logprob, ...). Their `tokens` are `span_tokens`, or the text alone
+    without `timestamps`."""
     segments = []
-    for start, end, text in spans:
+    for span in spans:
+        start, end, text = span
+        ids = span_tokens(span, tokens) if timestamps else list(text)
         start = start or 0.0
         end = max(duration if end is None else end, start)
         if limit is not None:
             start, end = min(start, limit), min(end, limit)
         segments.append(Segment(offset + start, offset + end, decode_text(tokenizer, text, tokens),
-                                text, **scores))
+                                ids, **scores))
     return segments

@@ -166,9 +166,9 @@ def merge_punctuation(words: list[Word], prepend: str = PREPEND_PUNCTUATIONS,
             previous = j
 
 
-def words_into_segments(words: list[Word], segments: list[Segment], last_speech: float,
+def words_into_segments(words: list[Word], segments: list[Segment], eot: int, last_speech: float,
                         punctuations: tuple[str, str] = (PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)) -> float:
-    """Give each segment its words (in token order), trim overlong words at sentence and segment
+    """Give each segment its words (in the order of its text tokens, the ids below `eot`), trim overlong words at sentence and segment
     boundaries with the median word duration, join the marks of `punctuations` (prepended,
     appended) to their words, and fit segment and word times to each other. Returns the end of
     the last speech, for the next window."""
@@ -186,7 +186,8 @@ def words_into_segments(words: list[Word], segments: list[Segment], last_speech:
     position = 0
     for segment in segments:
         taken, mine = 0, []
-        while position < len(words) and taken < len(segment.tokens):
+        num_text = sum(t < eot for t in segment.tokens)
+        while position < len(words) and taken < num_text:
             if words[position].word:
                 mine.append(words[position])
             taken += len(words[position].tokens)

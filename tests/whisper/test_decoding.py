@@ -181,7 +181,7 @@ def test_window_segments_are_offset_and_keep_their_sampled_times():
     spans = split_spans([ts(0.2), 1, ts(1.5), ts(1.5), 2], TOKENS)
     segments = window_segments(spans, TOKENS, Tokenizer(), 30.0, 1.0, avg_logprob=-0.5, no_speech_prob=0.1)
     assert [(s.start, s.end, s.text, s.tokens) for s in segments] == [
-        (pytest.approx(30.2), 31.5, " w1", [1]), (31.5, 31.5, " w2", [2])]
+        (pytest.approx(30.2), 31.5, " w1", [ts(0.2), 1, ts(1.5)]), (31.5, 31.5, " w2", [ts(1.5), 2])]
     (opened,) = window_segments(split_spans([ts(0.4), 3], TOKENS), TOKENS, Tokenizer(), 2.0, 1.0,
                                 avg_logprob=-0.5, no_speech_prob=0.1)
     assert (opened.start, opened.end) == (pytest.approx(2.4), 3.0)

@@ -101,6 +101,6 @@ def test_conditioned_windows_are_prompted_with_the_previous_windows_text(tiny_en
             continue
         last = before.window.segments[-1].tokens
         prompt = after.prompt["decoder_prompt"]
-        # <|startofprev|> ... the previous window's last segment, its closing timestamp, sot
+        # <|startofprev|> ... the previous window's last segment (timestamps included), sot
         assert prompt[0] == sot_prev and prompt[-1] == sot
-        assert prompt[-2 - len(last):-2] == last
+        assert prompt[-1 - len(last):-1] == last
