@@ -3,10 +3,13 @@
 Whisper often ends a window early: it closes a segment, opens the next one (or not) and emits
 <|endoftext|> seconds before the window's audio ends. openai-whisper and faster-whisper decode
 one window at a time and move their `seek` to the last timestamp, so the rest is decoded next.
-Conditioned on previous text, encdec does the same (`plan_seek`), but where they would move on
-to the window's end after a decode that closed its last segment early, it goes on from that
-segment's end. Without conditioning, encdec decodes all windows of a file at once (its speed
-on long audio), so it repairs instead (`plan_window`): when a window's decode stops short, a
+Conditioned on previous text, encdec does the same (`plan_seek`). It does not decode again what
+a window holds after a decode that closed its last segment early, as they do not: on audio
+with long pauses or noise that only invited hallucinations, and it changed every later window
+(measured against openai-whisper with word timestamps: "My brother plays the guitar..." became
+"I'm going to go to the place...", after 12 s of noise). Without conditioning, encdec decodes
+all windows of a file at once (its speed on long audio), so it repairs instead (`plan_window`):
+when a window's decode stops short, a
 follow-up window from the resume point to the window's end joins the same continuous batch,
 and so on until the window is covered.
 
@@ -77,23 +80,21 @@ def plan_window(spans: list[Span], texts: list[str], duration: float, timestamps
     return WindowPlan(kept, resume)
 
 
-def plan_seek(spans: list[Span], texts: list[str], duration: float, timestamps: bool, single_ending: bool,
+def plan_seek(spans: list[Span], texts: list[str], timestamps: bool, single_ending: bool,
               compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD) -> WindowPlan:
     """The plan of a seek window (conditioned decoding, one window of an input after another):
     `resume` is where the input's next window starts (None: at this one's end), openai-whisper's
     `seek`. A last segment left open, or looping, is dropped and decoded again from the end of
     the segment before it; a decode that ends in a pair of timestamps resumes at the first of
     them; one that ends in a lone closing timestamp (`single_ending`) moves on to the window's
-    end, unless more than `MIN_REMAINDER` seconds of it are left (the repair: openai-whisper
-    moves on and loses what the window still held). A decode with no timestamps, or none
-    after 0, keeps everything."""
+    end. A decode with no timestamps, or none after 0, keeps everything."""
     if not timestamps or not spans:
         return WindowPlan(spans, None)
     kept = list(spans)
     _, end, _ = kept[-1]
     if end is None or _looping(texts[-1], compression_ratio_threshold):
         kept.pop()
-    elif single_ending and duration - end <= MIN_REMAINDER:
+    elif single_ending:
         return WindowPlan(spans, None)
     resume = kept[-1][1] if kept else None  # only a last segment is ever open
     if not resume or resume <= 0.0:

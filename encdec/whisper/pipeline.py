@@ -67,20 +67,21 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from encdec.audio import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, input_features
+from encdec.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, input_features
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams, max_candidates
 from encdec.checks import flag, is_number, number, text
 from encdec.whisper.control import ControlProcessor, WindowState, control_prefix
 from encdec.whisper.coverage import MAX_FOLLOW_UPS, plan_seek, plan_window, repeated_words, words
 from encdec.whisper.decoding import TIME_PRECISION, DecodingRules
-from encdec.whisper.segments import Span, decode_text, span_tokens, split_spans, window_segments
+from encdec.whisper.segments import (Span, clear_empty_segments, decode_text, span_tokens, split_spans,
+                                     window_segments)
 from encdec.whisper.silence import (COMPRESSION_RATIO_THRESHOLD, LOGPROB_THRESHOLD,
                                     NO_SPEECH_THRESHOLD, compression_ratio, is_no_speech, is_silent)
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
 from encdec.whisper.timing import (APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS, align_words,
-                                   drop_hallucinations, words_into_segments)
+                                   hallucination_index, is_anomaly, speech_end, words_into_segments)
 from encdec.whisper.vad import SpeechMap, VadOptions
 from encdec.whisper.windows import split_windows
 
@@ -110,10 +111,11 @@ class TranscribeOptions:
     `word_timestamps` gives each segment its `words` (`encdec.whisper.timing`; the marks of
     `prepend_punctuations` and `append_punctuations` join the next and the previous word, as in
     openai-whisper); with them, `hallucination_silence_threshold` (seconds) drops a segment that
-    looks like a hallucination between silences, and the rest of its window (openai-whisper
-    re-decodes from there; those stretches are silence). Sampling is seeded per window from
-    `seed` (in [0, `MAX_SEED`]), so a transcript does not depend on what else shares the batch;
-    `seed=None` samples from the engine's generator, as `SamplingParams(seed=None)`. `vad_filter`
+    looks like a hallucination between silences and the rest of its window, and, conditioned,
+    decodes again from there and skips the silence before one, by openai-whisper's rules.
+    Sampling is seeded per window from `seed` (in [0, `MAX_SEED`]), so a transcript does not
+    depend on what else shares the batch; `seed=None` samples from the engine's generator, as
+    `SamplingParams(seed=None)`. `vad_filter`
     transcribes only the speech regions Silero VAD finds (`vad_parameters`: `VadOptions` or
     a dict of its fields; `encdec.whisper.vad`).
     At temperature 0 a window is decoded greedily, or with beam search of `beam_size` beams
@@ -228,6 +230,7 @@ class Window:
     context: Optional[list[int]] = None  # its own prompt context, not its input's
     cross_kv: Any = None  # its cross-attention keys and values: fallbacks and word alignment
     resume: Optional[int] = None  # seek windows waiting for words: where the next one starts
+    kept: list[Span] = field(default_factory=list)  # seek windows: the spans of its segments (the prompt context)
     decodes: list[Decode] = field(default_factory=list)  # one per temperature tried
     segments: list[Segment] = field(default_factory=list)
     done: bool = False  # decoded (or silent): its segments are final
@@ -391,30 +394,80 @@ class TranscriptionJob:
             words = align_words(self.tokenizer, text, weights, rows.start, probs, frames,
                                 window.state.language or "en", window.offset)
             index = window.input_index
-            last_speech = max(self.last_speech[index], window.offset)
-            self.last_speech[index] = words_into_segments(
-                words, window.segments, self.tokens.eot, last_speech,
-                (self.options.prepend_punctuations, self.options.append_punctuations))
-            threshold = self.options.hallucination_silence_threshold
-            if threshold is not None:
-                window.segments = drop_hallucinations(window.segments, threshold, last_speech, window.offset,
-                                                      window.offset + window.duration)
+            punctuations = (self.options.prepend_punctuations, self.options.append_punctuations)
+            if window.resume is None:  # windows decoded at once: the speech before it may be pending
+                last_speech = max(self.last_speech[index], window.offset)
+                self.last_speech[index] = words_into_segments(words, window.segments, self.tokens.eot,
+                                                              last_speech, punctuations)
+                threshold = self.options.hallucination_silence_threshold
+                cut = None if threshold is None else hallucination_index(
+                    window.segments, threshold, last_speech, window.offset, window.duration)
+                window.segments = window.segments[:cut]
+                clear_empty_segments(window.segments)
+                after = None
+            else:
+                words_into_segments(words, window.segments, self.tokens.eot, self.last_speech[index], punctuations)
+                after = self._seek_after_words(window, decode)
             window.done = True
             window.cross_kv = None
             self._report(index)
             if window.resume is not None:
-                requests += self._next(window, self._resume_after_words(window, decode))
+                requests += self._next(window, after)
         return requests
 
-    def _resume_after_words(self, window: Window, decode: Decode) -> Optional[Window]:
-        """A seek window's next window, as openai-whisper seeks with word timestamps: unless its
-        decode closed its last segment, from its last word's end."""
-        resume = window.resume
-        ends = [word.end for segment in window.segments for word in segment.words]
-        if ends and ends[-1] > window.offset and not self._single_timestamp_ending(decode.sampled):
-            resume = round(ends[-1] * SAMPLE_RATE / HOP_LENGTH) * HOP_LENGTH
-        self._progress((resume - window.start) / SAMPLE_RATE)
-        return self._seek_window(window, resume)
+    def _seek_after_words(self, window: Window, decode: Decode) -> Optional[Window]:
+        """A seek window's next window once its words are known, as openai-whisper seeks with
+        word timestamps: from its last word's end, unless its decode closed its last segment.
+        With `hallucination_silence_threshold`, as there too: from the window's end when no more
+        than the threshold is left of its 30 s after that word; past the silence before a first
+        segment that looks like a hallucination, with none of its segments kept; from a
+        hallucination between silences (`hallucination_index`), which goes with the segments
+        after it (to the clip's end when less than the threshold of the input is left after
+        it). Its kept segments then join the prompt context."""
+        index, offset = window.input_index, window.offset
+        threshold = self.options.hallucination_silence_threshold
+        resume, last_end = window.resume, speech_end(window.segments)
+        if last_end is not None and last_end > offset and not self._single_timestamp_ending(decode.sampled):
+            resume = self._sample_at(last_end)
+            if threshold is not None and offset + CHUNK_LENGTH - last_end <= threshold:
+                resume = window.end
+        if threshold is not None:
+            first = next((segment for segment in window.segments if segment.words), None)
+            if is_anomaly(first) and first.start - offset > threshold:
+                window.segments = []
+                return self._seek_to(window, window.start + self._sample_at(first.start - offset))
+            cut = hallucination_index(window.segments, threshold, self.last_speech[index], offset, window.duration)
+            if cut is not None:
+                hallucination = window.segments[cut]
+                resume = self._sample_at(max(offset + 1, hallucination.start))
+                if self.durations[index] - hallucination.end < threshold:
+                    resume = self._clip_end(window)
+                window.segments = window.segments[:cut]
+        end = speech_end(window.segments)
+        self.last_speech[index] = self.last_speech[index] if end is None else end
+        return self._finish_seek(window, decode.temperature, resume)
+
+    def _finish_seek(self, window: Window, temperature: float, resume: int) -> Optional[Window]:
+        """A seek window's segments are final: those of no length or no text are emptied
+        (`clear_empty_segments`), the spans of the others join the prompt context (with
+        `timestamps=False` its one segment holds them all); its successor starts at `resume`."""
+        clear_empty_segments(window.segments)
+        if self.options.timestamps:
+            kept = [span for span, segment in zip(window.kept, window.segments) if segment.tokens]
+        else:
+            kept = window.kept if any(segment.tokens for segment in window.segments) else []
+        self._extend_context(window.input_index, kept, temperature)
+        return self._seek_to(window, resume)
+
+    def _seek_to(self, window: Window, start: int) -> Optional[Window]:
+        """The next seek window from `start` (samples), the progress up to it counted."""
+        self._progress((start - window.start) / SAMPLE_RATE)
+        return self._seek_window(window, start)
+
+    @staticmethod
+    def _sample_at(seconds: float) -> int:
+        """`seconds` in samples, on a 10 ms frame (openai-whisper seeks in frames)."""
+        return round(seconds * SAMPLE_RATE / HOP_LENGTH) * HOP_LENGTH
 
     def _alignment_prefix(self, window: Window) -> list[int]:
         """<|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>: the alignment pass's prompt."""
@@ -432,7 +485,7 @@ class TranscriptionJob:
         spans = split_spans(decode.sampled, self.tokens)
         texts = [decode_text(self.tokenizer, ids, self.tokens) for _, _, ids in spans]
         if self.seek:
-            plan = plan_seek(spans, texts, window.duration, self.decode_timestamps,
+            plan = plan_seek(spans, texts, self.decode_timestamps,
                              self._single_timestamp_ending(decode.sampled), o.compression_ratio_threshold)
         else:
             plan = plan_window(spans, texts, window.duration, self.decode_timestamps,
@@ -440,25 +493,27 @@ class TranscriptionJob:
         if window.previous_text and plan.kept:
             plan.kept[0] = self._without_repeats(window.previous_text, plan.kept[0])
             plan.kept = [span for span in plan.kept if span[2]]
-        self._extend_context(window.input_index, plan.kept, decode.temperature)
+        spans = plan.kept
         if not self.options.timestamps:  # the window is one segment, its kept text
-            plan.kept = [(0.0, plan.resume, [t for _, _, ids in plan.kept for t in ids])]
+            spans = [(0.0, plan.resume, [t for _, _, ids in plan.kept for t in ids])]
         start, end = self._frames(window)
         # an open segment ends at the window's last frame, as in openai-whisper; times past the
         # window's end stay where nothing follows in its clip (as there), else stop at the next window
         ends_clip = window.end == self._clip_end(window)
         window.segments = window_segments(
-            plan.kept, self.tokens, self.tokenizer, window.offset, (end - start) * HOP_LENGTH / SAMPLE_RATE,
+            spans, self.tokens, self.tokenizer, window.offset, (end - start) * HOP_LENGTH / SAMPLE_RATE,
             None if ends_clip else window.duration, self.options.timestamps,
             avg_logprob=decode.avg_logprob, no_speech_prob=no_speech, temperature=decode.temperature,
             compression_ratio=decode.compression_ratio, seek=round(window.offset * 100))
         if self.seek:
             resume = window.end if plan.resume is None else window.start + round(plan.resume * SAMPLE_RATE)
+            window.kept = plan.kept
             if self.options.word_timestamps and window.segments:
-                window.resume = resume  # the words may move it (`_resume_after_words`)
+                window.resume = resume  # the words may move it (`_seek_after_words`)
                 return None
-            self._progress((resume - window.start) / SAMPLE_RATE)
-            return self._seek_window(window, resume)
+            return self._finish_seek(window, decode.temperature, resume)
+        if not self.options.word_timestamps:
+            clear_empty_segments(window.segments)
         if plan.resume is None or window.follow_ups >= MAX_FOLLOW_UPS:
             self._progress(window.duration)
             return None
@@ -467,7 +522,7 @@ class TranscriptionJob:
         follow_up = Window(window.input_index, cut, window.end,
                            WindowState(language=window.state.language), window.follow_ups + 1,
                            "".join(s.text for s in window.segments),
-                           None if self.options.condition_on_previous_text else self._reset_context())
+                           self._reset_context())
         self.windows.append(follow_up)
         if is_silent(self._audio(follow_up)):
             follow_up.done = True
@@ -503,10 +558,9 @@ class TranscriptionJob:
         return [self._request(queue.pop(0))] if queue else []
 
     def _extend_context(self, index: int, kept: list[Span], temperature: float) -> None:
-        """Conditioned on previous text: the kept segments, with their timestamps, join the
-        input's context; a decode sampled hotter than `prompt_reset_on_temperature` clears it."""
-        if not self.options.condition_on_previous_text:
-            return
+        """Seek windows (conditioned on previous text): the kept segments, with their timestamps,
+        join the input's context; a decode sampled hotter than `prompt_reset_on_temperature`
+        clears it."""
         if temperature > self.options.prompt_reset_on_temperature:
             self.context[index] = self._reset_context()
             return

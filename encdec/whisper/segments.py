@@ -77,3 +77,11 @@ def window_segments(spans: list[Span], tokens: WhisperTokens, tokenizer: Any, of
         segments.append(Segment(offset + start, offset + end, decode_text(tokenizer, text, tokens),
                                 ids, **scores))
     return segments
+
+
+def clear_empty_segments(segments: list[Segment]) -> None:
+    """openai-whisper's last rule for a window's segments: one of no length (its word times
+    may make it so) or without text keeps its place and times, but no text, tokens or words."""
+    for segment in segments:
+        if segment.start == segment.end or not segment.text.strip():
+            segment.text, segment.tokens, segment.words = "", [], []

@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from encdec.audio import CHUNK_LENGTH
 from encdec.whisper.transcript import Segment, Word
 
 FRAMES_PER_SECOND = 50  # encoder positions per second of audio
@@ -238,22 +239,30 @@ def is_anomaly(segment: Optional[Segment]) -> bool:
     return score >= 3 or score + 0.01 >= len(words)
 
 
-def drop_hallucinations(segments: list[Segment], threshold: float, last_speech: float,
-                        window_start: float, window_end: float) -> list[Segment]:
-    """openai-whisper's `hallucination_silence_threshold`: a segment that looks like a
-    hallucination with silence (more than `threshold` seconds, or the window's edge) on both
-    sides goes, with the rest of its window."""
+def speech_end(segments: list[Segment]) -> Optional[float]:
+    """openai-whisper's `get_end`: the end of the last word of `segments`, else of the last
+    segment (None: no segments)."""
+    ends = [word.end for segment in segments for word in segment.words]
+    return ends[-1] if ends else segments[-1].end if segments else None
+
+
+def hallucination_index(segments: list[Segment], threshold: float, last_speech: float,
+                        window_start: float, window_duration: float) -> Optional[int]:
+    """openai-whisper's `hallucination_silence_threshold` test: the index of the first segment
+    that looks like a hallucination (`is_anomaly`) with silence on both sides (more than
+    `threshold` seconds, or a window's edge: its start, 30 s after it or its audio's end), or
+    None. `last_speech` is where the speech before the window ended."""
     for i, segment in enumerate(segments):
         if not segment.words:
             continue
         if is_anomaly(segment):
             following = next((s for s in segments[i + 1:] if s.words), None)
-            next_start = following.words[0].start if following is not None else window_end
+            next_start = following.words[0].start if following is not None else window_start + window_duration
             silence_before = (segment.start - last_speech > threshold or segment.start < threshold
                               or segment.start - window_start < 2.0)
             silence_after = (next_start - segment.end > threshold or is_anomaly(following)
-                             or window_end - segment.end < 2.0)
+                             or window_start + CHUNK_LENGTH - segment.end < 2.0)
             if silence_before and silence_after:
-                return segments[:i]
+                return i
         last_speech = segment.end
-    return segments
+    return None

@@ -192,24 +192,24 @@ def test_plan_window_rules():
 
 
 def test_plan_seek_rules():
-    """openai-whisper's seek, and the repair where it would skip what a window still holds."""
-    def plan(tokens, duration=30.0):
+    """openai-whisper's seek."""
+    def plan(tokens):
         spans = split_spans(tokens, TOKENS)
         text = tokens[:tokens.index(EOT)] if EOT in tokens else tokens
         single = len(text) >= 2 and text[-1] > NO_TS and text[-2] < EOT
-        result = plan_seek(spans, [Tokenizer().decode(ids) for *_, ids in spans], duration, True, single)
+        result = plan_seek(spans, [Tokenizer().decode(ids) for *_, ids in spans], True, single)
         return result.resume, [ids for *_, ids in result.kept]
 
-    closed = [ts(0.0), 1, ts(2.0), ts(2.0), 2, ts(29.5), EOT]
-    assert plan(closed) == (None, [[1], [2]])  # closed near the end: the next window at this one's end
-    assert plan(closed, duration=40.0) == (29.5, [[1], [2]])  # 10.5 s left: the repair
+    # closed: the next window at this one's end, however much is left
+    assert plan([ts(0.0), 1, ts(2.0), ts(2.0), 2, ts(29.5), EOT]) == (None, [[1], [2]])
+    assert plan([ts(0.0), 1, ts(2.0), ts(2.0), 2, ts(5.0), EOT]) == (None, [[1], [2]])
     # a final pair of timestamps: the next window at the first, however little is left
     assert plan([ts(0.0), 1, ts(29.5), ts(29.8), EOT]) == (29.5, [[1]])
     # an open last segment (the token limit) is decoded again from the end of the one before it
     assert plan([ts(0.0), 1, ts(2.0), ts(2.2), 2, 2]) == (2.0, [[1]])
     assert plan([ts(0.0), 1, 1]) == (None, [[1, 1]])  # nothing before it: kept, on to the end
-    assert plan_seek([], [], 30.0, True, False).resume is None
-    assert plan_seek(split_spans([1, 2, EOT], TOKENS), [" w1 w2"], 30.0, False, False).resume is None
+    assert plan_seek([], [], True, False).resume is None
+    assert plan_seek(split_spans([1, 2, EOT], TOKENS), [" w1 w2"], False, False).resume is None
 
 
 def test_seek_windows_pass_over_silence():

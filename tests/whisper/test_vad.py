@@ -64,7 +64,9 @@ def test_speech_map_times_go_back_to_the_input():
 
 
 def test_vad_drops_the_gap_and_keeps_the_second_sentence_in_place(tiny_en, corpus):
-    first, second = corpus[0], corpus[3]
+    # tiny.en stops after the first sentence of some pairs, as openai-whisper and faster-whisper
+    # do (corpus[0] and corpus[3]: the second is lost with or without VAD, in all three)
+    first, second = corpus[2], corpus[5]
     rng = np.random.default_rng(0)
     gap = np.concatenate([np.zeros(8 * SAMPLE_RATE), rng.normal(0, 0.03, 4 * SAMPLE_RATE),
                           np.zeros(8 * SAMPLE_RATE)]).astype(np.float32)  # 20 s of silence and noise

@@ -81,8 +81,8 @@ def test_async_word_timestamps_equal_the_offline_ones(tiny_en, corpus):
     assert key(together) == key(offline)
 
 
-def test_a_hallucination_between_silences_is_dropped():
-    from encdec.whisper.timing import drop_hallucinations, is_anomaly
+def test_a_hallucination_between_silences_is_found():
+    from encdec.whisper.timing import hallucination_index, is_anomaly
     from encdec.whisper.transcript import Segment
 
     def segment(start, end, probability, word_length):
@@ -93,5 +93,10 @@ def test_a_hallucination_between_silences_is_dropped():
     speech = segment(0.5, 3.0, 0.9, 0.25)
     ghost = segment(12.0, 12.5, 0.05, 0.1)  # improbable, very short words after 9 s of silence
     assert not is_anomaly(speech) and is_anomaly(ghost)
-    assert drop_hallucinations([speech, ghost], 2.0, 0.0, 0.0, 30.0) == [speech]
-    assert drop_hallucinations([speech, ghost], 10.0, 0.0, 0.0, 30.0) == [speech, ghost]
+    assert hallucination_index([speech, ghost], 2.0, 0.0, 0.0, 30.0) == 1
+    assert hallucination_index([speech, ghost], 10.0, 0.0, 0.0, 30.0) is None
+    # silence after it: up to the audio's end (13 s: 0.5 s, too short), or 30 s after the window's
+    # start (as openai-whisper's `window_end_time`, also for a shorter window)
+    assert hallucination_index([speech, ghost], 2.0, 0.0, 0.0, 13.0) is None
+    late = segment(28.6, 29.0, 0.05, 0.1)
+    assert hallucination_index([speech, late], 2.0, 0.0, 0.0, 29.5) == 1
