@@ -6,6 +6,7 @@ times, text, tokens (timestamps included), average log-probability, no-speech pr
 temperature."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.openai_whisper_ref import openai_whisper_model
@@ -18,8 +19,7 @@ def reference(tmp_path_factory):
     return openai_whisper_model("tiny.en", tmp_path_factory.mktemp("openai_whisper"))
 
 
-def segments_of(reference, audio, **options) -> list[tuple]:
-    result = whisper.transcribe(reference, audio, fp16=False, **options)
+def segments_of(result: dict) -> list[tuple]:
     return [(s["start"], s["end"], s["text"].strip(), s["tokens"],
              s["avg_logprob"], s["no_speech_prob"], s["compression_ratio"], s["temperature"])
             for s in result["segments"]]
@@ -31,7 +31,7 @@ def segments_of(reference, audio, **options) -> list[tuple]:
 def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options):
     ours = tiny_en.transcribe([clip.pair for clip in corpus], **options)
     for clip, transcript in zip(corpus, ours):
-        assert_segments_equal(transcript, segments_of(reference, clip.audio, **options))
+        assert_segments_equal(transcript, segments_of(whisper.transcribe(reference, clip.audio, fp16=False, **options)))
 
 
 @pytest.mark.parametrize("clip, options", [(1, {}), (2, {"clip_timestamps": "33.3"})],
@@ -42,7 +42,7 @@ def test_long_audio_segments_equal_openai_whisper(tiny_en, reference, long_clips
     that starts mid-input hears the audio before its first frame."""
     audio = long_clips[clip].audio
     (ours,) = tiny_en.transcribe([(audio, 16000)], **options)
-    assert_segments_equal(ours, segments_of(reference, audio, **options))
+    assert_segments_equal(ours, segments_of(whisper.transcribe(reference, audio, fp16=False, **options)))
 
 
 def assert_segments_equal(transcript, expected: list[tuple]) -> None:
@@ -63,11 +63,60 @@ def test_words_equal_openai_whisper(tiny_en, reference, corpus, long_clips):
     audios = [clip.audio for clip in corpus[:4]] + [long_clips[2].audio]
     ours = tiny_en.transcribe([(audio, 16000) for audio in audios], word_timestamps=True)
     for audio, transcript in zip(audios, ours):
-        result = whisper.transcribe(reference, audio, fp16=False, word_timestamps=True)
-        expected = [(w["word"], w["start"], w["end"], w["probability"]) for s in result["segments"] for w in s["words"]]
-        got = [(w.word, w.start, w.end, w.probability) for s in transcript.segments for w in s.words]
-        assert [w[0] for w in got] == [w[0] for w in expected]
-        assert [t for w in got for t in w[1:3]] == pytest.approx([t for w in expected for t in w[1:3]], abs=0.005)
-        assert [w[3] for w in got] == pytest.approx([w[3] for w in expected], abs=0.01)
-        assert [(round(s.start, 2), round(s.end, 2)) for s in transcript.segments] == \
-            [(round(s["start"], 2), round(s["end"], 2)) for s in result["segments"]]
+        assert_words_equal(transcript, whisper.transcribe(reference, audio, fp16=False, word_timestamps=True))
+
+
+def test_pauses_and_noise_equal_openai_whisper(tiny_en, reference, corpus):
+    """Speech between long pauses and noise, with word timestamps: a decode that closes its
+    last segment early moves on to the window's end, as openai-whisper's seek does (decoding
+    the 12 s of noise after "...all afternoon." again made "My brother plays the guitar in a
+    small band." "I'm going to go to the place that you tell me that small band.")."""
+    audios = [np.concatenate([corpus[6].audio, silence(5), noise(1, 4, 0.03), silence(4), corpus[7].audio,
+                              noise(2, 12, 0.01), corpus[8].audio]),
+              np.concatenate([corpus[9].audio, silence(20), corpus[10].audio, silence(15), corpus[11].audio])]
+    ours = tiny_en.transcribe([(audio, 16000) for audio in audios], word_timestamps=True, temperature=0.0)
+    for audio, transcript in zip(audios, ours):
+        result = whisper.transcribe(reference, audio, fp16=False, word_timestamps=True, temperature=0.0)
+        assert_segments_equal(transcript, segments_of(result))
+        assert_words_equal(transcript, result)
+
+
+def test_hallucination_silence_threshold_equals_openai_whisper(tiny_en, reference, corpus):
+    """`hallucination_silence_threshold` by openai-whisper's rules, on speech after murmur and
+    noise that tiny.en turns into words: the silence before a first segment that looks like a
+    hallucination is skipped and decoded again (both inputs), and a window whose last word
+    leaves no more than the threshold of its 30 s moves on to its end (the second)."""
+    audios = [np.concatenate([murmur(3, 3.75, 0.42), corpus[10].audio, noise(4, 7, 0.021), murmur(5, 9.4, 0.3),
+                              corpus[17].audio, corpus[10].audio]),
+              np.concatenate([murmur(6, 7.1, 0.095), noise(7, 10.4, 0.049), murmur(8, 9.4, 0.49), silence(2.8),
+                              corpus[19].audio])]
+    options = dict(word_timestamps=True, hallucination_silence_threshold=2.0, temperature=0.0)
+    ours = tiny_en.transcribe([(audio, 16000) for audio in audios], **options)
+    for audio, transcript in zip(audios, ours):
+        result = whisper.transcribe(reference, audio, fp16=False, **options)
+        assert_segments_equal(transcript, segments_of(result))
+        assert_words_equal(transcript, result)
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(round(seconds * 16000), np.float32)
+
+
+def noise(seed: int, seconds: float, level: float) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, level, round(seconds * 16000)).astype(np.float32)
+
+
+def murmur(seed: int, seconds: float, level: float) -> np.ndarray:
+    """Noise low-passed to a murmur (a 40-sample moving average)."""
+    return np.convolve(noise(seed, seconds, level), np.ones(40) / 40, "same").astype(np.float32)
+
+
+def assert_words_equal(transcript, result: dict) -> None:
+    """Each word's text, times (to 5 ms) and probability, and the segments' times."""
+    expected = [(w["word"], w["start"], w["end"], w["probability"]) for s in result["segments"] for w in s["words"]]
+    got = [(w.word, w.start, w.end, w.probability) for s in transcript.segments for w in s.words]
+    assert [w[0] for w in got] == [w[0] for w in expected]
+    assert [t for w in got for t in w[1:3]] == pytest.approx([t for w in expected for t in w[1:3]], abs=0.005)
+    assert [w[3] for w in got] == pytest.approx([w[3] for w in expected], abs=0.01)
+    assert [(round(s.start, 2), round(s.end, 2)) for s in transcript.segments] == \
+        [(round(s["start"], 2), round(s["end"], 2)) for s in result["segments"]]
