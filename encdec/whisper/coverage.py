@@ -9,9 +9,8 @@ with long pauses or noise that only invited hallucinations, and it changed every
 (measured against openai-whisper with word timestamps: "My brother plays the guitar..." became
 "I'm going to go to the place...", after 12 s of noise). Without conditioning, encdec decodes
 all windows of a file at once (its speed on long audio), so it repairs instead (`plan_window`):
-when a window's decode stops short, a
-follow-up window from the resume point to the window's end joins the same continuous batch,
-and so on until the window is covered.
+when a window's decode stops short, a follow-up window from the resume point to the window's
+end joins the same continuous batch, and so on until the window is covered.
 
 Measured on long espeak-ng clips (tests/whisper/test_long_audio.py; numbers in the module
 `encdec.whisper.pipeline`'s docstring): the quiet-point cuts of `encdec.whisper.windows` keep

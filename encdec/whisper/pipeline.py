@@ -21,11 +21,12 @@ when another one finishes, while other files' windows keep the batch full.
   rules (`encdec.whisper.decoding`). A decode that fails gets its window's cross-attention
   keys and values from the engine (the request's `return_cross_kv` test), and the window's
   decodes at higher temperatures reuse them (a `CrossKVPrompt`): one encoder run per window,
-  as faster-whisper reuses its encoder output. Each window's prompt ends at <|startoftranscript|> (after `<|startofprev|>` and the
-  initial prompt, if any); its control tokens are forced by `ControlProcessor`, which also
-  reads the no-speech probability and, for `language=None` on a multilingual model, the
-  language from the same step (`encdec.whisper.control`): one encoder run per window. A
-  follow-up keeps the language its first window found.
+  as faster-whisper reuses its encoder output. Each window's prompt ends at
+  <|startoftranscript|> (after `<|startofprev|>` and the initial prompt, if any); its control
+  tokens are forced by `ControlProcessor`, which also reads the no-speech probability and, for
+  `language=None` on a multilingual model, the language from the same step
+  (`encdec.whisper.control`): one encoder run per window. A follow-up keeps the language its
+  first window found.
 * No speech: silent windows (below -60 dBFS) are not decoded; a decoded window is dropped
   when `no_speech_prob > 0.6` and its decode is unsure (`encdec.whisper.silence`).
   `avg_logprob` is the sampled tokens' log-probability sum over (their number + 1).

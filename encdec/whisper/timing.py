@@ -169,10 +169,10 @@ def merge_punctuation(words: list[Word], prepend: str = PREPEND_PUNCTUATIONS,
 
 def words_into_segments(words: list[Word], segments: list[Segment], eot: int, last_speech: float,
                         punctuations: tuple[str, str] = (PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)) -> float:
-    """Give each segment its words (in the order of its text tokens, the ids below `eot`), trim overlong words at sentence and segment
-    boundaries with the median word duration, join the marks of `punctuations` (prepended,
-    appended) to their words, and fit segment and word times to each other. Returns the end of
-    the last speech, for the next window."""
+    """Give each segment its words (in the order of its text tokens, the ids below `eot`), trim
+    overlong words at sentence and segment boundaries with the median word duration, join the
+    marks of `punctuations` (prepended, appended) to their words, and fit segment and word times
+    to each other. Returns the end of the last speech, for the next window."""
     durations = np.array([w.end - w.start for w in words])
     durations = durations[durations > 0]
     median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
