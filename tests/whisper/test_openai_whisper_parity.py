@@ -84,12 +84,15 @@ def test_pauses_and_noise_equal_openai_whisper(tiny_en, reference, corpus):
 def test_hallucination_silence_threshold_equals_openai_whisper(tiny_en, reference, corpus):
     """`hallucination_silence_threshold` by openai-whisper's rules, on speech after murmur and
     noise that tiny.en turns into words: the silence before a first segment that looks like a
-    hallucination is skipped and decoded again (both inputs), and a window whose last word
-    leaves no more than the threshold of its 30 s moves on to its end (the second)."""
+    hallucination is skipped (the first two inputs), a window whose last word leaves no more than
+    the threshold of its 30 s moves on to its end (the second), and a hallucination between
+    silences goes with the rest of its window, decoded again from it (the third)."""
     audios = [np.concatenate([murmur(3, 3.75, 0.42), corpus[10].audio, noise(4, 7, 0.021), murmur(5, 9.4, 0.3),
                               corpus[17].audio, corpus[10].audio]),
               np.concatenate([murmur(6, 7.1, 0.095), noise(7, 10.4, 0.049), murmur(8, 9.4, 0.49), silence(2.8),
-                              corpus[19].audio])]
+                              corpus[19].audio]),
+              np.concatenate([corpus[5].audio, murmur(2, 5.88, 0.406), murmur(3, 7.93, 0.071), silence(7.42),
+                              corpus[17].audio])]
     options = dict(word_timestamps=True, hallucination_silence_threshold=2.0, temperature=0.0)
     ours = tiny_en.transcribe([(audio, 16000) for audio in audios], **options)
     for audio, transcript in zip(audios, ours):
