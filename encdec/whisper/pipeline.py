@@ -376,7 +376,7 @@ class TranscriptionJob:
     def align(self, aligner: Callable[[list[list[int]], list[Any]], list[tuple[Any, Any]]]) -> list[WindowRequest]:
         """Give the windows decoded since the last call their words: `aligner(token ids,
         cross_kvs)` is the model's teacher-forced alignment pass (`alignment_pass`), one batch.
-        Returns the requests of the seek windows that come next (see `_resume_after_words`)."""
+        Returns the requests of the seek windows that come next (see `_seek_after_words`)."""
         if not self.unaligned:
             return []
         batch, self.unaligned = self.unaligned, []
