@@ -7,7 +7,8 @@ scale and zero point over the whole input (its minimum and maximum, zero include
 int32 and writes float32, with an optional activation fused as a post-op. This is the scheme of
 torch's `quantize_dynamic` and of CTranslate2's int8 weights with float activations, on oneDNN's
 own ops rather than torch's deprecated quantized tensors. Weights take a quarter of their float32
-memory.
+memory. The input is quantized whole, then reaches oneDNN in `cpu_linear.row_pieces`, for the
+reason given there.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .cpu_linear import FusedLinear
+from .cpu_linear import FusedLinear, in_row_pieces
 
 
 def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -86,8 +87,8 @@ class Int8Linear(FusedLinear):
         scale = max((high - low) / 255, torch.finfo(torch.float32).tiny)
         zero_point = round(-low / scale)
         quantized = _quantize_rows(rows, 1 / scale, zero_point)
-        out = torch.ops.onednn.qlinear_pointwise(
-            quantized, scale, zero_point, self.packed_weight, self.weight_scale,
+        out = in_row_pieces(lambda piece: torch.ops.onednn.qlinear_pointwise(
+            piece, scale, zero_point, self.packed_weight, self.weight_scale,
             self.weight_zero_point, self.bias, 1.0, 0, torch.float32, self.post_op, [],
-            self.algorithm)
+            self.algorithm), quantized)
         return out.view(*x.shape[:-1], self.out_features)

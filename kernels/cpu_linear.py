@@ -8,11 +8,21 @@ activation fused as a post-op (no second pass over the output). Measured on this
 50k-word LM head over 64 rows in 35 ms instead of 95.
 Results equal `F.linear` up to rounding (a different summation order). In bfloat16 oneDNN
 runs the processor's bf16 dot-product instructions (AVX512-BF16, AMX) where it has them.
+
+oneDNN builds a primitive for each row count it meets and caches up to 1024 of them (its
+primitive cache and ideep's), each keeping its own scratchpad, which can be as large as the
+output: on 2 threads, bart-large's fc1 (1024 -> 4096, gelu) kept rows x 4096 floats for every
+row count. A server meets a new row count at almost every prefill step, and its memory grew by
+gigabytes before the caches filled. So rows reach oneDNN in a few shapes only (`row_pieces`):
+up to `SMALL_ROWS` as they are (decode steps), more in pieces of `ROW_PIECES` rows and a
+remainder padded to a multiple of `ROW_STEP`. That bounds what the caches keep (about 90 MB for
+bart-large's fc1 on 2 threads) and costs a few percent on long inputs (less where a whole block
+runs on each piece: `encdec.models.layers.by_row_pieces`).
 """
 from __future__ import annotations
 
 import functools
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +41,35 @@ POST_OPS = {
 
 # Rows the packed layout is tuned for: a decode step's batch. Any row count works.
 _PACKING_ROWS = 64
+# The row counts oneDNN sees (see the module's docstring).
+SMALL_ROWS = 64
+ROW_STEP = 16
+ROW_PIECES = (1024, 256)
+
+
+def row_pieces(rows: int) -> list[tuple[int, int]]:
+    """(rows, rows as oneDNN gets them) for each piece of `rows` input rows, in order: pieces of
+    `ROW_PIECES` rows, then the rest, padded to a multiple of `ROW_STEP` above `SMALL_ROWS`."""
+    pieces = []
+    for size in ROW_PIECES:
+        while rows >= size:
+            pieces.append((size, size))
+            rows -= size
+    if rows or not pieces:
+        pieces.append((rows, rows if rows <= SMALL_ROWS else rows + -rows % ROW_STEP))
+    return pieces
+
+
+def in_row_pieces(matmul: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """`matmul` of the 2-D `rows`, applied to them in `row_pieces` (padding rows of zeros)."""
+    outs, start = [], 0
+    for count, padded in row_pieces(len(rows)):
+        piece = rows[start:start + count]
+        if padded > count:
+            piece = F.pad(piece, (0, 0, 0, padded - count))
+        outs.append(matmul(piece)[:count])
+        start += count
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
 def packed_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -97,5 +136,9 @@ class PackedLinear(FusedLinear):
         return self.packed_weight.to_dense()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, self.post_op,
+        out = in_row_pieces(self._matmul, x.reshape(-1, self.in_features))
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, self.post_op,
                                                   [], self.algorithm)

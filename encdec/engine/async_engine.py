@@ -33,6 +33,7 @@ from typing import Any, AsyncIterator, Callable, Optional, Union
 from encdec.engine.llm_engine import LLMEngine
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import SamplingParams
+from encdec.worker.cpu_memory import release_free_memory
 
 logger = logging.getLogger(__name__)
 
@@ -195,12 +196,17 @@ class AsyncLLMEngine:
 
     def _run(self) -> None:
         engine = self.engine
+        stepped = False
         while not self._stopping:
             self._drain_inbox()
             if not engine.has_unfinished_requests():
+                if stepped:  # going idle: give back the pages the steps' activations left free
+                    release_free_memory()
+                    stepped = False
                 self._wakeup.wait()
                 self._wakeup.clear()
                 continue
+            stepped = True
             try:
                 outputs = engine.step()
             except BaseException as err:  # the engine is in an unknown state: stop serving

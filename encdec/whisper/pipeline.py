@@ -19,7 +19,7 @@ when another one finishes, while other files' windows keep the batch full.
   samples before it and shares the input's clamp.
 * Decoding: greedy with temperature fallback (`TranscribeOptions`), with openai-whisper's
   rules (`encdec.whisper.decoding`). A decode that fails gets its window's cross-attention
-  keys and values from the engine (the request's `return_cross_kv` test), and the window's
+  keys and values from the engine (`TranscriptionJob.return_cross_kv`), and the window's
   decodes at higher temperatures reuse them (a `CrossKVPrompt`): one encoder run per window,
   as faster-whisper reuses its encoder output. Each window's prompt ends at
   <|startoftranscript|> (after `<|startofprev|>` and the initial prompt, if any); its control
@@ -255,9 +255,9 @@ class WindowRequest:
     params: SamplingParams
     window: Window
     num_forced: int  # control tokens forced after the prompt, before the sampled ones
-    # the driver asks the engine for the window's cross cache: always, or when a test of the
-    # final output says so
-    return_cross_kv: Union[bool, Callable[[RequestOutput], bool]] = False
+    # whether the driver asks the engine for the window's cross cache: "always" (word
+    # timestamps), "if it fails" (a fallback would decode it again) or "never"
+    return_cross_kv: str = "never"
 
 
 class TranscriptionJob:
@@ -608,6 +608,14 @@ class TranscriptionJob:
         return unsure or (o.compression_ratio_threshold is not None
                           and decode.compression_ratio > o.compression_ratio_threshold)
 
+    def return_cross_kv(self, request: WindowRequest) -> Union[bool, Callable[[RequestOutput], bool]]:
+        """`LLMEngine.add_request`'s `return_cross_kv` for `request`. The test of a window that
+        may fall back is made for the engine alone: kept on the request, it would tie the job
+        into a reference cycle, and its audio features would wait for the garbage collector."""
+        if request.return_cross_kv == "if it fails":
+            return functools.partial(self._fails, request)
+        return request.return_cross_kv == "always"
+
     def _fails(self, request: WindowRequest, output: RequestOutput) -> bool:
         """Whether `output` is a decode `finish` will try again at the next temperature."""
         return self._needs_fallback(self._best_decode(request, output), request.window.state.no_speech_prob)
@@ -639,9 +647,9 @@ class TranscriptionJob:
                                 **self._decoding(window))
         request = WindowRequest(next(self._ids), prompt, params, window, len(prefix))
         if window.cross_kv is None and self.options.word_timestamps:
-            request.return_cross_kv = True
+            request.return_cross_kv = "always"
         elif window.cross_kv is None and len(window.decodes) + 1 < len(self.options.temperature):
-            request.return_cross_kv = functools.partial(self._fails, request)
+            request.return_cross_kv = "if it fails"
         self.requests_made.append(request)
         return request
 

@@ -127,7 +127,7 @@ def run_job(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = No
     def submit(requests) -> None:
         for request in requests:
             engine.add_request(request.request_id, request.prompt, request.params,
-                               return_cross_kv=request.return_cross_kv)
+                               return_cross_kv=job.return_cross_kv(request))
             pending[request.request_id] = request
 
     try:
@@ -159,7 +159,7 @@ async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Ca
     async def decode(request):
         final = None
         async for out in engine.generate(request.prompt, request.params, request.request_id,
-                                         return_cross_kv=request.return_cross_kv, admission=admission):
+                                         return_cross_kv=job.return_cross_kv(request), admission=admission):
             final = out
         return request, final
 

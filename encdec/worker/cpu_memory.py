@@ -13,6 +13,7 @@ the runs were 0-5% faster for 150-400 MB more peak RSS, so engines ask for it on
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 
@@ -27,7 +28,7 @@ def keep_freed_memory() -> bool:
         return True
     if os.environ.get("ENCDEC_KEEP_FREED_MEMORY", "1") == "0" or platform.libc_ver()[0] != "glibc":
         return False
-    libc = ctypes.CDLL("libc.so.6")
+    libc = _libc()
     _done = all(libc.mallopt(option, value) == 1 for option, value in (
         (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 40), (_M_TOP_PAD, 256 << 20)))
     return _done
@@ -35,8 +36,16 @@ def keep_freed_memory() -> bool:
 
 def release_free_memory() -> None:
     """Hand the C heap's free pages back to the system (glibc's `malloc_trim`), unless
-    `keep_freed_memory` is in effect (it keeps them on purpose). For work done off the engine
-    in a worker thread: glibc keeps what that thread freed for its next allocations, so a
-    server's resident size would creep up with each round of uploads."""
+    `keep_freed_memory` is in effect (it keeps them on purpose). glibc keeps what a thread
+    freed for its next allocations, up to tens of megabytes a thread: a server's resident size
+    would creep up with each round of uploads (decoded in worker threads), and would stay at
+    the last steps' peak while its engines idle. So the worker threads call this after their
+    work, and `AsyncLLMEngine` when it goes idle."""
     if not _done and platform.libc_ver()[0] == "glibc":
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        _libc().malloc_trim(0)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """One handle (a new CDLL each call would be garbage in a reference cycle)."""
+    return ctypes.CDLL("libc.so.6")

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from encdec.kernels.cpu_linear import PackedLinear, packed_linear_supported
+from encdec.kernels.cpu_linear import (ROW_PIECES, ROW_STEP, SMALL_ROWS, PackedLinear, packed_linear_supported,
+                                      row_pieces)
 from encdec.models.layers import FeedForward, get_activation, pack_linears
 
 pytestmark = pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.float32),
@@ -97,3 +98,43 @@ def test_models_fall_back_to_nn_linear_where_onednn_fails(monkeypatch, tiny_bart
         assert len(out[0].outputs[0].token_ids) >= 1
     finally:
         cpu_linear._packed_linear_works.cache_clear()
+
+
+def test_row_pieces_keep_few_shapes():
+    shapes = set()
+    for rows in range(0, 3000):
+        pieces = row_pieces(rows)
+        assert sum(count for count, _ in pieces) == rows
+        for count, padded in pieces:
+            assert 0 <= padded - count < ROW_STEP and (padded <= SMALL_ROWS or padded % ROW_STEP == 0)
+            shapes.add(padded)
+    assert len(shapes) <= SMALL_ROWS + 1 + ROW_PIECES[-1] // ROW_STEP + len(ROW_PIECES)
+    assert row_pieces(1500) == [(1024, 1024), (256, 256), (220, 224)]  # one Whisper window's frames
+
+
+@pytest.mark.parametrize("rows", [0, 65, 255, 256, 257, 1024, 1500])
+def test_packed_linear_over_row_pieces_matches_linear(rows):
+    torch.manual_seed(rows)
+    linear = nn.Linear(64, 96)
+    x = torch.randn(rows, 64)
+    got = PackedLinear.from_linear(linear, "gelu")(x)
+    torch.testing.assert_close(got, F.gelu(linear(x)), rtol=1e-5, atol=1e-5)
+
+
+def test_new_row_counts_do_not_grow_memory():
+    """oneDNN keeps a primitive per row count, each with a scratchpad up to the output's size
+    (here 1024 -> 4096 with gelu kept rows x 4096 floats a row count). 136 row counts went in
+    9 shapes: before, they kept about 280 MB here."""
+    torch.manual_seed(0)
+    linear = PackedLinear(torch.randn(4096, 1024) / 32, torch.zeros(4096), "gelu")
+    x = torch.randn(200, 1024)
+    linear(x[:65])
+    before = resident_mb()
+    for rows in range(65, 201):
+        linear(x[:rows])
+    assert resident_mb() - before < 120
+
+
+def resident_mb() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:")) / 1024

@@ -4,6 +4,7 @@ a window's words) through `AsyncLLMEngine.transcribe`."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 
 import numpy as np
@@ -62,3 +63,28 @@ def test_async_fallbacks_reuse_cross_kv_and_match_the_offline_ones(tiny_en, corp
         [[(s.tokens, s.temperature) for s in t.segments] for t in offline]
     bm = engine.engine.block_manager
     assert bm.get_num_free_gpu_blocks() == bm.num_total_gpu_blocks
+
+
+def test_a_finished_job_is_freed_without_the_garbage_collector(tiny_en, corpus):
+    """No reference cycle keeps a job (and its audio features) alive once its transcription
+    returned, with temperature fallback possible (the default) or word timestamps, offline or
+    through the async driver; a server's memory would otherwise wait for the collector."""
+    def jobs_alive() -> int:
+        return sum(type(o) is TranscriptionJob for o in gc.get_objects())
+
+    engine = AsyncLLMEngine.from_model("tiny.en", num_gpu_blocks=2 * 110, swap_space=0.05)
+
+    async def main():
+        await engine.transcribe([corpus[0].pair])
+        await engine.transcribe([corpus[1].pair], word_timestamps=True)
+        await engine.shutdown()
+
+    gc.collect()
+    gc.disable()
+    try:
+        tiny_en.transcribe([corpus[0].pair])
+        tiny_en.transcribe([corpus[1].pair], word_timestamps=True)
+        asyncio.run(main())
+        assert jobs_alive() == 0
+    finally:
+        gc.enable()

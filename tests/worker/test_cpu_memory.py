@@ -11,17 +11,16 @@ def test_keep_freed_memory_tunes_glibc_once_unless_disabled(monkeypatch):
     monkeypatch.setattr(cpu_memory, "_done", False)
     monkeypatch.setenv("ENCDEC_KEEP_FREED_MEMORY", "0")
     calls = []
-    real_cdll = ctypes.CDLL
 
     class Recorder:
-        def __init__(self, name):
-            self.libc = real_cdll(name)
+        def __init__(self):
+            self.libc = ctypes.CDLL("libc.so.6")
 
         def mallopt(self, option, value):
             calls.append((option, value))
             return self.libc.mallopt(option, value)
 
-    monkeypatch.setattr(cpu_memory.ctypes, "CDLL", Recorder)
+    monkeypatch.setattr(cpu_memory, "_libc", Recorder)
     assert cpu_memory.keep_freed_memory() is False and calls == []
     monkeypatch.delenv("ENCDEC_KEEP_FREED_MEMORY")
     assert cpu_memory.keep_freed_memory() is True
