@@ -15,9 +15,10 @@ output: on 2 threads, bart-large's fc1 (1024 -> 4096, gelu) kept rows x 4096 flo
 row count. A server meets a new row count at almost every prefill step, and its memory grew by
 gigabytes before the caches filled. So rows reach oneDNN in a few shapes only (`row_pieces`):
 up to `SMALL_ROWS` as they are (decode steps), more in pieces of `ROW_PIECES` rows and a
-remainder padded to a multiple of `ROW_STEP`. That bounds what the caches keep (about 90 MB for
-bart-large's fc1 on 2 threads) and costs a few percent on long inputs (less where a whole block
-runs on each piece: `encdec.models.layers.by_row_pieces`).
+remainder padded to a multiple of `ROW_STEP`. That bounds what the caches keep: 78 row counts
+a linear shape, at most about 130 MB for bart-large's fc1 on 2 threads (by the sizes above). It
+costs a few percent on long inputs, less where a whole block runs on each piece
+(`encdec.models.layers.by_row_pieces`).
 """
 from __future__ import annotations
 
