@@ -37,12 +37,13 @@ async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncIterator[t
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 index = pending.pop(task)
-                try:
-                    item = task.result()
-                except StopAsyncIteration:
+                # A stream's end is read, not raised: raised here, its traceback would hold
+                # this frame, which holds the task, which holds it (a cycle keeping every
+                # stream and its last output until a full garbage collection).
+                if isinstance(task.exception(), StopAsyncIteration):
                     continue
                 pending[asyncio.ensure_future(anext(iterators[index]))] = index
-                yield index, item
+                yield index, task.result()
     finally:
         for task in pending:
             task.cancel()
