@@ -42,8 +42,9 @@ async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncIterator[t
                 # stream and its last output until a full garbage collection).
                 if isinstance(task.exception(), StopAsyncIteration):
                     continue
+                item = task.result()  # a stream's error is raised here
                 pending[asyncio.ensure_future(anext(iterators[index]))] = index
-                yield index, task.result()
+                yield index, item
     finally:
         for task in pending:
             task.cancel()
