@@ -1,4 +1,6 @@
-"""Keep freed memory in the C heap on CPU, so large activations reuse warm pages.
+"""glibc malloc settings for the engines on CPU.
+
+`keep_freed_memory`: keep freed memory in the C heap, so large activations reuse warm pages.
 
 glibc serves allocations above its mmap threshold (128 KiB to 32 MiB, adaptive) with fresh
 mmap pages and unmaps them on free. Every engine step allocates activations of tens of
@@ -9,6 +11,8 @@ thresholds keeps those blocks in the heap for reuse, at the cost of a higher res
 step's peak stays mapped). Measured again with the current kernels (`benchmarks/memory_breakdown.py`),
 the runs were 0-5% faster for 150-400 MB more peak RSS, so engines ask for it only with
 `tune_malloc=True`. ENCDEC_KEEP_FREED_MEMORY=0 vetoes it. Other C libraries: no-op.
+
+`use_one_arena`: one malloc arena for all threads, so a server's resident size stays put.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import functools
 import os
 import platform
 
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
 _done = False
 
 
@@ -32,6 +36,23 @@ def keep_freed_memory() -> bool:
     _done = all(libc.mallopt(option, value) == 1 for option, value in (
         (_M_MMAP_THRESHOLD, 1 << 30), (_M_TRIM_THRESHOLD, 1 << 40), (_M_TOP_PAD, 256 << 20)))
     return _done
+
+
+def use_one_arena() -> bool:
+    """Cap glibc's malloc arenas at one: threads that start later share the arenas that exist
+    (just the main one, early in a process). True if glibc took the setting.
+
+    By default each new thread that calls malloc gets an arena of its own (up to 8 per core),
+    whose heaps keep what the thread freed. A server's engine thread frees a step's activations
+    between small allocations that live on, and how many pages of those holes stay resident
+    depends on how the requests happened to interleave: between two identical rounds of 64
+    clients, `encdec serve`'s resident size moved by -56 to +63 MB on a loaded machine. With
+    one arena the second round added 5-8 MB and later rounds settled, at the same requests/s
+    (`benchmarks/RESULTS.md`, "The server's memory between rounds"). A MALLOC_ARENA_MAX in the
+    environment wins; other C libraries: no-op."""
+    if "MALLOC_ARENA_MAX" in os.environ or platform.libc_ver()[0] != "glibc":
+        return False
+    return _libc().mallopt(_M_ARENA_MAX, 1) == 1
 
 
 def release_free_memory() -> None:

@@ -1,5 +1,8 @@
 import ctypes
+import os
 import platform
+import subprocess
+import sys
 
 import pytest
 
@@ -26,3 +29,37 @@ def test_keep_freed_memory_tunes_glibc_once_unless_disabled(monkeypatch):
     assert cpu_memory.keep_freed_memory() is True
     assert dict(calls)[-3] == 1 << 30  # M_MMAP_THRESHOLD raised to 1 GiB
     assert cpu_memory.keep_freed_memory() is True and len(calls) == 3  # once per process
+
+
+ARENA_PROBE = """
+import ctypes, sys, threading
+from encdec.worker.cpu_memory import use_one_arena
+print(use_one_arena() if sys.argv[1] == "one" else None, flush=True)
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+barrier = threading.Barrier(4)
+
+def allocate():  # by default each new thread gets an arena of its own, up to glibc's cap
+    barrier.wait()
+    for _ in range(20000):
+        libc.free(libc.malloc(4096))
+
+threads = [threading.Thread(target=allocate) for _ in range(4)]
+[thread.start() for thread in threads]
+[thread.join() for thread in threads]
+libc.malloc_stats()  # to stderr: an "Arena N:" paragraph per arena
+"""
+
+
+def arenas_after_threads(mode: str, **env: str) -> tuple[str, int]:
+    environ = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    done = subprocess.run([sys.executable, "-c", ARENA_PROBE, mode], capture_output=True, text=True,
+                          env={**environ, **env}, check=True)
+    return done.stdout.strip(), sum(line.startswith("Arena ") for line in done.stderr.splitlines())
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
+def test_use_one_arena_keeps_threads_in_one_arena_unless_the_environment_says_otherwise():
+    assert arenas_after_threads("default") == ("None", 5)
+    assert arenas_after_threads("one") == ("True", 1)
+    assert arenas_after_threads("one", MALLOC_ARENA_MAX="2") == ("False", 2)

@@ -31,6 +31,7 @@ from encdec.entrypoints.openai.serving_completions import OpenAIServingCompletio
 from encdec.entrypoints.openai.serving_models import ServedModels, load_models
 from encdec.entrypoints.openai.serving_summarize import OpenAIServingSummarize
 from encdec.entrypoints.openai.serving_transcription import OpenAIServingTranscription
+from encdec.worker.cpu_memory import use_one_arena
 
 logger = logging.getLogger("encdec.server")
 CANCEL_AFTER_DRAIN_SECONDS = 1.0  # uvicorn's wait before it cancels what is left
@@ -145,6 +146,7 @@ def run_server(args: argparse.Namespace) -> int:
     """`encdec serve`: load the models (ModelLoadError if one fails), then serve until a signal."""
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    use_one_arena()  # before the engines' and uploads' threads start
     engine_options = dict(dtype=args.dtype, device=args.device, block_size=args.block_size,
                           num_gpu_blocks=args.num_gpu_blocks, kv_cache_space=args.kv_cache_space,
                           swap_space=args.swap_space, max_num_seqs=args.max_num_seqs,

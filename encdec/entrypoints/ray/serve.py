@@ -33,8 +33,10 @@ class EncdecReplica:
         from encdec.entrypoints.openai.api_server import build_app
         from encdec.entrypoints.openai.middleware import ServerState
         from encdec.entrypoints.openai.serving_models import ServedModels, load_models
+        from encdec.worker.cpu_memory import use_one_arena
 
         torch.set_num_threads(threads)
+        use_one_arena()  # as `encdec serve` does
         served = ServedModels(load_models(models, names, max_waiting_requests, engine_options))
         self.encdec_app = build_app(served, ServerState(), **app_options)
 
