@@ -96,10 +96,14 @@ class LLM:
 
     def transcribe(self, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
                    timestamps: bool = True, initial_prompt: Optional[str] = None,
-                   on_progress: Optional[Callable[[float], None]] = None, **options: Any) -> list[Transcription]:
+                   on_progress: Optional[Callable[[float], None]] = None, verbose: Optional[bool] = None,
+                   fp16: Optional[bool] = None, **options: Any) -> list[Transcription]:
         """Whisper: transcribe (or translate) audio files, 16 kHz waveforms (arrays or tensors) or
         `(waveform, sample_rate)` pairs of any length; one `Transcription` per input.
-        `on_progress(seconds)` gets the seconds of audio finished so far as windows finish. `options`: openai-whisper's decoding options
+        `on_progress(seconds)` gets the seconds of audio finished so far as windows finish.
+        `verbose`: True prints each segment once it is final, False shows a progress bar, None
+        (default) is silent; `fp16` warns if the LLM's `dtype` is not what it asks for
+        (`encdec.whisper.console`). `options`: openai-whisper's decoding options
         (`temperature`, `best_of`, `compression_ratio_threshold`, `logprob_threshold`,
         `no_speech_threshold`, `condition_on_previous_text`; see
         `encdec.whisper.pipeline.TranscribeOptions`). See `encdec.whisper.transcribe`.
@@ -107,7 +111,8 @@ class LLM:
         from encdec.whisper.transcribe import transcribe
 
         return transcribe(self, inputs, language=language, task=task, timestamps=timestamps,
-                          initial_prompt=initial_prompt, on_progress=on_progress, **options)
+                          initial_prompt=initial_prompt, on_progress=on_progress, verbose=verbose,
+                          fp16=fp16, **options)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """Step until every request is done; aborts them all if a step fails."""

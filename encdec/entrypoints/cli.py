@@ -40,7 +40,7 @@ from encdec.whisper.languages import english_only_warning, language_names, reque
 from encdec.whisper.timing import dtw
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Transcription
-from encdec.whisper.writers import format_timestamp, output_basename, write_result
+from encdec.whisper.writers import output_basename, segment_line, write_result
 
 TRANSCRIBE_EPILOG = """\
 output: each file's transcript goes to stdout, with one "[MM:SS.mmm --> MM:SS.mmm] text" line per
@@ -110,8 +110,7 @@ def transcript_lines(result: Transcription, timestamps: bool) -> list[str]:
     if not timestamps:
         text = result.text.strip()
         return [text] if text else []
-    return [f"[{format_timestamp(s.start, False)} --> {format_timestamp(s.end, False)}] "
-            f"{s.text}" for s in result.segments if s.text.strip()]
+    return [segment_line(s) for s in result.segments if s.text.strip()]
 
 
 def language_lines(result: Transcription, args: argparse.Namespace) -> list[str]:

@@ -123,3 +123,14 @@ def assert_words_equal(transcript, result: dict) -> None:
     assert [w[3] for w in got] == pytest.approx([w[3] for w in expected], abs=0.01)
     assert [(round(s.start, 2), round(s.end, 2)) for s in transcript.segments] == \
         [(round(s["start"], 2), round(s["end"], 2)) for s in result["segments"]]
+
+
+def test_verbose_prints_what_openai_whisper_prints(tiny_en, reference, long_clips, capsys):
+    """`verbose=True` (and `fp16=False`, as openai-whisper users pass on a CPU): the same lines on
+    stdout, a window's segments at a time over a 102 s clip."""
+    audio = long_clips[1].audio
+    whisper.transcribe(reference, audio, fp16=False, verbose=True)
+    expected = capsys.readouterr().out
+    assert expected.count("\n") > 5
+    tiny_en.transcribe([(audio, 16000)], fp16=False, verbose=True)
+    assert capsys.readouterr().out == expected

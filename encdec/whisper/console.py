@@ -1,0 +1,76 @@
+"""openai-whisper's `verbose` and `fp16` arguments for `LLM.transcribe`.
+
+`verbose=True` prints each segment as `[MM:SS.mmm --> MM:SS.mmm] text` once it is final (with
+several inputs, a `==> name <==` line first whenever the next line is another input's);
+`verbose=False` shows a progress bar over the audio's spectrogram frames (100 a second), as
+openai-whisper's does; None prints nothing. The precision is the LLM's `dtype`, fixed when it
+is made, so `fp16` only warns when it asks for another one (as openai-whisper warns that a CPU
+runs float32 whatever `fp16` says).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import warnings
+from collections.abc import Iterator
+from typing import Callable, Optional
+
+import torch
+
+from encdec.audio import HOP_LENGTH, SAMPLE_RATE
+from encdec.whisper.transcript import Segment
+from encdec.whisper.writers import segment_line
+
+Progress = Optional[Callable[[float], None]]
+Segments = Optional[Callable[[int, list[Segment]], None]]
+FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # log-mel frames
+
+
+def check_fp16(fp16: Optional[bool], dtype: torch.dtype) -> None:
+    """ValueError unless `fp16` is None or a bool; a warning if the LLM runs another precision."""
+    if fp16 is None:
+        return
+    if not isinstance(fp16, bool):
+        raise ValueError(f"fp16 must be True, False or None, got {fp16!r}")
+    wanted = torch.float16 if fp16 else torch.float32
+    if dtype != wanted:
+        warnings.warn(f"fp16={fp16}: this LLM runs in {str(dtype).removeprefix('torch.')}, set when "
+                      f"it is made (LLM(..., dtype=...)); transcribing in that", stacklevel=4)
+
+
+@contextlib.contextmanager
+def reporting(verbose: Optional[bool], names: list[str], total_seconds: float,
+              on_progress: Progress) -> Iterator[tuple[Progress, Segments]]:
+    """The job's `on_progress` and `on_segments` for `verbose`, around the caller's `on_progress`."""
+    if verbose is None:
+        yield on_progress, None
+    elif verbose is True:
+        yield on_progress, SegmentPrinter(names)
+    elif verbose is False:
+        from tqdm.auto import tqdm
+
+        with tqdm(total=round(total_seconds * FRAMES_PER_SECOND), unit="frames", file=sys.stderr) as bar:
+            def progress(seconds: float) -> None:
+                bar.update(round(seconds * FRAMES_PER_SECOND) - bar.n)
+                if on_progress is not None:
+                    on_progress(seconds)
+
+            yield progress, None
+    else:
+        raise ValueError(f"verbose must be True, False or None, got {verbose!r}")
+
+
+class SegmentPrinter:
+    """`on_segments` for verbose=True: each final segment's line on stdout (those with text, as
+    `encdec transcribe` prints them)."""
+
+    def __init__(self, names: list[str]):
+        self.names = names
+        self.last: Optional[int] = None
+
+    def __call__(self, index: int, segments: list[Segment]) -> None:
+        for segment in (s for s in segments if s.text.strip()):
+            if len(self.names) > 1 and index != self.last:
+                print(f"==> {self.names[index]} <==", flush=True)
+            self.last = index
+            print(segment_line(segment), flush=True)
