@@ -50,8 +50,10 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
     sources = _as_input_list(inputs)
     audios = _load_all(sources)
     names = [name or f"input {i}" for i, name in enumerate(_names(sources))]
-    with reporting(verbose, names, sum(len(a) for a in audios) / SAMPLE_RATE, on_progress) as (progress, segments):
-        job = make_job(engine, audios, language, task, timestamps, initial_prompt, progress, segments, options)
+    seconds = sum(len(audio) for audio in audios) / SAMPLE_RATE
+    with reporting(verbose, names, seconds, on_progress) as (progress, segments):
+        job = make_job(engine, audios, language, task, timestamps, initial_prompt, progress, segments,
+                       options)
         run_job(engine, job, word_aligner(engine.model_runner.model, engine.model_config))
     return job.results(_names(sources))
 

@@ -75,10 +75,10 @@ def format_timestamp(seconds: float, always_include_hours: bool = True,
     return f"{prefix}{minutes:02d}:{secs:02d}{decimal_marker}{milliseconds:03d}"
 
 
-
 def segment_line(segment: Segment) -> str:
     """A segment as openai-whisper prints it while it transcribes: `[MM:SS.mmm --> MM:SS.mmm] text`."""
-    return f"[{format_timestamp(segment.start, False)} --> {format_timestamp(segment.end, False)}] {segment.text}"
+    start, end = format_timestamp(segment.start, False), format_timestamp(segment.end, False)
+    return f"[{start} --> {end}] {segment.text}"
 
 
 # ----------------------------------------------------------------------------- subtitle cues

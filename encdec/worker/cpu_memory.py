@@ -47,7 +47,7 @@ def use_one_arena() -> bool:
     between small allocations that live on, and how many pages of those holes stay resident
     depends on how the requests happened to interleave: between two identical rounds of 64
     clients, `encdec serve`'s resident size moved by -56 to +63 MB on a loaded machine. With
-    one arena the second round added 5-8 MB and later rounds settled, at the same requests/s
+    one arena the second round added 5-22 MB and later rounds settled, at the same requests/s
     (`benchmarks/RESULTS.md`, "The server's memory between rounds"). A MALLOC_ARENA_MAX in the
     environment wins; other C libraries: no-op."""
     if "MALLOC_ARENA_MAX" in os.environ or platform.libc_ver()[0] != "glibc":

@@ -33,7 +33,8 @@ def test_verbose_names_the_input_before_its_lines_when_there_are_several(tiny_en
             if line.startswith("==> "):
                 break
             printed.append(line)
-        assert printed and all(re.fullmatch(r"\[\d\d:\d\d\.\d{3} --> \d\d:\d\d\.\d{3}\] .+", p) for p in printed)
+        pattern = r"\[\d\d:\d\d\.\d{3} --> \d\d:\d\d\.\d{3}\] .+"
+        assert printed and all(re.fullmatch(pattern, p) for p in printed)
         assert "".join(p.split("] ", 1)[1] for p in printed) == "".join(s.text for s in result.segments)
     assert_all_blocks_free(tiny_en)
 
