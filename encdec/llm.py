@@ -103,16 +103,18 @@ class LLM:
         `on_progress(seconds)` gets the seconds of audio finished so far as windows finish.
         `verbose`: True prints each segment once it is final, False shows a progress bar, None
         (default) is silent; `fp16` warns if the LLM's `dtype` is not what it asks for
-        (`encdec.whisper.console`). `options`: openai-whisper's decoding options
+        (`encdec.entrypoints.whisper_console`). `options`: openai-whisper's decoding options
         (`temperature`, `best_of`, `compression_ratio_threshold`, `logprob_threshold`,
         `no_speech_threshold`, `condition_on_previous_text`; see
         `encdec.whisper.pipeline.TranscribeOptions`). See `encdec.whisper.transcribe`.
         """
+        from encdec.entrypoints.whisper_console import check_fp16, reporter
         from encdec.whisper.transcribe import transcribe
 
+        check_fp16(fp16, self.llm_engine.model_config.dtype)
         return transcribe(self, inputs, language=language, task=task, timestamps=timestamps,
-                          initial_prompt=initial_prompt, on_progress=on_progress, verbose=verbose,
-                          fp16=fp16, **options)
+                          initial_prompt=initial_prompt, on_progress=on_progress,
+                          report=reporter(verbose), **options)
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """Step until every request is done; aborts them all if a step fails."""

@@ -9,6 +9,7 @@ against what both engines offer in public: `model_config` and `tokenizer`, and e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
@@ -18,7 +19,6 @@ import torch
 
 from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.outputs import RequestOutput
-from encdec.whisper.console import check_fp16, reporting
 from encdec.whisper.languages import AUTO, language_code
 from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob, prompt_ids
 from encdec.whisper.tokens import WhisperTokens
@@ -31,8 +31,8 @@ EXPECTED = "a path (str or os.PathLike), a 16 kHz waveform (array or tensor) or 
 
 def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
                timestamps: bool = True, initial_prompt: Optional[str] = None,
-               on_progress: Optional[Callable[[float], None]] = None, verbose: Optional[bool] = None,
-               fp16: Optional[bool] = None, **options: Any) -> list[Transcription]:
+               on_progress: Optional[Callable[[float], None]] = None, report: Optional[Callable] = None,
+               **options: Any) -> list[Transcription]:
     """Transcribe (or translate) each input; returns one `Transcription` per input, in order.
 
     `inputs` is a path, a 16 kHz waveform (a 1-D array or tensor, as openai-whisper takes), a
@@ -42,16 +42,18 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
     finish with the seconds of audio finished so far (over all inputs; the last call gives the
     total duration).
     `options` are the other fields of `TranscribeOptions` (temperature fallback, conditioning
-    on previous text, ...). `verbose` and `fp16` as openai-whisper takes them
-    (`encdec.whisper.console`).
+    on previous text, ...). `report(names, total_seconds, on_progress)`, if given, is a context
+    manager around the run that yields its `(on_progress, on_segments)` (what `LLM.transcribe`'s
+    `verbose` prints: `encdec.entrypoints.whisper_console`).
     """
     engine = llm.llm_engine
-    check_fp16(fp16, engine.model_config.dtype)
     sources = _as_input_list(inputs)
     audios = _load_all(sources)
     names = [name or f"input {i}" for i, name in enumerate(_names(sources))]
     seconds = sum(len(audio) for audio in audios) / SAMPLE_RATE
-    with reporting(verbose, names, seconds, on_progress) as (progress, segments):
+    callbacks = (contextlib.nullcontext((on_progress, None)) if report is None
+                 else report(names, seconds, on_progress))
+    with callbacks as (progress, segments):
         job = make_job(engine, audios, language, task, timestamps, initial_prompt, progress, segments,
                        options)
         run_job(engine, job, word_aligner(engine.model_runner.model, engine.model_config))

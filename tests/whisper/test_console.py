@@ -1,5 +1,6 @@
-"""`LLM.transcribe`'s openai-whisper arguments `verbose` and `fp16` (`encdec.whisper.console`);
-`verbose=True` against openai-whisper's own lines: test_openai_whisper_parity.py."""
+"""`LLM.transcribe`'s openai-whisper arguments `verbose` and `fp16`
+(`encdec.entrypoints.whisper_console`); `verbose=True` against openai-whisper's own lines:
+test_openai_whisper_parity.py."""
 from __future__ import annotations
 
 import re
@@ -8,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from encdec.whisper.console import check_fp16
+from encdec.entrypoints.whisper_console import check_fp16
 from tests.conftest import assert_all_blocks_free
 
 

@@ -1,4 +1,4 @@
-"""openai-whisper's `verbose` and `fp16` arguments for `LLM.transcribe`.
+"""openai-whisper's `verbose` and `fp16` arguments for `LLM.transcribe`: what it prints.
 
 `verbose=True` prints each segment as `[MM:SS.mmm --> MM:SS.mmm] text` once it is final (with
 several inputs, a `==> name <==` line first whenever the next line is another input's);
@@ -10,10 +10,11 @@ runs float32 whatever `fp16` says).
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import warnings
 from collections.abc import Iterator
-from typing import Callable, Optional
+from typing import Callable, ContextManager, Optional
 
 import torch
 
@@ -23,6 +24,7 @@ from encdec.whisper.writers import segment_line
 
 Progress = Optional[Callable[[float], None]]
 Segments = Optional[Callable[[int, list[Segment]], None]]
+Reporter = Callable[[list[str], float, Progress], ContextManager[tuple[Progress, Segments]]]
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # log-mel frames
 
 
@@ -35,29 +37,33 @@ def check_fp16(fp16: Optional[bool], dtype: torch.dtype) -> None:
     wanted = torch.float16 if fp16 else torch.float32
     if dtype != wanted:
         warnings.warn(f"fp16={fp16}: this LLM runs in {str(dtype).removeprefix('torch.')}, set when "
-                      f"it is made (LLM(..., dtype=...)); transcribing in that", stacklevel=4)
+                      f"it is made (LLM(..., dtype=...)); transcribing in that", stacklevel=3)
+
+
+def reporter(verbose: Optional[bool]) -> Optional[Reporter]:
+    """`encdec.whisper.transcribe`'s `report` for `verbose` (None: silent); ValueError for
+    anything but True, False or None."""
+    if not (verbose is None or isinstance(verbose, bool)):
+        raise ValueError(f"verbose must be True, False or None, got {verbose!r}")
+    return None if verbose is None else functools.partial(reporting, verbose)
 
 
 @contextlib.contextmanager
-def reporting(verbose: Optional[bool], names: list[str], total_seconds: float,
+def reporting(verbose: bool, names: list[str], total_seconds: float,
               on_progress: Progress) -> Iterator[tuple[Progress, Segments]]:
     """The job's `on_progress` and `on_segments` for `verbose`, around the caller's `on_progress`."""
-    if verbose is None:
-        yield on_progress, None
-    elif verbose is True:
+    if verbose:
         yield on_progress, SegmentPrinter(names)
-    elif verbose is False:
-        from tqdm.auto import tqdm
+        return
+    from tqdm.auto import tqdm
 
-        with tqdm(total=round(total_seconds * FRAMES_PER_SECOND), unit="frames", file=sys.stderr) as bar:
-            def progress(seconds: float) -> None:
-                bar.update(round(seconds * FRAMES_PER_SECOND) - bar.n)
-                if on_progress is not None:
-                    on_progress(seconds)
+    with tqdm(total=round(total_seconds * FRAMES_PER_SECOND), unit="frames", file=sys.stderr) as bar:
+        def progress(seconds: float) -> None:
+            bar.update(round(seconds * FRAMES_PER_SECOND) - bar.n)
+            if on_progress is not None:
+                on_progress(seconds)
 
-            yield progress, None
-    else:
-        raise ValueError(f"verbose must be True, False or None, got {verbose!r}")
+        yield progress, None
 
 
 class SegmentPrinter:
