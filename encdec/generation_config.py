@@ -8,6 +8,10 @@ take Hugging Face's defaults (greedy, 20 new tokens, ...), as `generate()` would
 `resolve_sampling_params` turns a request's `SamplingParams` into concrete values. The config
 fills the fields the request left unset, unless the request set `temperature`: that asks for
 plain vLLM-style greedy or random sampling, and its unset fields take the built-in defaults.
+A request with `config_per_field` (the server's, `encdec summarize`'s) takes the config for
+each unset field all the same, as vLLM's server and Hugging Face's `generate()` do; its
+`temperature` only says whether it samples: 0 decodes greedily or with the config's beams, above
+0 samples, and the config's beams are left out.
 Hugging Face counts `min_length` / `max_length` with the decoder prompt; here they become
 `min_tokens` / `max_tokens` of the request's own prompt.
 """
@@ -18,7 +22,7 @@ import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from encdec.sampling.params import BUILTIN_DEFAULTS, SamplingParams
 
@@ -71,9 +75,6 @@ class GenerationDefaults:
         return dataclasses.replace(self, found=True,
                                    fallback={**HF_DEFAULTS, "max_length": max_decoder_len})
 
-    def applies_to(self, params: SamplingParams) -> bool:
-        return self.found and params.temperature is None
-
     def lengths(self, prompt_len: int) -> dict[str, int]:
         """`max_tokens` and `min_tokens` of the config for a decoder prompt of `prompt_len`."""
         max_length = self.get("max_length")
@@ -82,8 +83,10 @@ class GenerationDefaults:
         min_tokens = max(self.get("min_length") - prompt_len, self.get("min_new_tokens") or 0, 0)
         return dict(max_tokens=max(max_tokens, 1), min_tokens=min_tokens)
 
-    def as_params(self, prompt_len: int) -> dict[str, Any]:
-        """SamplingParams values this config means for a decoder prompt of `prompt_len`."""
+    def as_params(self, prompt_len: int, sample: Optional[bool] = None) -> dict[str, Any]:
+        """SamplingParams values this config means for a decoder prompt of `prompt_len`;
+        `sample` True or False overrides its `do_sample` (then a sampling request takes the
+        config's temperature, top_k and top_p only if the config samples too)."""
         values = dict(
             **self.lengths(prompt_len),
             length_penalty=float(self.get("length_penalty")), early_stopping=self.get("early_stopping"),
@@ -93,14 +96,15 @@ class GenerationDefaults:
             forced_eos_token_id=self.get("forced_eos_token_id"),
             bad_words_ids=self.get("bad_words_ids"), suppress_tokens=self.get("suppress_tokens"),
             begin_suppress_tokens=self.get("begin_suppress_tokens"))
-        num_beams, sample = self.get("num_beams"), bool(self.get("do_sample"))
-        if num_beams > 1:
-            values.update(beam_width=num_beams, use_beam_search=not sample)
-        if sample:  # Hugging Face's beam sampling has no equivalent here: it samples
+        config_samples = bool(self.get("do_sample"))
+        sample = config_samples if sample is None else sample
+        if self.get("num_beams") > 1:
+            values.update(beam_width=self.get("num_beams"), use_beam_search=not sample)
+        if not sample:
+            values.update(temperature=0.0)
+        elif config_samples:  # Hugging Face's beam sampling has no equivalent here: it samples
             values.update(temperature=float(self.get("temperature")), top_k=self.get("top_k") or -1,
                           top_p=float(self.get("top_p")))
-        else:
-            values.update(temperature=0.0)
         return values
 
 
@@ -131,7 +135,9 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
     refused, as vLLM refuses it. Raises ValueError for combinations that are invalid once the
     defaults are in.
     """
-    config = defaults.as_params(prompt_len) if defaults.applies_to(params) else {}
+    config = {}
+    if defaults.found and (params.temperature is None or params.config_per_field):
+        config = defaults.as_params(prompt_len, None if params.temperature is None else not params.is_greedy)
     values = {name: _own_or(getattr(params, name), config.get(name, builtin))
               for name, builtin in BUILTIN_DEFAULTS.items()}
     if params.is_beam_search or (params.use_beam_search is None and values["use_beam_search"]):

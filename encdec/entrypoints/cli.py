@@ -285,7 +285,7 @@ def check_serve(args: argparse.Namespace) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from encdec.entrypoints.openai.api_server import run_server
+    from encdec.entrypoints.openai.api_server import ListenError, run_server
     from encdec.entrypoints.openai.serving_models import ModelLoadError
 
     check_serve(args)
@@ -299,7 +299,7 @@ def run_serve(args: argparse.Namespace) -> int:
             return 1
     try:
         return run_server(args)
-    except ModelLoadError as err:
+    except (ListenError, ModelLoadError) as err:
         error(str(err))
         return 1
 

@@ -56,21 +56,15 @@ def summary_params(defaults: GenerationDefaults, max_tokens: Optional[int] = Non
                    no_repeat_ngram_size: Optional[int] = None, temperature: Optional[float] = None,
                    seed: Optional[int] = None,
                    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY) -> SamplingParams:
-    """Decoding settings for summaries: what is unset comes from the checkpoint's generation
-    config (so a bart-large-cnn directory decodes like Hugging Face's summarization pipeline).
-    A set `temperature` asks for greedy or sampled decoding, still with the config's length
-    limits and `no_repeat_ngram_size`; a checkpoint without a config decodes greedily, at most
-    128 tokens."""
+    """Decoding settings for summaries: each unset one comes from the checkpoint's generation
+    config (so a bart-large-cnn directory decodes like Hugging Face's summarization pipeline),
+    also when `temperature` is set: 0 keeps the config's beam search, above 0 samples with the
+    config's lengths, `no_repeat_ngram_size` and forced tokens. A checkpoint without a config
+    decodes greedily, at most 128 tokens."""
     if not defaults.found:
         temperature = 0.0 if temperature is None else temperature
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
-    elif temperature is not None:  # the engine then ignores the config: keep its lengths here
-        lengths = defaults.lengths(defaults.decoder_prompt_len)
-        max_tokens = max_tokens or lengths["max_tokens"]
-        min_tokens = min_tokens if min_tokens is not None else min(lengths["min_tokens"], max_tokens)
-        if no_repeat_ngram_size is None:
-            no_repeat_ngram_size = defaults.values.get("no_repeat_ngram_size")
     beams = {} if num_beams is None else dict(beam_width=num_beams, use_beam_search=num_beams > 1)
     return SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, length_penalty=length_penalty,
                           no_repeat_ngram_size=no_repeat_ngram_size, temperature=temperature,
-                          seed=seed, output_kind=output_kind, **beams)
+                          seed=seed, output_kind=output_kind, config_per_field=True, **beams)

@@ -172,8 +172,9 @@ def add_decoding_options(p: argparse.ArgumentParser) -> None:
                    help="never repeat an n-gram of this size; 0 allows all (default: the "
                         "generation config's)")
     p.add_argument("--temperature", type=number(float, 0, 2), default=None,
-                   help="in [0, 2]: 0 decodes greedily, higher samples; set, it replaces the "
-                        "config's beam search (default: the generation config's decoding)")
+                   help="in [0, 2]: 0 decodes greedily (or with the config's beam search), "
+                        "higher samples, without the config's beams (default: the generation "
+                        "config's decoding)")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling")
     p.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=True,
                    help="cut texts longer than the model's input limit to fit, with a note on "

@@ -28,7 +28,7 @@ BEAM_RULES = ("hf", "whisper")
 INTEGER_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed", "logprobs", "beam_width",
                   "no_repeat_ngram_size", "forced_bos_token_id", "forced_eos_token_id")
 NUMBER_FIELDS = ("temperature", "top_p", "length_penalty", "patience", "repetition_penalty")
-FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "use_beam_search")
+FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "use_beam_search", "config_per_field")
 
 
 class RequestOutputKind(enum.Enum):
@@ -45,7 +45,11 @@ class SamplingParams:
 
     Fields left as None are unset. The engine fills them per request from the checkpoint's
     generation config when `temperature` is unset (see `encdec.generation_config`), otherwise
-    from `BUILTIN_DEFAULTS`; setting `temperature` asks for plain vLLM-style decoding.
+    from `BUILTIN_DEFAULTS`; setting `temperature` asks for plain vLLM-style decoding. With
+    `config_per_field` (what the server and `encdec summarize` send) the config fills each unset
+    field whether `temperature` is set or not, as vLLM's server and Hugging Face's `generate()`
+    do; a set `temperature` then only decides whether to sample (above 0: without the config's
+    beams).
 
     temperature 0 means greedy. `seed` gives the request its own generator, so its samples do
     not depend on what else is in the batch. `logprobs` asks for that many top log-probabilities
@@ -97,6 +101,7 @@ class SamplingParams:
     suppress_tokens: Optional[list[int]] = None
     begin_suppress_tokens: Optional[list[int]] = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    config_per_field: bool = False
 
     def __post_init__(self) -> None:
         self._normalize_types()

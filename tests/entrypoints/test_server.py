@@ -5,6 +5,7 @@ One server for the module: a seeded random tiny BART ("bart"), Whisper tiny.en a
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import time
@@ -55,6 +56,8 @@ def blocks_free_after(server):
 
 
 def offline_texts(llm: LLM, prompts, params: SamplingParams) -> list[str]:
+    """What the offline LLM gives with the server's rule: the config fills each unset field."""
+    params = dataclasses.replace(params, config_per_field=True)
     return [c.text for out in llm.generate(prompts, params, use_tqdm=False) for c in out.outputs]
 
 
@@ -118,6 +121,22 @@ def test_logprobs_of_a_forced_token_are_valid_json(server, bart, stream):
     eos_text = bart.get_tokenizer().decode([2])
     assert last_tops[eos_text] == 0.0
     assert sorted(last_tops.values()) == [-9999.0, -9999.0, 0.0]
+
+
+def test_an_explicit_temperature_0_keeps_the_generation_config(server):
+    """OpenAI clients send temperature=0: it decodes as leaving it unset does, with the
+    checkpoint's config (here EOS forced at the last step), as vLLM's server and Hugging Face's
+    generate() fill each unset field from the config."""
+    request = dict(model="bart", prompt=ARTICLES[0], max_tokens=3, logprobs=0)
+    unset, zero = (server.client().completions.create(**request, **extra).choices[0]
+                   for extra in ({}, {"temperature": 0}))
+    assert zero.logprobs.tokens == unset.logprobs.tokens and zero.text == unset.text
+    assert zero.logprobs.top_logprobs[-1] == {"</s>": 0.0}  # the forced EOS
+    with server.http() as http:
+        summaries = [http.post("/v1/summarize", json={"model": "bart", "input": ARTICLES, "max_tokens": 3,
+                                                      **extra}).json() for extra in ({}, {"temperature": 0})]
+    assert summaries[0]["summaries"] == summaries[1]["summaries"]
+    assert summaries[0]["usage"] == summaries[1]["usage"]
 
 
 def test_completions_streamed_with_usage(server, bart):

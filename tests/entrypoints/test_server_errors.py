@@ -366,7 +366,7 @@ def test_a_client_leaving_mid_upload_is_counted_499(server):
 
 def test_still_serving_after_errors(server, tiny_bart_dir):
     expected = LLM(str(tiny_bart_dir), num_gpu_blocks=256).generate(
-        TEXT, SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)[0].outputs[0].text
+        TEXT, SamplingParams(temperature=0.0, max_tokens=8, config_per_field=True), use_tqdm=False)[0].outputs[0].text
     result = server.client().completions.create(model="bart", prompt=TEXT, max_tokens=8, temperature=0)
     assert result.choices[0].text == expected
     server.wait_all_blocks_free()
@@ -432,3 +432,17 @@ def test_dead_engine_makes_health_503(tiny_bart_dir, monkeypatch):
     assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_dead"
     assert_error(health, 503, None)
     assert_error(refused, 503, "model")
+
+
+def test_a_port_in_use_is_an_error_before_any_model_loads(monkeypatch, capsys):
+    from encdec.entrypoints import cli
+    from encdec.entrypoints.openai import api_server
+
+    monkeypatch.setattr(api_server, "load_models", lambda *a, **k: pytest.fail("a model loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli.main(["serve", "--model", "tiny.en", "--port", str(port)]) == 1
+    assert capsys.readouterr().err == (f"encdec: error: --host 127.0.0.1 --port {port}: cannot "
+                                       f"listen there: address already in use\n")

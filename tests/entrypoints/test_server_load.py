@@ -80,7 +80,7 @@ def test_64_clients_twice(server, tiny_bart_dir, speech_clips):
     audio_paths = [SAMPLE, *speech_clips]
     bart = LLM(str(tiny_bart_dir), num_gpu_blocks=512)
     summaries = {a: out.outputs[0].text for a, out in zip(CORPUS, bart.generate(
-        CORPUS, SamplingParams(**SUMMARY), use_tqdm=False))}
+        CORPUS, SamplingParams(**SUMMARY, config_per_field=True), use_tqdm=False))}
     tiny_en = LLM("tiny.en", num_gpu_blocks=2200, swap_space=0.05)
     transcripts = {p: t.text for p, t in zip(audio_paths, tiny_en.transcribe([str(p) for p in audio_paths]))}
     jobs = workload(audio_paths)

@@ -18,6 +18,7 @@ def test_openai_fields():
     assert (o.temperature, o.initial_prompt, o.word_timestamps) == ((0.0, 0.2, 0.4, 0.6, 0.8, 1.0), None, False)
     o = options(temperature="0.5", prompt="Names: Ada.", **{"timestamp_granularities[]": ["word", "segment"]})
     assert (o.temperature, o.initial_prompt, o.word_timestamps) == ((0.5, 0.7, 0.9), "Names: Ada.", True)
+    assert options(timestamp_granularities="word").word_timestamps  # a hand-written form's, no brackets
 
 
 def test_extra_fields():

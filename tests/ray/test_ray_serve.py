@@ -60,7 +60,8 @@ def completions(url: str, bart_expected: list[str]) -> None:
 @pytest.fixture(scope="module")
 def bart_expected(tiny_bart_dir) -> list[str]:
     llm = LLM(str(tiny_bart_dir), num_gpu_blocks=600, swap_space=0.01)
-    outputs = llm.generate(ARTICLES, SamplingParams(temperature=0.0, max_tokens=12), use_tqdm=False)
+    outputs = llm.generate(ARTICLES, SamplingParams(temperature=0.0, max_tokens=12, config_per_field=True),
+                           use_tqdm=False)
     return [out.outputs[0].text for out in outputs]
 
 

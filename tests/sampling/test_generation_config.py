@@ -116,16 +116,39 @@ def test_engine_reads_the_checkpoint_config(tiny_bart_dir):
         llm.generate(text, SamplingParams(use_beam_search=True), use_tqdm=False)
 
 
-def test_summaries_with_a_temperature_keep_the_config_lengths():
-    """A summary asked at a set temperature still has the checkpoint's length limits, counted
-    as Hugging Face counts them: with the default decoder prompt (BART: <DEC> <BOS>)."""
+def test_summaries_with_a_temperature_keep_the_config():
+    """A summary (the server's and `encdec summarize`'s settings) takes each unset field from
+    the config, also with a set temperature: 0 keeps its beam search; above 0 samples within
+    its lengths (counted as Hugging Face counts them: with the default decoder prompt, BART
+    <DEC> <BOS>), no_repeat_ngram_size and forced tokens."""
     defaults = dataclasses.replace(GenerationDefaults.from_dict(CNN), decoder_prompt_len=2)
-    p = summary_params(defaults, temperature=0.7, seed=1)
-    assert (p.temperature, p.max_tokens, p.min_tokens, p.no_repeat_ngram_size) == (0.7, 140, 54, 3)
-    short = summary_params(defaults, temperature=0.0, max_tokens=30)
-    assert (short.max_tokens, short.min_tokens) == (30, 30)
-    unset = summary_params(GenerationDefaults.from_dict(dict(num_beams=2)), temperature=0.0)
-    assert (unset.max_tokens, unset.min_tokens) == (20, 0)  # Hugging Face's 20 new tokens
+
+    def summary(**options) -> SamplingParams:
+        return resolve_sampling_params(summary_params(defaults, **options), defaults, 2, MAX_DECODER_LEN)
+
+    assert summary(temperature=0.0) == summary()
+    assert (summary().use_beam_search, summary().beam_width, summary().no_repeat_ngram_size) == (True, 4, 3)
+    p = summary(temperature=0.7, seed=1)
+    assert (p.temperature, p.use_beam_search, p.beam_width, p.max_tokens, p.min_tokens) == (0.7, False, 1, 140, 54)
+    assert (p.no_repeat_ngram_size, p.forced_bos_token_id, p.forced_eos_token_id) == (3, 0, 2)
+    short = summary(temperature=0.0, max_tokens=30)
+    assert (short.max_tokens, short.min_tokens, short.beam_width) == (30, 30, 4)
+    beams = GenerationDefaults.from_dict(dict(num_beams=2))
+    unset = resolve_sampling_params(summary_params(beams, temperature=0.0), beams, 2, MAX_DECODER_LEN)
+    assert (unset.max_tokens, unset.min_tokens, unset.beam_width) == (20, 0, 2)  # Hugging Face's 20 new tokens
+
+
+def test_a_set_temperature_only_decides_sampling_when_each_field_takes_the_config():
+    """config_per_field: a sampling config's top_p stays with a request's own temperature, and
+    temperature 0 on it decodes greedily; a request's own fields still win."""
+    sampling = dict(do_sample=True, temperature=0.6, top_p=0.9, top_k=20, max_new_tokens=30)
+    hotter = resolve(SamplingParams(temperature=1.2, config_per_field=True), sampling)
+    assert (hotter.temperature, hotter.top_p, hotter.top_k, hotter.max_tokens) == (1.2, 0.9, 20, 30)
+    greedy = resolve(SamplingParams(temperature=0.0, config_per_field=True), sampling)
+    assert (greedy.temperature, greedy.top_p, greedy.top_k, greedy.max_tokens) == (0.0, 1.0, -1, 30)
+    own = resolve(SamplingParams(temperature=0.0, no_repeat_ngram_size=0, use_beam_search=False,
+                                 config_per_field=True))
+    assert (own.use_beam_search, own.no_repeat_ngram_size, own.forced_eos_token_id) == (False, 0, 2)
 
 
 def test_engine_knows_its_default_decoder_prompt(tiny_bart_dir):

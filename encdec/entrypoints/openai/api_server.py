@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 import time
 from types import FrameType
 from typing import Optional
@@ -142,10 +143,34 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, None)
 
 
+class ListenError(Exception):
+    """The server's address cannot be listened on (in use, not this machine's, ...)."""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to `host`:`port`, made before any model loads (as vLLM binds its own
+    early), so that a port in use is an error at once, not after the models load."""
+    sock = None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as err:
+        if sock is not None:
+            sock.close()
+        reason = (err.strerror or str(err)).lower()
+        raise ListenError(f"--host {host} --port {port}: cannot listen there: {reason}") from None
+    return sock
+
+
 def run_server(args: argparse.Namespace) -> int:
-    """`encdec serve`: load the models (ModelLoadError if one fails), then serve until a signal."""
+    """`encdec serve`: bind the address (ListenError), load the models (ModelLoadError if one
+    fails), then serve until a signal."""
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = listening_socket(args.host, args.port)
     use_one_arena()  # before the engines' and uploads' threads start
     engine_options = dict(dtype=args.dtype, device=args.device, block_size=args.block_size,
                           num_gpu_blocks=args.num_gpu_blocks, kv_cache_space=args.kv_cache_space,
@@ -161,5 +186,5 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS)
-    DrainingServer(config, state, args.shutdown_timeout).run()
+    DrainingServer(config, state, args.shutdown_timeout).run(sockets=[sock])
     return 0

@@ -204,6 +204,12 @@ class TranscriptionRequest(TranslationRequest):
     stream: bool = False
     hallucination_silence_threshold: Optional[float] = Field(None, gt=0.0)  # needs word timings
 
+    @field_validator("timestamp_granularities", mode="before")
+    @classmethod
+    def one_granularity(cls, value: Any) -> Any:
+        """A hand-written form's `timestamp_granularities=word` (no brackets): a list of one."""
+        return [value] if isinstance(value, str) else value
+
 
 class TranscriptionSegment(BaseModel):
     id: int

@@ -3,9 +3,10 @@
 `prompt` (text, texts, token ids or lists of them) goes to the encoder, one engine request per
 prompt, all in the engine's one batch; the extra field `decoder_prompt` starts the decoder.
 Choice `i * n + k` is completion k of prompt i. `best_of` > n samples best_of completions and
-returns the n likeliest. Unset decoding fields take the checkpoint's generation config, except
-that several completions of a prompt are sampled at OpenAI's default temperature, 1, when the
-config does not sample. Stop strings are cut out of the text (the request is aborted once
+returns the n likeliest. Each unset decoding field takes the checkpoint's generation config,
+also when `temperature` is set (which then only decides whether to sample), except that several
+completions of a prompt are sampled at OpenAI's default temperature, 1, when the config does
+not sample. Stop strings are cut out of the text (the request is aborted once
 every completion has met one); a streamed completion holds back text that could start one.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ OPENAI_TEMPERATURE = 1.0  # the API's default
 
 def sampling_params(body: CompletionRequest, vocab_size: int, defaults: GenerationDefaults,
                     max_num_seqs: int) -> SamplingParams:
-    """The engine's settings for every prompt of `body` (unset ones: the checkpoint's config;
+    """The engine's settings for every prompt of `body` (each unset one: the checkpoint's config;
     several completions of a prompt are samples at OpenAI's default temperature, 1, when neither
     the request nor a sampling config sets one)."""
     for name, unsupported in (("echo", body.echo), ("suffix", body.suffix is not None),
@@ -71,7 +72,7 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
             temperature=temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
             logprobs=body.logprobs,
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
-            logits_processors=processors, output_kind=RequestOutputKind.DELTA)
+            logits_processors=processors, output_kind=RequestOutputKind.DELTA, config_per_field=True)
 
 
 class OpenAIServingCompletion:
