@@ -28,6 +28,7 @@ from encdec.entrypoints.ray.serve import add_ray_options
 from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error, option_wording, warn
 from encdec.entrypoints.summarize_cli import add_summarize
 from encdec.entrypoints.translate_cli import add_translate
+from encdec.entrypoints.whisper_console import language_lines
 from encdec.entrypoints.transcribe_args import (BOOL, add_transcribe_arguments, checked_options,
                                                 drop_ineffective_flags, flag_wording, ignored_vad_flags,
                                                 non_negative_float, number, positive_float, positive_int)
@@ -36,7 +37,7 @@ from encdec.kernels.cpu_decode import compile_decode_kernels
 from encdec.llm import LLM
 from encdec.models.quantization import COMPUTE_TYPES, QUANTIZATION_METHODS, resolve_compute_type
 from encdec.weights.loader import check_model
-from encdec.whisper.languages import english_only_warning, language_names, requested_language
+from encdec.whisper.languages import english_only_warning, requested_language
 from encdec.whisper.timing import dtw
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Transcription
@@ -113,19 +114,17 @@ def transcript_lines(result: Transcription, timestamps: bool) -> list[str]:
     return [segment_line(s) for s in result.segments if s.text.strip()]
 
 
-def language_lines(result: Transcription, args: argparse.Namespace) -> list[str]:
+def detected_language(result: Transcription, args: argparse.Namespace) -> list[str]:
     """openai-whisper's notes on a detected language (the second one also with --verbose False)."""
     if not args.detects_language or not result.language:
         return []
-    name = language_names().get(result.language, result.language).title()
-    return (["Detecting language using up to the first 30 seconds. Use `--language` to specify the "
-             "language"] if args.verbose else []) + [f"Detected language: {name}"]
+    return language_lines(result.language, args.verbose)
 
 
 def report(result: Transcription, args: argparse.Namespace, with_header: bool) -> bool:
     """Print one transcript and write its files; False if writing failed."""
     header = [f"==> {result.source} <=="] if with_header else []
-    lines = header + language_lines(result, args)
+    lines = header + detected_language(result, args)
     lines += transcript_lines(result, args.timestamps) if args.verbose else []
     for line in lines:
         tqdm.write(line, file=sys.stdout)

@@ -3,7 +3,8 @@
 `verbose=True` prints each segment as `[MM:SS.mmm --> MM:SS.mmm] text` once it is final (with
 several inputs, a `==> name <==` line first whenever the next line is another input's);
 `verbose=False` shows a progress bar over the audio's spectrogram frames (100 a second), as
-openai-whisper's does; None prints nothing. The precision is the LLM's `dtype`, fixed when it
+openai-whisper's does; None prints nothing. A detected language is announced as openai-whisper
+announces it (`verbose=True`: two lines, `verbose=False`: the second). The precision is the LLM's `dtype`, fixed when it
 is made, so `fp16` only warns when it asks for another one (as openai-whisper warns that a CPU
 runs float32 whatever `fp16` says).
 """
@@ -19,12 +20,14 @@ from typing import Callable, ContextManager, Optional
 import torch
 
 from encdec.audio import HOP_LENGTH, SAMPLE_RATE
+from encdec.whisper.languages import language_names
 from encdec.whisper.transcript import Segment
 from encdec.whisper.writers import segment_line
 
 Progress = Optional[Callable[[float], None]]
 Segments = Optional[Callable[[int, list[Segment]], None]]
-Reporter = Callable[[list[str], float, Progress], ContextManager[tuple[Progress, Segments]]]
+Languages = Optional[Callable[[int, str], None]]
+Reporter = Callable[[list[str], float, Progress], ContextManager[tuple[Progress, Segments, Languages]]]
 FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # log-mel frames
 
 
@@ -50,10 +53,12 @@ def reporter(verbose: Optional[bool]) -> Optional[Reporter]:
 
 @contextlib.contextmanager
 def reporting(verbose: bool, names: list[str], total_seconds: float,
-              on_progress: Progress) -> Iterator[tuple[Progress, Segments]]:
-    """The job's `on_progress` and `on_segments` for `verbose`, around the caller's `on_progress`."""
+              on_progress: Progress) -> Iterator[tuple[Progress, Segments, Languages]]:
+    """The job's `on_progress`, `on_segments` and `on_language` for `verbose`, around the
+    caller's `on_progress`."""
+    printer = Printer(names, verbose)
     if verbose:
-        yield on_progress, SegmentPrinter(names)
+        yield on_progress, printer.segments, printer.language
         return
     from tqdm.auto import tqdm
 
@@ -63,20 +68,37 @@ def reporting(verbose: bool, names: list[str], total_seconds: float,
             if on_progress is not None:
                 on_progress(seconds)
 
-        yield progress, None
+        printer.write = functools.partial(tqdm.write, file=sys.stdout)  # above the bar
+        yield progress, None, printer.language
 
 
-class SegmentPrinter:
-    """`on_segments` for verbose=True: each final segment's line on stdout (those with text, as
-    `encdec transcribe` prints them)."""
+def language_lines(code: str, verbose: bool) -> list[str]:
+    """openai-whisper's lines on a detected language: both with verbose, the second without."""
+    detecting = ["Detecting language using up to the first 30 seconds. Use `--language` to specify "
+                 "the language"] if verbose else []
+    return [*detecting, f"Detected language: {language_names().get(code, code).title()}"]
 
-    def __init__(self, names: list[str]):
+
+class Printer:
+    """What `verbose` prints on stdout: each final segment's line (verbose=True; those with
+    text, as `encdec transcribe` prints them) and a detected language, each under its input's
+    name when there are several inputs."""
+
+    def __init__(self, names: list[str], verbose: bool):
         self.names = names
+        self.verbose = verbose
         self.last: Optional[int] = None
+        self.write: Callable[[str], None] = functools.partial(print, flush=True)
 
-    def __call__(self, index: int, segments: list[Segment]) -> None:
-        for segment in (s for s in segments if s.text.strip()):
+    def segments(self, index: int, segments: list[Segment]) -> None:
+        self._lines(index, [segment_line(s) for s in segments if s.text.strip()])
+
+    def language(self, index: int, code: str) -> None:
+        self._lines(index, language_lines(code, self.verbose))
+
+    def _lines(self, index: int, lines: list[str]) -> None:
+        for line in lines:
             if len(self.names) > 1 and index != self.last:
-                print(f"==> {self.names[index]} <==", flush=True)
+                self.write(f"==> {self.names[index]} <==")
             self.last = index
-            print(segment_line(segment), flush=True)
+            self.write(line)

@@ -1,13 +1,14 @@
-"""The control tokens of one Whisper window, decided inside the batch with one encoder run.
+"""The control tokens of one Whisper window, decided inside the batch.
 
 A window's decoder prompt ends at <|startoftranscript|>; the tokens that follow it in
 openai-whisper's prefix (<|lang|>, <|task|>, and <|notimestamps|> without timestamps) are
 forced one step at a time by `ControlProcessor`, a per-request logits processor. The first
 step's logits are the raw logits at the sot position, which is where openai-whisper and
-faster-whisper read two things:
+faster-whisper read `no_speech_prob`: softmax(raw logits)[<|nospeech|>].
 
-* `no_speech_prob`: softmax(raw logits)[<|nospeech|>];
-* the language, when it is to be detected: the argmax over the language tokens.
+Language detection is a request of its own, as in both references: the decoder prompt is
+<|startoftranscript|> alone (no prompt text, which would sway it), and its one step forces
+`DETECT`, the argmax over the language tokens.
 
 Forced tokens get log-probability 0 (every other logit is -inf), so the request's
 cumulative log-probability is that of the sampled tokens alone. After the prefix, the
@@ -28,19 +29,15 @@ DETECT = "detect"  # placeholder in a control prefix: the language token to dete
 
 @dataclass
 class WindowState:
-    """What the control steps learned about one window."""
+    """What the control steps learned about one window (`language`: a detection's)."""
 
     no_speech_prob: float = 0.0
     language: Optional[str] = None
 
 
-def control_prefix(tokens: WhisperTokens, language: Optional[str], task: str,
-                   timestamps: bool) -> list[Union[int, str]]:
-    """The tokens to force after sot; `language=None` on a multilingual model puts `DETECT`
-    where the language token goes (English-only models have no language token)."""
-    detect = tokens.multilingual and language is None
-    prefix: list[Union[int, str]] = list(tokens.decoder_prefix(language, task, timestamps)[1:])
-    return [DETECT, *prefix] if detect else prefix
+def control_prefix(tokens: WhisperTokens, language: Optional[str], task: str, timestamps: bool) -> list[int]:
+    """The tokens to force after sot (English-only models have no language token)."""
+    return list(tokens.decoder_prefix(language, task, timestamps)[1:])
 
 
 class ControlProcessor:

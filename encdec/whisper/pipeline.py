@@ -23,10 +23,13 @@ when another one finishes, while other files' windows keep the batch full.
   decodes at higher temperatures reuse them (a `CrossKVPrompt`): one encoder run per window,
   as faster-whisper reuses its encoder output. Each window's prompt ends at
   <|startoftranscript|> (after `<|startofprev|>` and the initial prompt, if any); its control
-  tokens are forced by `ControlProcessor`, which also reads the no-speech probability and, for
-  `language=None` on a multilingual model, the language from the same step
-  (`encdec.whisper.control`): one encoder run per window. A follow-up keeps the language its
-  first window found.
+  tokens are forced by `ControlProcessor`, which also reads the no-speech probability from the
+  same step (`encdec.whisper.control`).
+* Language (`language=None` on a multilingual model): one detection request per input, on its
+  first 30 s from its first clip's start, the decoder prompt <|startoftranscript|> alone, as
+  faster-whisper detects it; all the input's windows wait for it and are decoded in that
+  language. The input's first window takes the detection's cross cache when it has the same
+  frames (always when conditioned), so that too is one encoder run.
 * No speech: silent windows (below -60 dBFS) are not decoded; a decoded window is dropped
   when `no_speech_prob > 0.6` and its decode is unsure (`encdec.whisper.silence`).
   `avg_logprob` is the sampled tokens' log-probability sum over (their number + 1).
@@ -72,7 +75,7 @@ from encdec.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_R
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams, max_candidates
 from encdec.checks import flag, is_number, number, text
-from encdec.whisper.control import ControlProcessor, WindowState, control_prefix
+from encdec.whisper.control import DETECT, ControlProcessor, WindowState, control_prefix
 from encdec.whisper.coverage import MAX_FOLLOW_UPS, plan_seek, plan_window, repeated_words, words
 from encdec.whisper.decoding import TIME_PRECISION, DecodingRules
 from encdec.whisper.segments import (Span, clear_empty_segments, decode_text, span_tokens, split_spans,
@@ -98,7 +101,7 @@ FLAGS = ("timestamps", "carry_initial_prompt", "suppress_blank", "condition_on_p
 class TranscribeOptions:
     """How the windows of a job are decoded (openai-whisper's `transcribe` options and defaults).
 
-    `language` None detects it. Temperature fallback: a window is decoded at `temperature[0]`,
+    `language` None detects it (once per input). Temperature fallback: a window is decoded at `temperature[0]`,
     and again at the next temperature (`best_of` samples, the likeliest kept) while its decode
     is too repetitive (compression ratio above `compression_ratio_threshold`) or too unsure
     (average log-probability below `logprob_threshold`), unless it is unsure because there is
@@ -258,6 +261,7 @@ class WindowRequest:
     # whether the driver asks the engine for the window's cross cache: "always" (word
     # timestamps), "if it fails" (a fallback would decode it again) or "never"
     return_cross_kv: str = "never"
+    detects: bool = False  # it detects the language of `window`'s input (`window` is not decoded)
 
 
 class TranscriptionJob:
@@ -267,14 +271,16 @@ class TranscriptionJob:
     16 kHz mono waveforms. `on_progress(seconds)` is called as windows finish, with the seconds
     of audio covered so far over all inputs (the last call gives the total). `on_segments(index,
     segments)` gets an input's segments in time order as soon as everything before them is
-    decoded (for streaming a transcript).
+    decoded (for streaming a transcript); `on_language(index, code)` an input's detected language.
     """
 
     def __init__(self, tokens: WhisperTokens, tokenizer: Any, max_decoder_len: int,
                  audios: list[np.ndarray], options: TranscribeOptions,
                  on_progress: Optional[Callable[[float], None]] = None,
-                 on_segments: Optional[Callable[[int, list[Segment]], None]] = None, n_mels: int = 80):
-        for name, callback in (("on_progress", on_progress), ("on_segments", on_segments)):
+                 on_segments: Optional[Callable[[int, list[Segment]], None]] = None, n_mels: int = 80,
+                 on_language: Optional[Callable[[int, str], None]] = None):
+        for name, callback in (("on_progress", on_progress), ("on_segments", on_segments),
+                               ("on_language", on_language)):
             if callback is not None and not callable(callback):
                 raise ValueError(f"{name} must be a function or None, got {callback!r}")
         self.tokens = tokens
@@ -299,17 +305,19 @@ class TranscriptionJob:
         self.audios = audios
         self.features = [input_features(audio, n_mels) for audio in audios]
         self.context = [list(self.initial) for _ in audios]  # per input: the tokens to condition on
-        self.language = language = options.language if tokens.multilingual else "en"
+        # per input: its language (None until detected, `_detection_request`)
+        self.languages = [options.language if tokens.multilingual else "en"] * len(audios)
         self.clips = [_clips(audio, options.clip_timestamps) for audio in audios]  # per input, in samples
         # conditioned, an input's windows follow its decodes (`plan_seek`): each clip's first is made here
         self.seek = options.condition_on_previous_text
         cuts = (lambda clip: [(0, min(len(clip), N_SAMPLES))]) if self.seek else split_windows
-        self.windows = [Window(index, clip_start + start, clip_start + end, WindowState(language=language))
+        self.windows = [Window(index, clip_start + start, clip_start + end, WindowState())
                         for index, audio in enumerate(audios) for clip_start, clip_end in self.clips[index]
                         for start, end in cuts(audio[clip_start:clip_end])]
         self.queued: list[list[Window]] = [[] for _ in audios]  # conditioned: windows waiting their turn
         self.on_progress = on_progress
         self.on_segments = on_segments
+        self.on_language = on_language
         self.unaligned: list[tuple[Window, Decode]] = []  # decoded windows waiting for `align`
         self.last_speech = [0.0] * len(audios)  # per input: where its aligned speech ended
         self.seconds_done = 0.0
@@ -318,15 +326,10 @@ class TranscriptionJob:
 
     def start(self) -> list[WindowRequest]:
         """A request for every window with sound (conditioned on previous text: for the first
-        window of each input); silent windows count as done at once, except that an input with
-        no sound at all has its first window decoded when its language is to be detected (as
-        openai-whisper detects it on the first window, sound or not)."""
+        window of each input); silent windows count as done at once. An input whose language is
+        to be detected gets a detection request first (`_detection_request`), and its windows'
+        requests come when that finishes."""
         voiced = [w for w in self.windows if not is_silent(self._audio(w))]
-        if self.tokens.multilingual and self.options.language is None:
-            heard = {w.input_index for w in voiced}
-            firsts = {w.input_index: w for w in reversed(self.windows) if w.input_index not in heard}
-            chosen = {id(w) for w in [*voiced, *firsts.values()]}
-            voiced = [w for w in self.windows if id(w) in chosen]
         decoded = {id(w) for w in voiced}
         for window in self.windows:
             window.done = id(window) not in decoded
@@ -334,25 +337,57 @@ class TranscriptionJob:
         if self.seek:  # a clip goes on after its silent first window
             later = (self._seek_window(w, w.end) for w in list(self.windows) if w.done)
             voiced = sorted([*voiced, *filter(None, later)], key=lambda w: (w.input_index, w.start))
+        requests = []
         for index in range(len(self.audios)):
             self._report(index)
-        if not self.seek:
-            # as in openai-whisper, the initial prompt reaches only each input's first window
-            # (every window with `carry_initial_prompt`)
-            opened: set[int] = set()
-            for window in voiced:
-                if window.input_index in opened:
+            self.queued[index] = [w for w in voiced if w.input_index == index]
+            if not self.seek:
+                # as in openai-whisper, the initial prompt reaches only each input's first window
+                # (every window with `carry_initial_prompt`)
+                for window in self.queued[index][1:]:
                     window.context = self._reset_context()
-                opened.add(window.input_index)
-            return [self._request(w) for w in voiced]
-        for window in voiced:  # each input's windows one after the other, in order
-            self.queued[window.input_index].append(window)
-        return [self._request(queue.pop(0)) for queue in self.queued if queue]
+            detect = self.languages[index] is None
+            requests += [self._detection_request(index)] if detect else self._release(index)
+        return requests
+
+    def _detection_request(self, index: int) -> WindowRequest:
+        """The request that detects an input's language, as faster-whisper detects it: from the
+        logits after <|startoftranscript|> alone on the input's first 30 s (from its first
+        clip's start). It returns its cross cache when the input's first window to decode has
+        the same frames (always with `condition_on_previous_text`, unless that one is silent)."""
+        start = self.clips[index][0][0] if self.clips[index] else 0
+        window = Window(index, start, min(start + N_SAMPLES, len(self.audios[index])), WindowState())
+        first, last = self._frames(window)
+        prompt = {"encoder_prompt": {"prompt": "", "multi_modal_data": {
+                      "audio_features": self.features[index][:, first:last]}},
+                  "decoder_prompt": [self.tokens.sot]}
+        params = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY,
+                                logits_processors=[ControlProcessor(self.tokens, [DETECT], self.rules, window.state)])
+        queue = self.queued[index]
+        reuse = "always" if queue and self._frames(queue[0]) == (first, last) else "never"
+        request = WindowRequest(next(self._ids), prompt, params, window, 1, reuse, detects=True)
+        self.requests_made.append(request)
+        return request
+
+    def _release(self, index: int) -> list[WindowRequest]:
+        """The requests of an input's windows once its language is known: all of them, or when
+        conditioned on previous text, the first one (`_next` makes the others in turn)."""
+        queue = self.queued[index]
+        if not self.seek:
+            self.queued[index] = []
+            return [self._request(window) for window in queue]
+        return [self._request(queue.pop(0))] if queue else []
+
+    def _windows_of(self, index: int) -> list[Window]:
+        """An input's windows in time order."""
+        return sorted((w for w in self.windows if w.input_index == index), key=lambda w: w.start)
 
     def finish(self, request: WindowRequest, output: RequestOutput) -> list[WindowRequest]:
         """Take a window's decode; returns its next request: the same window at the next
         temperature, or a follow-up for the rest of its audio (or nothing)."""
         window = request.window
+        if request.detects:
+            return self._detected(window, output)
         if window.cross_kv is None:
             window.cross_kv = output.cross_kv
         window.decodes.append(self._best_decode(request, output))
@@ -372,6 +407,17 @@ class TranscriptionJob:
             self._report(window.input_index)
         window.decodes = []
         return self._next(window, follow_up)
+
+    def _detected(self, detection: Window, output: RequestOutput) -> list[WindowRequest]:
+        """An input's language is known: its first window to decode takes the detection's cross
+        cache if it came back (the same frames), and the input's windows' requests go out."""
+        index = detection.input_index
+        self.languages[index] = detection.state.language
+        if self.on_language is not None:
+            self.on_language(index, detection.state.language)
+        if output.cross_kv is not None:
+            self.queued[index][0].cross_kv = output.cross_kv
+        return self._release(index)
 
     def align(self, aligner: Callable[[list[list[int]], list[Any]], list[tuple[Any, Any]]]) -> list[WindowRequest]:
         """Give the windows decoded since the last call their words: `aligner(token ids,
@@ -393,7 +439,7 @@ class TranscriptionJob:
             # over the text tokens only, as openai-whisper: not timestamps (likely at a segment's start)
             probs = logits[rows][:-1, :self.tokens.eot].softmax(dim=-1)[range(len(text)), text].numpy()
             words = align_words(self.tokenizer, text, weights, rows.start, probs, frames,
-                                window.state.language or "en", window.offset)
+                                self.languages[window.input_index], window.offset)
             index = window.input_index
             punctuations = (self.options.prepend_punctuations, self.options.append_punctuations)
             if window.resume is None:  # windows decoded at once: the speech before it may be pending
@@ -472,7 +518,7 @@ class TranscriptionJob:
 
     def _alignment_prefix(self, window: Window) -> list[int]:
         """<|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>: the alignment pass's prompt."""
-        language = window.state.language if self.tokens.multilingual else None
+        language = self.languages[window.input_index] if self.tokens.multilingual else None
         return self.tokens.decoder_prefix(language, self.options.task, timestamps=False)
 
     def _settle(self, window: Window, decode: Decode) -> Optional[Window]:
@@ -521,7 +567,7 @@ class TranscriptionJob:
         cut = window.start + round(plan.resume * SAMPLE_RATE)
         self._progress((cut - window.start) / SAMPLE_RATE)
         follow_up = Window(window.input_index, cut, window.end,
-                           WindowState(language=window.state.language), window.follow_ups + 1,
+                           WindowState(), window.follow_ups + 1,
                            "".join(s.text for s in window.segments),
                            self._reset_context())
         self.windows.append(follow_up)
@@ -539,7 +585,7 @@ class TranscriptionJob:
         previous_text = "".join(s.text for s in window.segments) if start < window.end else ""
         while True:
             after = Window(window.input_index, start, min(start + N_SAMPLES, clip_end),
-                           WindowState(language=window.state.language), previous_text=previous_text)
+                           WindowState(), previous_text=previous_text)
             first, last = self._frames(after)
             if first >= last:
                 self._progress(after.duration)
@@ -632,7 +678,7 @@ class TranscriptionJob:
         return [self._transcription(index, source) for index, source in enumerate(sources)]
 
     def _request(self, window: Window) -> WindowRequest:
-        prefix = control_prefix(self.tokens, window.state.language, self.options.task,
+        prefix = control_prefix(self.tokens, self.languages[window.input_index], self.options.task,
                                 self.decode_timestamps)
         context = self.context[window.input_index] if window.context is None else window.context
         decoder_prompt = self._decoder_prompt(context)
@@ -641,7 +687,7 @@ class TranscriptionJob:
                           {"prompt": "", "multi_modal_data": {
                               "audio_features": self.features[window.input_index][:, start:end]}})
         prompt = {"encoder_prompt": encoder_prompt, "decoder_prompt": decoder_prompt}
-        params = SamplingParams(max_tokens=self._max_tokens(decoder_prompt) + len(prefix),
+        params = SamplingParams(max_tokens=self._max_tokens(decoder_prompt, len(prefix)) + len(prefix),
                                 output_kind=RequestOutputKind.FINAL_ONLY,
                                 logits_processors=[ControlProcessor(self.tokens, prefix, self.rules, window.state)],
                                 **self._decoding(window))
@@ -679,9 +725,11 @@ class TranscriptionJob:
                         n=max_candidates(o.beam_size, o.patience))
         return dict(temperature=0.0)
 
-    def _max_tokens(self, decoder_prompt: list[int]) -> int:
-        """Tokens a window may sample after its control tokens (openai: n_text_ctx // 2)."""
-        return min(SAMPLE_LEN, self.max_decoder_len - len(decoder_prompt) - MAX_CONTROL_TOKENS)
+    def _max_tokens(self, decoder_prompt: list[int], num_control: int = MAX_CONTROL_TOKENS) -> int:
+        """Tokens a window may sample after its `num_control` control tokens: openai-whisper's
+        n_text_ctx // 2, and no more than the decoder's positions hold (openai-whisper samples
+        one more there: its last token is never fed to the decoder)."""
+        return min(SAMPLE_LEN, self.max_decoder_len - len(decoder_prompt) - num_control)
 
     def _audio(self, window: Window) -> np.ndarray:
         return self.audios[window.input_index][window.start:window.end]
@@ -711,7 +759,7 @@ class TranscriptionJob:
         """Hand `on_segments` the input's next decoded windows, up to the first one pending."""
         if self.on_segments is None:
             return
-        for window in sorted((w for w in self.windows if w.input_index == index), key=lambda w: w.start):
+        for window in self._windows_of(index):
             if not window.done:
                 return
             if not window.reported:
@@ -735,12 +783,9 @@ class TranscriptionJob:
             self.on_progress(self.seconds_done)
 
     def _transcription(self, index: int, source: Any) -> Transcription:
-        """Merge one input's windows; its language is that of its first window with speech."""
-        windows = sorted((w for w in self.windows if w.input_index == index), key=lambda w: w.start)
-        segments = self._in_input_time(index, [seg for w in windows for seg in w.segments])
-        spoken = [w for w in windows if w.segments] or windows
-        return Transcription(text="".join(s.text for s in segments).strip(),
-                             language=spoken[0].state.language if spoken else self.language,
+        """Merge one input's windows."""
+        segments = self._in_input_time(index, [seg for w in self._windows_of(index) for seg in w.segments])
+        return Transcription(text="".join(s.text for s in segments).strip(), language=self.languages[index],
                              segments=segments, duration=self.durations[index],
                              source=source if isinstance(source, str) else None)
 

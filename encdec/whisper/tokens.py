@@ -69,7 +69,7 @@ class WhisperTokens:
         if self.multilingual:
             if language is not None:
                 if language not in self.lang_to_id:
-                    raise ValueError(f"language {language!r} is not one of this model's "
+                    raise ValueError(f"language: {language!r} is not one of this model's "
                                      f"{len(self.lang_to_id)} languages")
                 ids.append(self.lang_to_id[language])
             if task not in self.task_to_id:

@@ -37,25 +37,25 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
 
     `inputs` is a path, a 16 kHz waveform (a 1-D array or tensor, as openai-whisper takes), a
     `(waveform, sample_rate)` pair, or a list of them. `language` is a
-    code ("en", "fr", ...) or a name ("English", "french") or None / "auto" to detect it per
-    window (English-only models: English or None). `on_progress(seconds)` is called as windows
+    code ("en", "fr", ...) or a name ("English", "french") or None / "auto" to detect it on
+    each input's first 30 s (English-only models: English or None). `on_progress(seconds)` is called as windows
     finish with the seconds of audio finished so far (over all inputs; the last call gives the
     total duration).
     `options` are the other fields of `TranscribeOptions` (temperature fallback, conditioning
     on previous text, ...). `report(names, total_seconds, on_progress)`, if given, is a context
-    manager around the run that yields its `(on_progress, on_segments)` (what `LLM.transcribe`'s
-    `verbose` prints: `encdec.entrypoints.whisper_console`).
+    manager around the run that yields its `(on_progress, on_segments, on_language)` (what
+    `LLM.transcribe`'s `verbose` prints: `encdec.entrypoints.whisper_console`).
     """
     engine = llm.llm_engine
     sources = _as_input_list(inputs)
     audios = _load_all(sources)
     names = [name or f"input {i}" for i, name in enumerate(_names(sources))]
     seconds = sum(len(audio) for audio in audios) / SAMPLE_RATE
-    callbacks = (contextlib.nullcontext((on_progress, None)) if report is None
+    callbacks = (contextlib.nullcontext((on_progress, None, None)) if report is None
                  else report(names, seconds, on_progress))
-    with callbacks as (progress, segments):
+    with callbacks as (progress, segments, languages):
         job = make_job(engine, audios, language, task, timestamps, initial_prompt, progress, segments,
-                       options)
+                       options, languages)
         run_job(engine, job, word_aligner(engine.model_runner.model, engine.model_config))
     return job.results(_names(sources))
 
@@ -80,7 +80,7 @@ async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = N
     # of uploads: RSS +54-128 MB without, +8-19 MB with, as when spectra were taken per window).
     def set_up() -> TranscriptionJob:
         made = make_job(engine, _load_all(sources), language, task, timestamps, initial_prompt,
-                        on_progress, on_segments, options)
+                        on_progress, on_segments, options, None)
         release_free_memory()
         return made
 
@@ -96,13 +96,13 @@ async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = N
 
 def make_job(engine: Any, audios: list, language: Optional[str], task: str, timestamps: bool,
              initial_prompt: Optional[str], on_progress: Optional[Callable[[float], None]],
-             on_segments: Optional[Callable[[int, list[Segment]], None]],
-             options: dict) -> TranscriptionJob:
+             on_segments: Optional[Callable[[int, list[Segment]], None]], options: dict,
+             on_language: Optional[Callable[[int, str], None]]) -> TranscriptionJob:
     """A job for `engine`'s Whisper model, its options checked (`checked_options`)."""
     checked = checked_options(engine, language, task, timestamps, initial_prompt, **options)
     config = engine.model_config
     return TranscriptionJob(_model_tokens(engine), engine.tokenizer, config.max_decoder_len, audios, checked,
-                            on_progress, on_segments, config.hf_config.num_mel_bins)
+                            on_progress, on_segments, config.hf_config.num_mel_bins, on_language)
 
 
 def checked_options(engine: Any, language: Optional[str] = None, task: str = "transcribe",
@@ -232,7 +232,7 @@ def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) ->
                              "multilingual model")
         return None
     if language is not None and language not in tokens.lang_to_id:
-        raise ValueError(f"language {language!r} is not one of this model's "
+        raise ValueError(f"language: {language!r} is not one of this model's "
                          f"{len(tokens.lang_to_id)} languages")
     if task not in tokens.task_to_id:
         raise ValueError(f"this model has no <|{task}|> token")

@@ -139,7 +139,7 @@ def test_a_batch_gets_the_edits_of_its_rows_one_at_a_time():
 
 
 def test_control_prefix_layouts():
-    assert control_prefix(TOKENS, None, "transcribe", True) == [DETECT, TRANSCRIBE]
+    assert control_prefix(TOKENS, "en", "transcribe", True) == [EN, TRANSCRIBE]
     assert control_prefix(TOKENS, "fr", "transcribe", False) == [FR, TRANSCRIBE, NO_TS]
     english = WhisperTokens(eot=EOT, sot=SOT, no_timestamps=NO_TS, multilingual=False)
     assert control_prefix(english, None, "transcribe", True) == []

@@ -392,6 +392,9 @@ def test_hotwords_open_every_prompt_and_a_carried_initial_prompt_stays():
     assert second == [SOT_PREV, 9, 7, 8, ts(0.0), *[5] * 150, ts(30.0), SOT]
     # two windows of context outgrow the 223 prompt tokens: the initial prompt stays
     assert third[:4] == [SOT_PREV, 9, 7, 8] and len(third) == 1 + 223 + 1 and third[-2:] == [ts(30.0), SOT]
+    # it may sample up to the decoder's 448 positions (English-only: no control tokens), so
+    # 223 tokens: openai-whisper's 224 less the one it samples past the positions
+    assert [r.params.max_tokens for r in job.requests_made] == [224, 224, 448 - len(third)]
     plain = ScriptedEngine(script)
     plain.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(90.0)],
                                     TranscribeOptions(initial_prompt="w7 w8", compression_ratio_threshold=None)))

@@ -2,10 +2,20 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from encdec.audio import SAMPLE_RATE
+from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
+from encdec.whisper.transcribe import run_job
 from tests.conftest import assert_all_blocks_free
+from tests.openai_whisper_ref import openai_whisper_model
 from tests.speech_corpus import wer
+
+PROMPTS = {  # an initial prompt in a language other than the speech's
+    "en": "This is a long English introduction to the meeting about the weather and the beach.",
+    "fr": "Voici une longue introduction en français sur la réunion, la météo, la plage et la ville.",
+    "de": "Dies ist eine lange deutsche Einleitung zu dem Treffen über das Wetter und den Strand.",
+}
 
 
 def test_detects_english_french_german_spanish(base, language_clips):
@@ -38,9 +48,71 @@ def test_language_tables_equal_openai_whispers():
         assert language_code(spelling.title()) == code
 
 
+def test_a_language_the_model_lacks_is_named(base):
+    with pytest.raises(ValueError, match=r"^language: 'yue' is not one of this model's 99 languages$"):
+        base.transcribe((np.zeros(SAMPLE_RATE, np.float32), SAMPLE_RATE), language="yue")
+    assert_all_blocks_free(base)
+
+
 def test_silence_still_has_a_language(base):
-    """openai-whisper detects the language on the first window, sound or not (English on
-    silence): a silent input gets it too, with no text."""
+    """Both references detect the language on the first 30 s, sound or not (English on
+    silence): a silent input gets it too, with no text and no window decoded."""
+    runs = base.llm_engine.stats.num_encoder_runs
     (result,) = base.transcribe((np.zeros(5 * SAMPLE_RATE, np.float32), SAMPLE_RATE))
     assert (result.language, result.text, result.segments) == ("en", "", [])
+    assert base.llm_engine.stats.num_encoder_runs - runs == 1  # the detection's
+    assert_all_blocks_free(base)
+
+
+def test_a_prompt_does_not_sway_the_detected_language(base, base_assets, ct2_dir, language_clips):
+    """The language is read after <|startoftranscript|> alone, as both references read it,
+    not after the prompt (a French prompt before English speech used to make it French)."""
+    faster_whisper = pytest.importorskip("faster_whisper")
+    reference = faster_whisper.WhisperModel(ct2_dir(base_assets), device="cpu", compute_type="float32")
+    clips = dict(language_clips)
+    for spoken, prompted in (("en", "fr"), ("fr", "de"), ("de", "fr"), ("es", "de")):
+        audio = clips[spoken].audio
+        (ours,) = base.transcribe((audio, SAMPLE_RATE), initial_prompt=PROMPTS[prompted], temperature=0.0)
+        segments, info = reference.transcribe(audio, initial_prompt=PROMPTS[prompted], temperature=0.0,
+                                              beam_size=1)
+        assert (ours.language, ours.text) == (info.language, "".join(s.text for s in segments).strip())
+        assert ours.language == spoken
+    assert_all_blocks_free(base)
+
+
+@pytest.mark.parametrize("conditioned", [True, False])
+def test_an_input_has_the_language_of_its_first_30_seconds(base, language_clips, conditioned):
+    """One detection an input, on its first 30 s, as openai-whisper and faster-whisper
+    detect (unless told `multilingual`): Spanish speech then English is decoded as Spanish
+    throughout, windows decoded at once included (each used to detect its own)."""
+    clips = dict(language_clips)
+    pause = np.zeros(SAMPLE_RATE // 2, np.float32)
+    audio = np.concatenate([part for clip in ["es"] * 7 + ["en"] * 4 for part in (clips[clip].audio, pause)])
+    engine = base.llm_engine
+    job = TranscriptionJob(engine.model_config.special_tokens, engine.tokenizer, engine.model_config.max_decoder_len,
+                           [audio], TranscribeOptions(condition_on_previous_text=conditioned, temperature=0.0))
+    run_job(engine, job)
+    tokens = engine.model_config.special_tokens
+    detections = [r for r in job.requests_made if r.detects]
+    decodes = [r for r in job.requests_made if not r.detects]
+    forced = {r.params.logits_processors[0].prefix[0] for r in decodes}
+    assert len(detections) == 1 and len({r.window.start for r in decodes}) >= 2
+    assert forced == {tokens.lang_to_id["es"]}
+    assert job.results([None])[0].language == "es"
+    assert_all_blocks_free(base)
+
+
+def test_verbose_announces_the_detected_language_as_openai_whisper_does(base, language_clips, tmp_path, capsys):
+    """`verbose=True`: openai-whisper's two lines on the language, then the segments; `False`:
+    its one line (the bar goes to stderr). The Spanish clip, where both detect Spanish, greedy
+    (openai-whisper's fallback samples from its own generator)."""
+    whisper = pytest.importorskip("whisper")
+    reference = openai_whisper_model("base", tmp_path)
+    audio = dict(language_clips)["es"].audio
+    for verbose in (True, False):
+        whisper.transcribe(reference, audio, fp16=False, verbose=verbose, temperature=0.0)
+        expected = capsys.readouterr().out
+        assert "Detected language: Spanish" in expected
+        base.transcribe((audio, SAMPLE_RATE), fp16=False, verbose=verbose, temperature=0.0)
+        assert capsys.readouterr().out == expected
     assert_all_blocks_free(base)
