@@ -37,7 +37,7 @@ def test_generation_config_ids():
     tokens = whisper_tokens(config(51865, 50257, 50258, suppress_tokens=None), None, gen)
     assert tokens.decoder_prefix(language="de") == [50258, 50261, 50359, 50363]
     assert (tokens.suppress_tokens, tokens.begin_suppress_tokens) == ((1, 2), (220, 50257))
-    with pytest.raises(ValueError, match="language 'xx'"):
+    with pytest.raises(ValueError, match="language: 'xx'"):
         tokens.decoder_prefix(language="xx")
 
 
