@@ -4,9 +4,9 @@
 several inputs, a `==> name <==` line first whenever the next line is another input's);
 `verbose=False` shows a progress bar over the audio's spectrogram frames (100 a second), as
 openai-whisper's does; None prints nothing. A detected language is announced as openai-whisper
-announces it (`verbose=True`: two lines, `verbose=False`: the second). The precision is the LLM's `dtype`, fixed when it
-is made, so `fp16` only warns when it asks for another one (as openai-whisper warns that a CPU
-runs float32 whatever `fp16` says).
+announces it (`verbose=True`: two lines, `verbose=False`: the second). The precision is the
+LLM's `dtype`, fixed when it is made, so `fp16` only warns when it asks for another one (as
+openai-whisper warns that a CPU runs float32 whatever `fp16` says).
 """
 from __future__ import annotations
 
@@ -56,8 +56,8 @@ def reporting(verbose: bool, names: list[str], total_seconds: float,
               on_progress: Progress) -> Iterator[tuple[Progress, Segments, Languages]]:
     """The job's `on_progress`, `on_segments` and `on_language` for `verbose`, around the
     caller's `on_progress`."""
-    printer = Printer(names, verbose)
     if verbose:
+        printer = Printer(names, verbose, functools.partial(print, flush=True))
         yield on_progress, printer.segments, printer.language
         return
     from tqdm.auto import tqdm
@@ -68,7 +68,7 @@ def reporting(verbose: bool, names: list[str], total_seconds: float,
             if on_progress is not None:
                 on_progress(seconds)
 
-        printer.write = functools.partial(tqdm.write, file=sys.stdout)  # above the bar
+        printer = Printer(names, verbose, functools.partial(tqdm.write, file=sys.stdout))  # above the bar
         yield progress, None, printer.language
 
 
@@ -82,13 +82,13 @@ def language_lines(code: str, verbose: bool) -> list[str]:
 class Printer:
     """What `verbose` prints on stdout: each final segment's line (verbose=True; those with
     text, as `encdec transcribe` prints them) and a detected language, each under its input's
-    name when there are several inputs."""
+    name when there are several inputs; `write(line)` prints a line."""
 
-    def __init__(self, names: list[str], verbose: bool):
+    def __init__(self, names: list[str], verbose: bool, write: Callable[[str], None]):
         self.names = names
         self.verbose = verbose
+        self.write = write
         self.last: Optional[int] = None
-        self.write: Callable[[str], None] = functools.partial(print, flush=True)
 
     def segments(self, index: int, segments: list[Segment]) -> None:
         self._lines(index, [segment_line(s) for s in segments if s.text.strip()])

@@ -101,13 +101,14 @@ FLAGS = ("timestamps", "carry_initial_prompt", "suppress_blank", "condition_on_p
 class TranscribeOptions:
     """How the windows of a job are decoded (openai-whisper's `transcribe` options and defaults).
 
-    `language` None detects it (once per input). Temperature fallback: a window is decoded at `temperature[0]`,
-    and again at the next temperature (`best_of` samples, the likeliest kept) while its decode
-    is too repetitive (compression ratio above `compression_ratio_threshold`) or too unsure
-    (average log-probability below `logprob_threshold`), unless it is unsure because there is
-    no speech (`no_speech_prob` above `no_speech_threshold`). Prompts: `initial_prompt` opens
-    each input's context (kept in every window's prompt with `carry_initial_prompt`),
-    faster-whisper's `hotwords` come first in every prompt. `suppress_tokens` ("-1": the
+    `language` None detects it (once per input). Temperature fallback: a window is decoded at
+    `temperature[0]`, and again at the next temperature (`best_of` samples, the likeliest
+    kept) while its decode is too repetitive (compression ratio above
+    `compression_ratio_threshold`) or too unsure (average log-probability below
+    `logprob_threshold`), unless it is unsure because there is no speech (`no_speech_prob`
+    above `no_speech_threshold`). Prompts: `initial_prompt` opens each input's context (kept
+    in every window's prompt with `carry_initial_prompt`), faster-whisper's `hotwords` come
+    first in every prompt. `suppress_tokens` ("-1": the
     model's list; None or "": none) and `suppress_blank` as in openai-whisper (what may be
     suppressed: `encdec.whisper.decoding.check_suppress_tokens`); `clip_timestamps`
     ("start,end,start,...", seconds, or a list of them; an open last clip runs to the end, so
@@ -357,14 +358,12 @@ class TranscriptionJob:
         the same frames (always with `condition_on_previous_text`, unless that one is silent)."""
         start = self.clips[index][0][0] if self.clips[index] else 0
         window = Window(index, start, min(start + N_SAMPLES, len(self.audios[index])), WindowState())
-        first, last = self._frames(window)
-        prompt = {"encoder_prompt": {"prompt": "", "multi_modal_data": {
-                      "audio_features": self.features[index][:, first:last]}},
-                  "decoder_prompt": [self.tokens.sot]}
+        prompt = {"encoder_prompt": self._encoder_prompt(window), "decoder_prompt": [self.tokens.sot]}
+        detect = ControlProcessor(self.tokens, [DETECT], self.rules, window.state)
         params = SamplingParams(max_tokens=1, temperature=0.0, output_kind=RequestOutputKind.FINAL_ONLY,
-                                logits_processors=[ControlProcessor(self.tokens, [DETECT], self.rules, window.state)])
+                                logits_processors=[detect])
         queue = self.queued[index]
-        reuse = "always" if queue and self._frames(queue[0]) == (first, last) else "never"
+        reuse = "always" if queue and self._frames(queue[0]) == self._frames(window) else "never"
         request = WindowRequest(next(self._ids), prompt, params, window, 1, reuse, detects=True)
         self.requests_made.append(request)
         return request
@@ -682,11 +681,7 @@ class TranscriptionJob:
                                 self.decode_timestamps)
         context = self.context[window.input_index] if window.context is None else window.context
         decoder_prompt = self._decoder_prompt(context)
-        start, end = self._frames(window)
-        encoder_prompt = ({"cross_kv": window.cross_kv} if window.cross_kv is not None else
-                          {"prompt": "", "multi_modal_data": {
-                              "audio_features": self.features[window.input_index][:, start:end]}})
-        prompt = {"encoder_prompt": encoder_prompt, "decoder_prompt": decoder_prompt}
+        prompt = {"encoder_prompt": self._encoder_prompt(window), "decoder_prompt": decoder_prompt}
         params = SamplingParams(max_tokens=self._max_tokens(decoder_prompt, len(prefix)) + len(prefix),
                                 output_kind=RequestOutputKind.FINAL_ONLY,
                                 logits_processors=[ControlProcessor(self.tokens, prefix, self.rules, window.state)],
@@ -698,6 +693,14 @@ class TranscriptionJob:
             request.return_cross_kv = "if it fails"
         self.requests_made.append(request)
         return request
+
+    def _encoder_prompt(self, window: Window) -> dict:
+        """The window's cross cache when it has one, else its frames of its input's log-mel."""
+        if window.cross_kv is not None:
+            return {"cross_kv": window.cross_kv}
+        start, end = self._frames(window)
+        features = self.features[window.input_index][:, start:end]
+        return {"prompt": "", "multi_modal_data": {"audio_features": features}}
 
     def _decoder_prompt(self, context: list[int]) -> list[int]:
         """[<|startofprev|>, hotwords, the last context tokens, sot], or [sot] with neither;

@@ -36,11 +36,11 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
     """Transcribe (or translate) each input; returns one `Transcription` per input, in order.
 
     `inputs` is a path, a 16 kHz waveform (a 1-D array or tensor, as openai-whisper takes), a
-    `(waveform, sample_rate)` pair, or a list of them. `language` is a
-    code ("en", "fr", ...) or a name ("English", "french") or None / "auto" to detect it on
-    each input's first 30 s (English-only models: English or None). `on_progress(seconds)` is called as windows
-    finish with the seconds of audio finished so far (over all inputs; the last call gives the
-    total duration).
+    `(waveform, sample_rate)` pair, or a list of them. `language` is a code ("en", "fr", ...)
+    or a name ("English", "french") or None / "auto" to detect it on each input's first 30 s
+    (English-only models: English or None). `on_progress(seconds)` is called as windows finish
+    with the seconds of audio finished so far (over all inputs; the last call gives the total
+    duration).
     `options` are the other fields of `TranscribeOptions` (temperature fallback, conditioning
     on previous text, ...). `report(names, total_seconds, on_progress)`, if given, is a context
     manager around the run that yields its `(on_progress, on_segments, on_language)` (what
