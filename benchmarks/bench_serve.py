@@ -8,7 +8,8 @@ Two tasks, each against its own baseline, every server in its own process on loo
   (a 1000-token BPE vocabulary trained on the tests' corpus, DEEP_INIT_STDS weights), articles
   of 150-400 tokens, exactly 64 generated tokens per summary (min = max), greedy.
 * transcribe: `encdec serve` (`/v1/audio/transcriptions`) vs a FastAPI app around
-  faster-whisper's `WhisperModel` (beam_size=1, temperature fallback: its defaults otherwise),
+  faster-whisper's `WhisperModel` (temperature fallback: its defaults, except the beam size:
+  `--beam-size`, 1 by default as OpenAI's API decodes; 5 is faster-whisper's default),
   both in `--compute-type`: float32, int8 (encdec's `--quantization int8`) or bfloat16
   (encdec's `--dtype bfloat16`; faster-whisper in bfloat16 where CTranslate2 runs it on this
   CPU, else in float32, its only float type here). The bundled tiny.en weights for both;
@@ -20,7 +21,7 @@ a level sends a bounded number of requests (6, 24, 64 at 1, 8, 32 clients). Repo
 requests/s over the level's wall time and p50 / p95 latency.
 
     python -m benchmarks.bench_serve [--threads 2] [--tasks summarize,transcribe]
-        [--compute-type float32|bfloat16|int8] [--out benchmarks/results/serve.json]
+        [--compute-type float32|bfloat16|int8] [--beam-size 1] [--out benchmarks/results/serve.json]
 """
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def faster_whisper_compute_type(requested: str) -> str:
     return requested if requested in ctranslate2.get_supported_compute_types("cpu") else "float32"
 
 
-def baseline_app(kind: str, model: str, threads: int, compute_type: str):
+def baseline_app(kind: str, model: str, threads: int, compute_type: str, beam_size: int):
     """A plain FastAPI app around one Hugging Face or faster-whisper model, one request at a time."""
     import threading
 
@@ -132,7 +133,7 @@ def baseline_app(kind: str, model: str, threads: int, compute_type: str):
 
         def run(path: str) -> str:
             with lock:
-                segments, _ = whisper.transcribe(path, beam_size=1, language="en")
+                segments, _ = whisper.transcribe(path, beam_size=beam_size, language="en")
                 return "".join(s.text for s in segments).strip()
 
         @app.post("/v1/audio/transcriptions")
@@ -144,10 +145,10 @@ def baseline_app(kind: str, model: str, threads: int, compute_type: str):
     return app
 
 
-def serve_baseline(kind: str, model: str, port: int, threads: int, compute_type: str) -> None:
+def serve_baseline(kind: str, model: str, port: int, threads: int, compute_type: str, beam_size: int) -> None:
     import uvicorn
 
-    uvicorn.run(baseline_app(kind, model, threads, compute_type), host="127.0.0.1", port=port,
+    uvicorn.run(baseline_app(kind, model, threads, compute_type, beam_size), host="127.0.0.1", port=port,
                 log_level="warning")
 
 
@@ -178,20 +179,19 @@ def start(command: list[str], port: int, threads: int) -> subprocess.Popen:
     raise RuntimeError(f"{command} did not start")
 
 
-async def request(http, task: str, item, model: str) -> float:
+async def request(http, task: str, item, fields: dict) -> float:
+    """One request; `fields` are the body's fields besides the input."""
     start = time.perf_counter()
     if task == "summarize":
-        response = await http.post("/v1/summarize", json={
-            "model": model, "input": item, "max_tokens": SUMMARY_TOKENS, "min_tokens": SUMMARY_TOKENS,
-            "num_beams": 1, "temperature": 0.0})
+        response = await http.post("/v1/summarize", json={**fields, "input": item})
     else:
-        response = await http.post("/v1/audio/transcriptions", data={"model": model},
+        response = await http.post("/v1/audio/transcriptions", data=fields,
                                    files={"file": (item.name, item.read_bytes(), "audio/wav")})
     response.raise_for_status()
     return time.perf_counter() - start
 
 
-async def level(url: str, task: str, items: list, model: str, clients: int, count: int) -> dict:
+async def level(url: str, task: str, items: list, fields: dict, clients: int, count: int) -> dict:
     """`count` requests from `clients` concurrent clients (each waits for its last answer)."""
     import httpx
 
@@ -201,10 +201,10 @@ async def level(url: str, task: str, items: list, model: str, clients: int, coun
     async def client(http) -> None:
         while queue:
             i = queue.pop()
-            latencies.append(await request(http, task, items[i % len(items)], model))
+            latencies.append(await request(http, task, items[i % len(items)], fields))
 
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=clients)) as http:
-        await request(http, task, items[0], model)  # warm-up, not counted
+        await request(http, task, items[0], fields)  # warm-up, not counted
         start = time.perf_counter()
         await asyncio.gather(*(client(http) for _ in range(clients)))
         wall = time.perf_counter() - start
@@ -214,13 +214,13 @@ async def level(url: str, task: str, items: list, model: str, clients: int, coun
 
 
 def measure(name: str, compute_type: str, command: list[str], port: int, task: str, items: list,
-            model: str, threads: int, log) -> list[dict]:
+            fields: dict, threads: int, log) -> list[dict]:
     proc = start(command, port, threads)
     try:
         rows = []
         for clients, count in LEVELS:
             load = os.getloadavg()[0]
-            row = asyncio.run(level(f"http://127.0.0.1:{port}", task, items, model, clients, count))
+            row = asyncio.run(level(f"http://127.0.0.1:{port}", task, items, fields, clients, count))
             row.update(system=name, compute_type=compute_type, task=task, load_before=load,
                        load_after=os.getloadavg()[0])
             log(f"{name} ({compute_type}) {task} x{clients}: {row['req_per_s']:.2f} req/s, p50 {row['p50_s']:.2f} s, "
@@ -239,13 +239,17 @@ def main() -> None:
                         help="comma-separated: summarize, transcribe (default: both)")
     parser.add_argument("--compute-type", choices=["float32", "bfloat16", "int8"], default="float32",
                         help="the transcription servers' precision (summaries stay float32)")
+    parser.add_argument("--beam-size", type=int, default=1,
+                        help="the transcription servers' beam size (1: greedy, as OpenAI's API; "
+                             "5: faster-whisper's default)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.json")
     parser.add_argument("--serve-baseline", choices=["hf", "fw"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_baseline:
-        serve_baseline(args.serve_baseline, args.model, args.port, args.threads, args.compute_type)
+        serve_baseline(args.serve_baseline, args.model, args.port, args.threads, args.compute_type,
+                       args.beam_size)
         return
 
     tasks = args.tasks.split(",")
@@ -253,26 +257,31 @@ def main() -> None:
         parser.error(f"--tasks takes summarize and/or transcribe, got {args.tasks!r}")
     work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
     me = [sys.executable, "-m", "benchmarks.bench_serve", "--threads", str(args.threads),
-          "--compute-type", args.compute_type]
+          "--compute-type", args.compute_type, "--beam-size", str(args.beam_size)]
     precision = {"float32": [], "bfloat16": ["--dtype", "bfloat16"],
                  "int8": ["--quantization", "int8"]}[args.compute_type]
     setups = {  # task -> (inputs, model, baseline, its name, encdec's options), made when run
         "summarize": lambda: (make_articles(16), str(make_checkpoint(work / "bart")), "hf", "hf-pipeline", []),
         "transcribe": lambda: (make_clips(work, 12), "tiny.en", "fw", "faster-whisper", precision)}
+    fields = {  # task -> the request fields besides the input
+        "summarize": lambda model: {"model": model, "max_tokens": SUMMARY_TOKENS, "min_tokens": SUMMARY_TOKENS,
+                                    "num_beams": 1, "temperature": 0.0},
+        "transcribe": lambda model: {"model": model, "beam_size": args.beam_size}}
     rows = []
     for task in [t for t in setups if t in tasks]:
         items, model, baseline, name, options = setups[task]()
+        body = fields[task](model)
         compute = args.compute_type if task == "transcribe" else "float32"
         port = free_port()
         rows += measure("encdec", compute, [sys.executable, "-m", "encdec", "serve", "--model", model,
                                             *options, "--port", str(port), "--log-level", "warning"],
-                        port, task, items, model, args.threads, print)
+                        port, task, items, body, args.threads, print)
         port = free_port()
         baseline_model = model if baseline == "hf" else tiny_en_dir()
         baseline_compute = faster_whisper_compute_type(compute) if baseline == "fw" else compute
         rows += measure(name, baseline_compute, [*me, "--serve-baseline", baseline, "--model",
                                                  baseline_model, "--port", str(port)],
-                        port, task, items, model, args.threads, print)
+                        port, task, items, body, args.threads, print)
     table = markdown_table(
         ["task", "system", "compute", "clients", "requests", "req/s", "p50 s", "p95 s", "load"],
         [[r["task"], r["system"], r["compute_type"], r["clients"], r["requests"], r["req_per_s"], r["p50_s"], r["p95_s"],

@@ -109,6 +109,14 @@ def _takes(t: torch.Tensor, dtype: torch.dtype) -> bool:
             and t.shape[2] == HEAD_SIZE and t.stride(2) == 1 and t.stride(1) == HEAD_SIZE)
 
 
+def shares(costs: np.ndarray, threads: int) -> list[int]:
+    """Cuts of consecutive items among `threads`, each item to the share that holds the middle
+    of its cost: [0, ..., len(costs)]. Six equal items on two threads split 3 and 3."""
+    middles = np.cumsum(costs) - costs / 2
+    bounds = costs.sum() * np.arange(1, threads) / threads
+    return [0, *np.searchsorted(middles, bounds).tolist(), len(costs)]
+
+
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: Sequence[int],
               kv_lens: Sequence[int], scale: float) -> Optional[torch.Tensor]:
     """Non-causal attention of each query sequence over its own keys, or None where the kernel
@@ -142,8 +150,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: Sequenc
     if threads <= 1:
         statuses = [run(0, pairs)]
     else:
-        cost = np.cumsum(np.repeat(q_lens_np * kv_lens_np, heads))
-        cuts = [0, *np.searchsorted(cost, cost[-1] * np.arange(1, threads) / threads).tolist(), pairs]
+        cuts = shares(np.repeat(q_lens_np * kv_lens_np, heads), threads)
         statuses = list(_pool(threads).map(run, cuts[:-1], cuts[1:]))
     if any(statuses):
         raise MemoryError("prefill attention: no memory for the kernel's scratch buffers")

@@ -51,15 +51,18 @@ class BeamHypothesis:
     finish_reason: str  # "stop" (a stop token) or "length"
 
 
-def top_candidates(logprobs: torch.Tensor, running_scores: list[float],
-                   count: int) -> tuple[list[float], list[int], list[int]]:
-    """Scores, parent rows and tokens of the `count` best continuations of `logprobs`
-    [beams, vocab], ranked as Hugging Face ranks them over the flattened (beam, token) pairs."""
-    vocab = logprobs.shape[-1]
+def top_candidates(logprobs: torch.Tensor, running_scores: list[list[float]],
+                   count: int) -> list[tuple[list[float], list[int], list[int], list[float]]]:
+    """Per request of `logprobs` [requests, beams, vocab]: the scores, parent rows, tokens and
+    log-probabilities of its `count` best continuations, ranked as Hugging Face ranks them
+    over the flattened (beam, token) pairs. Requests of one shape are ranked in one call."""
+    requests, beams, vocab = logprobs.shape
     running = torch.tensor(running_scores, dtype=logprobs.dtype, device=logprobs.device)
-    totals = (logprobs + running[:, None]).view(-1)
-    values, index = totals.topk(min(count, totals.numel()))
-    return values.tolist(), (index // vocab).tolist(), (index % vocab).tolist()
+    totals = (logprobs + running[:, :, None]).view(requests, beams * vocab)
+    values, index = totals.topk(min(count, beams * vocab), dim=1)
+    rows, tokens = index // vocab, index % vocab
+    token_logprobs = logprobs[torch.arange(requests, device=index.device)[:, None], rows, tokens]
+    return list(zip(values.tolist(), rows.tolist(), tokens.tolist(), token_logprobs.tolist()))
 
 
 def num_candidates(params: SamplingParams, num_stop_ids: int) -> int:

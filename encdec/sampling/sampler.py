@@ -71,27 +71,30 @@ class Sampler:
         whisper = [is_beam and g.sampling_params.beam_rules == "whisper"
                    for g, is_beam in zip(meta.groups, beam)]
         hf = [is_beam and not w for is_beam, w in zip(beam, whisper)]
-        if any(hf):
-            rows = _rows(hf, meta.row_slices, scores)
+        for rows in _runs(hf, meta.row_slices):
             scores[rows] = torch.log_softmax(scores[rows], dim=-1)
         failed = apply_logits_processors(scores, [(data, g.sampling_params) for g in meta.groups
                                                   for data in g.seq_data.values()], self.eos_token_id)
-        if any(whisper):
-            rows = _rows(whisper, meta.row_slices, scores)
+        for rows in _runs(whisper, meta.row_slices):
             scores[rows] = torch.log_softmax(scores[rows], dim=-1)
-        beam_rows = _rows(beam, meta.row_slices, scores)
         # log-probability = score - log_normalizer; beam rows already hold log-probabilities.
-        log_normalizer = torch.logsumexp(scores, dim=-1).masked_fill_(beam_rows, 0.0)
-        greedy = scores.argmax(dim=-1, keepdim=True)
+        log_normalizer = torch.zeros(scores.shape[0], dtype=scores.dtype, device=scores.device)
+        for rows in _runs([not is_beam for is_beam in beam], meta.row_slices):
+            log_normalizer[rows] = torch.logsumexp(scores[rows], dim=-1)
+        greedy = scores.argmax(dim=-1, keepdim=True) if any(
+            not is_beam and g.sampling_params.is_greedy for g, is_beam in zip(meta.groups, beam)) else None
+        errors = [failed and next((failed[i] for i in range(rows.start, rows.stop) if i in failed), None)
+                  for rows in meta.row_slices]
+        beam_outputs = self._beam_outputs(scores, meta, [is_beam and not error
+                                                         for is_beam, error in zip(beam, errors)])
         outputs = []
-        for g, rows, is_beam in zip(meta.groups, meta.row_slices, beam):
+        for index, (g, rows, is_beam, error) in enumerate(zip(meta.groups, meta.row_slices, beam, errors)):
             params = g.sampling_params
-            error = failed and next((failed[i] for i in range(rows.start, rows.stop) if i in failed), None)
             if error:
                 outputs.append(GroupOutput(g.request_id, [], error))
                 continue
             if is_beam:
-                outputs.append(self._beam_output(g, scores[rows], params))
+                outputs.append(beam_outputs[index])
                 continue
             if params.is_greedy:
                 tokens = greedy[rows]
@@ -100,25 +103,49 @@ class Sampler:
             outputs.append(_group_output(g, tokens, scores[rows], log_normalizer[rows], params))
         return outputs
 
-    def _beam_output(self, g: SequenceGroupMetadata, logprobs: torch.Tensor,
-                     params: SamplingParams) -> GroupOutput:
-        seq_ids = list(g.seq_data)
-        with_eos = self.eos_token_id is not None and not params.ignore_eos
-        values, rows, tokens = top_candidates(
-            logprobs, [d.cumulative_logprob for d in g.seq_data.values()],
-            num_candidates(params, len(params.stop_token_ids) + with_eos))
-        token_logprobs = logprobs[rows, tokens].tolist()
-        return GroupOutput(g.request_id, [
-            SequenceOutput(seq_ids[row], token, logprob, beam_score=value)
-            for value, row, token, logprob in zip(values, rows, tokens, token_logprobs)])
+    def _beam_outputs(self, scores: torch.Tensor, meta: SamplingMetadata,
+                      picked: list[bool]) -> dict[int, GroupOutput]:
+        """The ranked candidates of the picked (beam) groups, by group index; groups with as
+        many beams and candidates are ranked together."""
+        shapes: dict[tuple[int, int], list[int]] = {}
+        for index, (g, rows) in enumerate(zip(meta.groups, meta.row_slices)):
+            if picked[index]:
+                params = g.sampling_params
+                with_eos = self.eos_token_id is not None and not params.ignore_eos
+                count = num_candidates(params, len(params.stop_token_ids) + with_eos)
+                shapes.setdefault((rows.stop - rows.start, count), []).append(index)
+        outputs = {}
+        for (_, count), indices in shapes.items():
+            groups = [meta.groups[i] for i in indices]
+            ranked = top_candidates(_stacked(scores, [meta.row_slices[i] for i in indices]),
+                                    [[d.cumulative_logprob for d in g.seq_data.values()] for g in groups],
+                                    count)
+            for index, g, (values, rows, tokens, logprobs) in zip(indices, groups, ranked):
+                seq_ids = list(g.seq_data)
+                outputs[index] = GroupOutput(g.request_id, [
+                    SequenceOutput(seq_ids[row], token, logprob, beam_score=value)
+                    for value, row, token, logprob in zip(values, rows, tokens, logprobs)])
+        return outputs
 
 
-def _rows(flags: list[bool], row_slices: list[slice], scores: torch.Tensor) -> torch.Tensor:
-    """A mask of the rows of the groups whose flag is set."""
-    mask = torch.zeros(scores.shape[0], dtype=torch.bool)
+def _stacked(scores: torch.Tensor, slices: list[slice]) -> torch.Tensor:
+    """[len(slices), rows, vocab]: the rows of each slice (all as many), a view where the
+    slices follow one another."""
+    if all(a.stop == b.start for a, b in zip(slices, slices[1:])):
+        return scores[slices[0].start:slices[-1].stop].unflatten(0, (len(slices), -1))
+    return torch.stack([scores[rows] for rows in slices])
+
+
+def _runs(flags: list[bool], row_slices: list[slice]) -> list[slice]:
+    """The rows of the groups whose flag is set, neighbours joined: one slice where all are
+    set. Slices are views, so a step's rows are neither gathered nor scattered."""
+    runs: list[slice] = []
     for flag, rows in zip(flags, row_slices):
-        mask[rows] = flag
-    return mask.to(scores.device)
+        if flag and runs and runs[-1].stop == rows.start:
+            runs[-1] = slice(runs[-1].start, rows.stop)
+        elif flag:
+            runs.append(rows)
+    return runs
 
 
 def _num_samples(g: SequenceGroupMetadata) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -95,6 +96,17 @@ def test_a_sequence_gets_the_same_bits_alone_as_in_any_batch_or_thread_split(dty
     alone = cpu_attention.attention(*(t[start:start + lens[2]] for t in (q, k, v)), (lens[2],),
                                     (lens[2],), 0.125)
     assert torch.equal(alone, batched[start:start + lens[2]])
+
+
+@pytest.mark.parametrize("costs, threads, cuts", [
+    ([1] * 6, 2, [0, 3, 6]),  # one Whisper window's six heads: three each (the old cut gave 2 and 4)
+    ([1] * 24, 2, [0, 12, 24]),
+    ([1] * 6, 3, [0, 2, 4, 6]),
+    ([10, 1, 1, 1], 2, [0, 1, 4]),  # the large pair alone
+    ([1, 1, 1, 10], 2, [0, 3, 4]),
+])
+def test_threads_share_the_pairs_by_cost(costs, threads, cuts):
+    assert cpu_attention.shares(np.asarray(costs, dtype=np.int64), threads) == cuts
 
 
 @needs_kernel

@@ -158,13 +158,16 @@ def test_parity_when_beams_are_preempted(cnn_dir, hf_model):
 
 
 def test_mixed_batch_equals_each_request_alone(llm):
-    prompts = texts(6)
+    """The first and last requests search with as many beams, apart in the batch: the sampler
+    ranks their candidates in one call."""
+    prompts = texts(7)
     params = [SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MIN_TOKENS),
               SamplingParams(temperature=0.0, max_tokens=20, no_repeat_ngram_size=2),
               SamplingParams(temperature=0.8, top_p=0.9, seed=11, max_tokens=20),
               SamplingParams(beam_width=2, max_tokens=25, min_tokens=0, n=2),
               SamplingParams(temperature=0.0, max_tokens=12, repetition_penalty=1.5),
-              SamplingParams(temperature=1.0, seed=5, max_tokens=16, min_tokens=8)]
+              SamplingParams(temperature=1.0, seed=5, max_tokens=16, min_tokens=8),
+              SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MIN_TOKENS)]
     together = llm.generate(prompts, params, use_tqdm=False)
     alone = [llm.generate(p, sp, use_tqdm=False)[0] for p, sp in zip(prompts, params)]
     for a, b in zip(together, alone):
