@@ -263,14 +263,14 @@ def main() -> None:
     setups = {  # task -> (inputs, model, baseline, its name, encdec's options), made when run
         "summarize": lambda: (make_articles(16), str(make_checkpoint(work / "bart")), "hf", "hf-pipeline", []),
         "transcribe": lambda: (make_clips(work, 12), "tiny.en", "fw", "faster-whisper", precision)}
-    fields = {  # task -> the request fields besides the input
-        "summarize": lambda model: {"model": model, "max_tokens": SUMMARY_TOKENS, "min_tokens": SUMMARY_TOKENS,
-                                    "num_beams": 1, "temperature": 0.0},
-        "transcribe": lambda model: {"model": model, "beam_size": args.beam_size}}
+    fields = {  # task -> the request fields besides the model and the input
+        "summarize": {"max_tokens": SUMMARY_TOKENS, "min_tokens": SUMMARY_TOKENS, "num_beams": 1,
+                      "temperature": 0.0},
+        "transcribe": {"beam_size": args.beam_size}}
     rows = []
     for task in [t for t in setups if t in tasks]:
         items, model, baseline, name, options = setups[task]()
-        body = fields[task](model)
+        body = {"model": model, **fields[task]}
         compute = args.compute_type if task == "transcribe" else "float32"
         port = free_port()
         rows += measure("encdec", compute, [sys.executable, "-m", "encdec", "serve", "--model", model,

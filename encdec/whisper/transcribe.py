@@ -231,11 +231,7 @@ def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) ->
             raise ValueError("this Whisper model is English-only: task='translate' needs a "
                              "multilingual model")
         return None
-    if language is not None and language not in tokens.lang_to_id:
-        raise ValueError(f"language: {language!r} is not one of this model's "
-                         f"{len(tokens.lang_to_id)} languages")
-    if task not in tokens.task_to_id:
-        raise ValueError(f"this model has no <|{task}|> token")
+    tokens.decoder_prefix(language, task)  # refuses a language or task the model lacks
     return language
 
 
