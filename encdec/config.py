@@ -41,7 +41,8 @@ class SpecialTokens(Protocol):
 class ModelConfig:
     """The model, the limits its config implies, its special tokens and its KV cache's shape
     (per decoder layer: num_decoder_heads x head_size). `vocab_size` is the decoder's (output)
-    vocabulary; `encoder_vocab_size` is set where the source vocabulary differs (Marian)."""
+    vocabulary, `encoder_vocab_size` the encoder's: the same unless the model has a separate
+    source vocabulary (Marian); None means the same."""
 
     model: str
     hf_config: Any
@@ -54,6 +55,10 @@ class ModelConfig:
     num_decoder_heads: int
     head_size: int
     encoder_vocab_size: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.encoder_vocab_size is None:
+            self.encoder_vocab_size = self.vocab_size
 
     @property
     def decoder_start_token_id(self) -> int:

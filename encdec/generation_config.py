@@ -145,11 +145,12 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
                       top_k=_own_or(params.top_k, -1), top_p=_own_or(params.top_p, 1.0))
     else:
         values.update(use_beam_search=False, beam_width=1)
-    room = max_decoder_len - prompt_len
+    room = decoder_room(max_decoder_len, prompt_len)
     if params.max_tokens is not None and params.max_tokens > room:
         raise ValueError(f"max_tokens={params.max_tokens} is more than the decoder has room for: it "
                          f"holds {max_decoder_len} positions and the decoder prompt takes "
-                         f"{prompt_len} tokens, so at most {room}")
+                         f"{prompt_len} tokens, so at most {room} (the last new token takes no "
+                         f"position)")
     values["max_tokens"] = min(values["max_tokens"], room)
     if params.min_tokens is None:  # a config's min_length never outlasts the length limit
         values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
@@ -157,6 +158,13 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
         values["stop_token_ids"] = params.stop_token_ids + [
             t for t in defaults.eos_token_ids if t not in params.stop_token_ids]
     return dataclasses.replace(params, **values)
+
+
+def decoder_room(max_decoder_len: int, prompt_len: int) -> int:
+    """New tokens a decoder of `max_decoder_len` positions has room for after a prompt of
+    `prompt_len` tokens: the last one is never fed back, so it takes no position (as in Hugging
+    Face's generate() and openai-whisper)."""
+    return max_decoder_len + 1 - prompt_len
 
 
 def _own_or(own: Any, default: Any) -> Any:

@@ -329,7 +329,7 @@ class LLMEngine:
                 and not params.is_forced_end(num_out, token)):
             return SequenceStatus.FINISHED_STOPPED
         if (params.max_tokens is not None and num_out >= params.max_tokens) or \
-                len(seq) >= self.model_config.max_decoder_len:
+                len(seq) > self.model_config.max_decoder_len:
             return SequenceStatus.FINISHED_LENGTH_CAPPED
         return None
 

@@ -158,10 +158,11 @@ def run_summarize(args: argparse.Namespace) -> int:
 def add_decoding_options(p: argparse.ArgumentParser) -> None:
     """The summarization options of `encdec summarize` (the same as `/v1/summarize`'s)."""
     p.add_argument("--max-tokens", type=positive_int, default=None,
-                   help="longest summary in tokens (default: the checkpoint's generation config, "
-                        "else 128)")
+                   help="longest output in tokens (default: the checkpoint's generation config's "
+                        "max_length, 20 new tokens if it sets none, as in Hugging Face; 128 for a "
+                        "checkpoint without a generation config)")
     p.add_argument("--min-tokens", type=non_negative_int, default=None,
-                   help="shortest summary in tokens (default: the generation config's)")
+                   help="shortest output in tokens (default: the generation config's)")
     p.add_argument("--num-beams", type=number(int, 1, MAX_SEQS), default=None,
                    help=f"beam search width, at most {MAX_SEQS}; 1 decodes greedily (default: the "
                         f"generation config's)")

@@ -4,7 +4,8 @@ Encoder side: text is tokenized with special tokens, token ids pass unchanged, a
 log-mel frames made already) becomes features through the model's audio processor, an audio model's `CrossKVPrompt` (cross keys and
 values from an earlier output) is checked against the cache's shape and replaces the encoder.
 Decoder side: None gives the model's default decoder prompt (BART: [<DEC>, <BOS>] = [2, 0]);
-text is tokenized without special tokens; any token list not starting with <DEC>
+text is tokenized as the tokenizer's target side (`text_target`: Marian's target
+SentencePiece model) without special tokens; any token list not starting with <DEC>
 (decoder_start_token_id) gets it prepended, unless it starts with one of the model's
 `extra_decoder_start_token_ids` (Whisper's <|startofprev|>, which opens a text prompt before
 <|startoftranscript|>). The model family supplies the default prompt, the
@@ -104,14 +105,13 @@ class InputPreprocessor:
         if ids is None:
             if text == "":
                 raise ValueError("encoder_prompt is empty: give some text or token ids")
-            ids = self._tokenize(text, add_special_tokens=True)
+            ids = self._tokenize(text=text, add_special_tokens=True)
         if not ids:
             raise ValueError("encoder_prompt is empty: give at least one token id")
         if len(ids) > limit:
             raise ValueError(f"encoder_prompt has {len(ids)} tokens, more than the model's "
                              f"maximum of {limit}")
-        self._check_vocab(ids, "encoder_prompt",
-                          self.model_config.encoder_vocab_size or self.model_config.vocab_size)
+        self._check_vocab(ids, "encoder_prompt", self.model_config.encoder_vocab_size)
         return text, ids, None
 
     def _decoder_side(self, prompt: Any) -> tuple[Optional[str], list[int]]:
@@ -121,21 +121,22 @@ class InputPreprocessor:
         if mm_data:
             raise ValueError("decoder_prompt cannot carry multi_modal_data")
         if ids is None:
-            ids = self._tokenize(text, add_special_tokens=False)
+            ids = self._tokenize(text_target=text, add_special_tokens=False)
         if not ids or ids[0] not in self.decoder_starts:
             ids = [self.model_config.decoder_start_token_id] + list(ids)
         limit = self.model_config.max_decoder_len
-        if len(ids) >= limit:
-            raise ValueError(f"decoder_prompt has {len(ids)} tokens (with <DEC>); the model "
-                             f"decodes at most {limit} positions, leaving no room to generate")
+        if len(ids) > limit:
+            raise ValueError(f"decoder_prompt has {len(ids)} tokens (with <DEC>), more than the "
+                             f"model's {limit} decoder positions")
         self._check_vocab(ids, "decoder_prompt", self.model_config.vocab_size)
         return text, ids
 
-    def _tokenize(self, text: str, add_special_tokens: bool) -> list[int]:
+    def _tokenize(self, **text_and_options: Any) -> list[int]:
+        """Token ids of `text=` (encoder side) or `text_target=` (decoder side)."""
         if self.tokenizer is None:
             raise ValueError("the model directory has no tokenizer: pass token ids "
                              "({'prompt_token_ids': [...]}) instead of text")
-        return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        return list(self.tokenizer(**text_and_options)["input_ids"])
 
     def _check_vocab(self, ids: list[int], field: str, vocab: int) -> None:
         bad = [t for t in ids if not isinstance(t, int) or t < 0 or t >= vocab]

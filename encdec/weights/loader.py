@@ -109,7 +109,7 @@ def load_checkpoint(name: str, hf_config: Any, weights: Iterable[tuple[str, torc
         model=name, hf_config=hf_config, dtype=dtype, max_encoder_len=max_encoder,
         max_decoder_len=max_decoder, vocab_size=vocab_size, special_tokens=hooks.special_tokens,
         num_decoder_layers=num_layers, num_decoder_heads=num_heads, head_size=head_size,
-        encoder_vocab_size=hf_config.vocab_size if hf_config.vocab_size != vocab_size else None)
+        encoder_vocab_size=hf_config.vocab_size)
     return LoadedModel(model, model_config, tokenizer, hooks.default_decoder_prompt,
                        hooks.audio_processor)
 

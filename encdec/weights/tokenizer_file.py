@@ -17,8 +17,13 @@ class TokenizerFile:
     def __init__(self, path: Union[str, os.PathLike]):
         self.backend = Tokenizer.from_file(os.fspath(path))
 
-    def __call__(self, text: Union[str, list[str]], add_special_tokens: bool = True) -> dict:
-        """`{"input_ids": ids}` of one text, or a list of id lists for a list of texts."""
+    def __call__(self, text: Union[str, list[str], None] = None, add_special_tokens: bool = True,
+                 text_target: Union[str, list[str], None] = None) -> dict:
+        """`{"input_ids": ids}` of one text, or a list of id lists for a list of texts; the
+        decoder side's `text_target` reads the same vocabulary as `text`."""
+        if (text is None) == (text_target is None):
+            raise ValueError("give one of text and text_target")
+        text = text if text_target is None else text_target
         if isinstance(text, str):
             return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
         encodings = self.backend.encode_batch(list(text), add_special_tokens=add_special_tokens)

@@ -72,6 +72,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 import numpy as np
 
 from encdec.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, input_features
+from encdec.generation_config import decoder_room
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams, max_candidates
 from encdec.checks import flag, is_number, number, text
@@ -730,9 +731,9 @@ class TranscriptionJob:
 
     def _max_tokens(self, decoder_prompt: list[int], num_control: int = MAX_CONTROL_TOKENS) -> int:
         """Tokens a window may sample after its `num_control` control tokens: openai-whisper's
-        n_text_ctx // 2, and no more than the decoder's positions hold (openai-whisper samples
-        one more there: its last token is never fed to the decoder)."""
-        return min(SAMPLE_LEN, self.max_decoder_len - len(decoder_prompt) - num_control)
+        n_text_ctx // 2, and no more than the decoder has room for (the last one takes no
+        position, as openai-whisper never feeds it back)."""
+        return min(SAMPLE_LEN, decoder_room(self.max_decoder_len, len(decoder_prompt)) - num_control)
 
     def _audio(self, window: Window) -> np.ndarray:
         return self.audios[window.input_index][window.start:window.end]

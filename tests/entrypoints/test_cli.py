@@ -268,7 +268,7 @@ def test_summarize_words_errors_as_options(tiny_bart_dir, capsys):
                      "--max-tokens", "300"]) == 2
     assert usage_error(capsys.readouterr().err, "summarize") == (
         "--max-tokens=300 is more than the decoder has room for: it holds 256 positions and the "
-        "decoder prompt takes 2 tokens, so at most 254")
+        "decoder prompt takes 2 tokens, so at most 255 (the last new token takes no position)")
     assert cli.main(["summarize", "--model", str(tiny_bart_dir)]) == 2
     assert usage_error(capsys.readouterr().err, "summarize") == "give at least one TEXT or --file"
     assert cli.main(["summarize", "--model", str(tiny_bart_dir / "missing"), "text"]) == 2

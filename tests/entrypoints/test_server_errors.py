@@ -90,7 +90,7 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/summarize", {"model": "bart", "input": TEXT, "min_tokens": 9, "max_tokens": 3}, 400, "min_tokens"),
     # past the decoder's room (256 positions): refused, as OpenAI and vLLM refuse it, not cut
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "max_tokens": 100000}, 400, "max_tokens"),
-    ("/v1/summarize", {"model": "bart", "input": TEXT, "max_tokens": 255}, 400, "max_tokens"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "max_tokens": 256}, 400, "max_tokens"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "temperature": -1}, 400, "temperature"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "num_beams": 2, "temperature": 0.5}, 400, "temperature"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "seed": -2**63 - 1}, 400, "seed"),

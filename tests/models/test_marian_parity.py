@@ -25,8 +25,20 @@ class TestMarianParity(FamilyParity):
             assert config.vocab_size == len(tokenizer.target_encoder)
             assert model.decoder.embed_tokens.num_embeddings == config.vocab_size
         else:
-            assert config.encoder_vocab_size is None
+            assert config.encoder_vocab_size == config.vocab_size
             assert model.encoder.embed_tokens is model.decoder.embed_tokens is model.shared
+
+    def test_text_decoder_prompts_use_the_target_side(self, family_dir):
+        """As `tokenizer(text_target=...)`: the target SentencePiece model (and vocabulary),
+        which segments (and, separate, numbers) this text differently from the source one."""
+        llm = LLM(model=str(family_dir), num_gpu_blocks=64)
+        tokenizer, start = llm.get_tokenizer(), llm.llm_engine.model_config.decoder_start_token_id
+        text = "la ville"
+        target = tokenizer(text_target=text, add_special_tokens=False)["input_ids"]
+        assert target != tokenizer(text, add_special_tokens=False)["input_ids"]
+        inputs = llm.llm_engine.input_preprocessor.preprocess(
+            {"encoder_prompt": "Hello world.", "decoder_prompt": text})
+        assert inputs.prompt_token_ids == [start] + target
 
 
 def test_multilingual_target_token(tmp_path):

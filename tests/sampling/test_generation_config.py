@@ -72,17 +72,18 @@ def test_other_configs():
     assert resolve(SamplingParams(), {}, prompt_len=4).max_tokens == 20
     assert resolve(SamplingParams(), dict(max_length=20), prompt_len=4).max_tokens == 16  # a set one counts the prompt
     room = resolve_sampling_params(SamplingParams(), GenerationDefaults(), 10, 14)
-    assert (room.max_tokens, room.temperature, room.min_tokens) == (4, 1.0, 0)  # built-in 16, capped
+    assert (room.max_tokens, room.temperature, room.min_tokens) == (5, 1.0, 0)  # built-in 16, capped
     config_room = resolve_sampling_params(SamplingParams(), GenerationDefaults.from_dict(dict(max_length=500)), 10, 64)
-    assert config_room.max_tokens == 54  # a config's length is capped by the decoder's room
+    assert config_room.max_tokens == 55  # a config's length is capped by the decoder's room
 
 
 def test_max_tokens_past_the_decoders_room_is_refused():
     """As vLLM refuses it: a request's own max_tokens above what the decoder holds after its
-    prompt is an error that names the limit, not a silent cap."""
-    assert resolve_sampling_params(SamplingParams(max_tokens=54), GenerationDefaults(), 10, 64).max_tokens == 54
-    with pytest.raises(ValueError, match=r"^max_tokens=55 .* 64 positions .* 10 tokens, so at most 54$"):
-        resolve_sampling_params(SamplingParams(max_tokens=55), GenerationDefaults(), 10, 64)
+    prompt is an error that names the limit, not a silent cap. The last new token is never fed
+    back, so it takes no position: 64 positions after 10 prompt tokens hold 55 new ones."""
+    assert resolve_sampling_params(SamplingParams(max_tokens=55), GenerationDefaults(), 10, 64).max_tokens == 55
+    with pytest.raises(ValueError, match=r"^max_tokens=56 .* 64 positions .* 10 tokens, so at most 55 \(the last"):
+        resolve_sampling_params(SamplingParams(max_tokens=56), GenerationDefaults(), 10, 64)
 
 
 def test_loading(tmp_path):

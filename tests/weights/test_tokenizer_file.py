@@ -31,6 +31,8 @@ def test_encoding_matches(tokenizers, text, add_special_tokens):
     assert ours(text, add_special_tokens=add_special_tokens)["input_ids"] == expected
     assert ours([text, "a"], add_special_tokens=add_special_tokens)["input_ids"] == \
         theirs([text, "a"], add_special_tokens=add_special_tokens)["input_ids"]
+    assert ours(text_target=text, add_special_tokens=add_special_tokens)["input_ids"] == \
+        theirs(text_target=text, add_special_tokens=add_special_tokens)["input_ids"]
 
 
 def test_decoding_matches_on_random_ids(tokenizers):

@@ -27,13 +27,14 @@ def audio_prompts(clips) -> list[dict]:
 
 
 def assert_whisper_defaults(llm: LLM, clips) -> None:
-    """No sampling params: the same tokens as greedy decoding with all the room the decoder has,
-    whole sentences (more than vLLM's 16 default tokens), and the same on a second call."""
+    """No sampling params: the same tokens as greedy decoding up to the decoder's positions in
+    all (Hugging Face Whisper's limit), whole sentences (more than vLLM's 16 default tokens),
+    and the same on a second call."""
     prompts = audio_prompts(clips)
     outputs = llm.generate(prompts, use_tqdm=False)
     again = llm.generate(prompts, use_tqdm=False)
-    room = llm.llm_engine.model_config.max_decoder_len - len(outputs[0].prompt_token_ids)
-    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=room), use_tqdm=False)
+    longest = llm.llm_engine.model_config.max_decoder_len - len(outputs[0].prompt_token_ids)
+    greedy = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=longest), use_tqdm=False)
     tokens = [o.outputs[0].token_ids for o in outputs]
     assert tokens == [o.outputs[0].token_ids for o in again]
     assert tokens == [o.outputs[0].token_ids for o in greedy]
@@ -41,7 +42,7 @@ def assert_whisper_defaults(llm: LLM, clips) -> None:
     assert max(len(t) for t in tokens) > 16
     assert wer([c.text for c in clips], [o.outputs[0].text for o in outputs]) < 0.2
     defaults = llm.llm_engine.generation_defaults.as_params(len(outputs[0].prompt_token_ids))
-    assert (defaults["temperature"], defaults["max_tokens"]) == (0.0, room)
+    assert (defaults["temperature"], defaults["max_tokens"]) == (0.0, longest)
     assert_all_blocks_free(llm)
 
 

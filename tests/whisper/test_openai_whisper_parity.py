@@ -34,12 +34,15 @@ def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options):
         assert_segments_equal(transcript, segments_of(whisper.transcribe(reference, clip.audio, fp16=False, **options)))
 
 
-@pytest.mark.parametrize("clip, options", [(1, {}), (2, {"clip_timestamps": "33.3"})],
-                         ids=["102s", "86s-from-33.3s"])  # the 86 s clip whole: test_words_equal_openai_whisper
+@pytest.mark.parametrize("clip, options", [(1, {}), (2, {"clip_timestamps": "33.3"}),
+                                           (2, {"initial_prompt": "Museum, harvest, bakery.", "temperature": 0.0})],
+                         ids=["102s", "86s-from-33.3s", "86s-prompted"])  # the 86 s clip whole: test_words_equal_openai_whisper
 def test_long_audio_segments_equal_openai_whisper(tiny_en, reference, long_clips, clip, options):
     """Past 30 s, conditioned (the default): each window starts where the last decode left off,
     and its features are cut from one log-mel of the whole input, as in openai-whisper; a clip
-    that starts mid-input hears the audio before its first frame."""
+    that starts mid-input hears the audio before its first frame. Prompted, the third window's
+    prompt fills its 223 tokens and its decode runs to the decoder's last position, where the
+    last of its 224 tokens takes none."""
     audio = long_clips[clip].audio
     (ours,) = tiny_en.transcribe([(audio, 16000)], **options)
     assert_segments_equal(ours, segments_of(whisper.transcribe(reference, audio, fp16=False, **options)))

@@ -177,7 +177,7 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
         raise bad_request("this model has no tokenizer: send token ids", "prompt")
     encoded = iter(await asyncio.get_running_loop().run_in_executor(
         None, lambda: engine.tokenizer(texts)["input_ids"]) if texts else [])
-    limit, vocab = engine.model_config.max_encoder_len, engine.model_config.vocab_size
+    limit, vocab = engine.model_config.max_encoder_len, engine.model_config.encoder_vocab_size
     prompts = []
     for i, p in enumerate(prompt):
         ids = next(encoded) if isinstance(p, str) else p
