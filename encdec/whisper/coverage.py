@@ -55,10 +55,14 @@ MAX_REPEATED_WORDS = 30
 
 @dataclass
 class WindowPlan:
-    """The spans to keep, and where to decode again (None: the window is covered)."""
+    """The spans to keep, and where to decode again (None: the window is covered).
+    `from_start`: the decode holds no pair of timestamps, so its one segment runs from the
+    window's start to its last timestamp after 0 (else to the window's end), as openai-whisper
+    times it, whatever timestamp opens it."""
 
     kept: list[Span]
     resume: Optional[float]
+    from_start: bool = False
 
 
 def plan_window(spans: list[Span], texts: list[str], duration: float, timestamps: bool,
@@ -86,11 +90,14 @@ def plan_seek(spans: list[Span], texts: list[str], timestamps: bool, single_endi
     `seek`. A last segment left open, or looping, is dropped and decoded again from the end of
     the segment before it; a decode that ends in a pair of timestamps resumes at the first of
     them; one that ends in a lone closing timestamp (`single_ending`) moves on to the window's
-    end. A decode with no timestamps, or none after 0, keeps everything."""
+    end. A decode with no timestamps, or none after 0, keeps everything, as does one of a single
+    segment (`from_start`)."""
     if not timestamps or not spans:
         return WindowPlan(spans, None)
     kept = list(spans)
     _, end, _ = kept[-1]
+    if len(spans) == 1 and (end is None or single_ending):
+        return WindowPlan(spans, None, from_start=True)
     if end is None or _looping(texts[-1], compression_ratio_threshold):
         kept.pop()
     elif single_ending:

@@ -439,13 +439,13 @@ class TranscriptionJob:
             # over the text tokens only, as openai-whisper: not timestamps (likely at a segment's start)
             probs = logits[rows][:-1, :self.tokens.eot].softmax(dim=-1)[range(len(text)), text].numpy()
             words = align_words(self.tokenizer, text, weights, rows.start, probs, frames,
-                                self.languages[window.input_index], window.offset)
+                                self.languages[window.input_index])
             index = window.input_index
             punctuations = (self.options.prepend_punctuations, self.options.append_punctuations)
             if window.resume is None:  # windows decoded at once: the speech before it may be pending
                 last_speech = max(self.last_speech[index], window.offset)
                 self.last_speech[index] = words_into_segments(words, window.segments, self.tokens.eot,
-                                                              last_speech, punctuations)
+                                                              window.offset, last_speech, punctuations)
                 threshold = self.options.hallucination_silence_threshold
                 cut = None if threshold is None else hallucination_index(
                     window.segments, threshold, last_speech, window.offset, window.duration)
@@ -453,7 +453,8 @@ class TranscriptionJob:
                 clear_empty_segments(window.segments)
                 after = None
             else:
-                words_into_segments(words, window.segments, self.tokens.eot, self.last_speech[index], punctuations)
+                words_into_segments(words, window.segments, self.tokens.eot, window.offset,
+                                    self.last_speech[index], punctuations)
                 after = self._seek_after_words(window, decode)
             window.done = True
             window.cross_kv = None
@@ -525,8 +526,7 @@ class TranscriptionJob:
         """Keep the accepted decode's segments; returns the follow-up window, if any."""
         no_speech = window.state.no_speech_prob
         o = self.options
-        if is_no_speech(no_speech, decode.avg_logprob, decode.text, o.no_speech_threshold,
-                        o.logprob_threshold):
+        if is_no_speech(no_speech, decode.avg_logprob, o.no_speech_threshold, o.logprob_threshold):
             self._progress(window.duration)
             return self._seek_window(window, window.end) if self.seek else None
         spans = split_spans(decode.sampled, self.tokens)
@@ -549,7 +549,7 @@ class TranscriptionJob:
         ends_clip = window.end == self._clip_end(window)
         window.segments = window_segments(
             spans, self.tokens, self.tokenizer, window.offset, (end - start) * HOP_LENGTH / SAMPLE_RATE,
-            None if ends_clip else window.duration, self.options.timestamps,
+            None if ends_clip else window.duration, self.options.timestamps, plan.from_start,
             avg_logprob=decode.avg_logprob, no_speech_prob=no_speech, temperature=decode.temperature,
             compression_ratio=decode.compression_ratio, seek=round(window.offset * 100))
         if self.seek:

@@ -59,17 +59,21 @@ def span_tokens(span: Span, tokens: WhisperTokens) -> list[int]:
 
 
 def window_segments(spans: list[Span], tokens: WhisperTokens, tokenizer: Any, offset: float, duration: float,
-                    limit: Optional[float] = None, timestamps: bool = True, **scores: Any) -> list[Segment]:
+                    limit: Optional[float] = None, timestamps: bool = True, from_start: bool = False,
+                    **scores: Any) -> list[Segment]:
     """Segments of `split_spans` spans with absolute times: as sampled, also past the window's
     `duration` (as openai-whisper and faster-whisper keep them), up to `limit` seconds from
     `offset` when one is given; an open last segment ends at `duration`, a text before any
-    timestamp starts at `offset`. `scores` are the `Segment` fields their window's decode
-    gives them all (avg_logprob, ...). Their `tokens` are `span_tokens`, or the text alone
-    without `timestamps`."""
+    timestamp starts at `offset`. `from_start` (`WindowPlan`): the one span starts at `offset`
+    and ends at its last timestamp after 0, else at `duration`. `scores` are the `Segment`
+    fields their window's decode gives them all (avg_logprob, ...). Their `tokens` are
+    `span_tokens`, or the text alone without `timestamps`."""
     segments = []
     for span in spans:
         start, end, text = span
         ids = span_tokens(span, tokens) if timestamps else list(text)
+        if from_start:
+            start, end = 0.0, (end or start) or None
         start = start or 0.0
         end = max(duration if end is None else end, start)
         if limit is not None:

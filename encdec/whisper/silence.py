@@ -1,14 +1,12 @@
 """When a window holds no speech, so that silence gives an empty transcript.
 
-Whisper invents text for silence and faint noise (" you", ". . . ."), and openai-whisper's
-no-speech rule alone (no-speech probability > 0.6 and average log-probability < -1) keeps
-those: the model is sure of them. Two more checks, no extra model:
+Two checks, no extra model:
 
 * `is_silent`: no 20 ms frame of the window is louder than -60 dBFS (RMS): digital silence
-  or dither. Such windows are not decoded at all.
-* `is_no_speech`: openai-whisper's rule, with one addition: text without a letter or a digit
-  (" . . . .") counts as unsure too. Repetitive text alone does not: speech that repeats
-  itself (a chorus, a list read twice) is confident and must stay, as in openai-whisper.
+  or dither. Such windows are not decoded at all (Whisper invents text for them, " you").
+* `is_no_speech`: openai-whisper's rule (and faster-whisper's): a no-speech probability above
+  0.6 drops the window unless its average log-probability is above -1. So text the model is
+  sure of stays, also wordless (" .") or repetitive (a chorus, a list read twice).
 """
 from __future__ import annotations
 
@@ -39,12 +37,11 @@ def compression_ratio(text: str) -> float:
     return len(raw) / len(zlib.compress(raw)) if raw else 0.0
 
 
-def is_no_speech(no_speech_prob: float, avg_logprob: float, text: str,
+def is_no_speech(no_speech_prob: float, avg_logprob: float,
                  no_speech_threshold: Optional[float] = NO_SPEECH_THRESHOLD,
                  logprob_threshold: Optional[float] = LOGPROB_THRESHOLD) -> bool:
     """The rule above with the transcription's thresholds: `no_speech_threshold` None never
     finds silence; `logprob_threshold` None never vouches for a decode (as in openai-whisper,
     only an average log-probability above it keeps a window that seems silent)."""
-    unsure = (logprob_threshold is None or not avg_logprob > logprob_threshold
-              or not any(ch.isalnum() for ch in text))
+    unsure = logprob_threshold is None or not avg_logprob > logprob_threshold
     return no_speech_threshold is not None and no_speech_prob > no_speech_threshold and unsure

@@ -124,11 +124,11 @@ def split_words(tokenizer: Any, tokens: list[int], language: str) -> list[tuple[
 
 
 def align_words(tokenizer: Any, text_tokens: list[int], weights: np.ndarray, first_row: int,
-                token_probs: np.ndarray, num_frames: int, language: str, offset: float) -> list[Word]:
-    """Words of one window's `text_tokens` with times: `weights` [heads, tokens, frames] are
-    the alignment heads' attention over the pass (its prompt, the text tokens and the end of
-    text), the rows from `first_row` on predicting the text tokens and the end of text;
-    `token_probs` each text token's probability, `offset` the window's start (seconds)."""
+                token_probs: np.ndarray, num_frames: int, language: str) -> list[Word]:
+    """Words of one window's `text_tokens` with times from the window's start: `weights`
+    [heads, tokens, frames] are the alignment heads' attention over the pass (its prompt, the
+    text tokens and the end of text), the rows from `first_row` on predicting the text tokens
+    and the end of text; `token_probs` each text token's probability."""
     if not text_tokens:
         return []
     rows = slice(first_row, first_row + len(text_tokens) + 1)
@@ -139,7 +139,7 @@ def align_words(tokenizer: Any, text_tokens: list[int], weights: np.ndarray, fir
     for text, ids in split_words(tokenizer, text_tokens, language):
         start, end = jump_times[position], jump_times[min(position + len(ids), len(jump_times) - 1)]
         probability = float(np.mean(token_probs[position:position + len(ids)]))
-        words.append(Word(text, offset + float(start), offset + float(end), probability, list(ids)))
+        words.append(Word(text, float(start), float(end), probability, list(ids)))
         position += len(ids)
     return words
 
@@ -167,12 +167,16 @@ def merge_punctuation(words: list[Word], prepend: str = PREPEND_PUNCTUATIONS,
             previous = j
 
 
-def words_into_segments(words: list[Word], segments: list[Segment], eot: int, last_speech: float,
+def words_into_segments(words: list[Word], segments: list[Segment], eot: int, offset: float,
+                        last_speech: float,
                         punctuations: tuple[str, str] = (PREPEND_PUNCTUATIONS, APPEND_PUNCTUATIONS)) -> float:
-    """Give each segment its words (in the order of its text tokens, the ids below `eot`), trim
-    overlong words at sentence and segment boundaries with the median word duration, join the
-    marks of `punctuations` (prepended, appended) to their words, and fit segment and word times
-    to each other. Returns the end of the last speech, for the next window."""
+    """Give each segment its words (`align_words`' of the window at `offset` seconds, in the
+    order of its text tokens, the ids below `eot`), trim overlong words at sentence and segment
+    boundaries with the median word duration, join the marks of `punctuations` (prepended,
+    appended) to their words, and fit segment and word times to each other. As openai-whisper
+    does it: word times are rounded to 10 ms once placed in the input, before the fitting, which
+    gives a segment its first word's start and its last word's end. Returns the end of the last
+    speech, for the next window."""
     durations = np.array([w.end - w.start for w in words])
     durations = durations[durations > 0]
     median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
@@ -189,14 +193,16 @@ def words_into_segments(words: list[Word], segments: list[Segment], eot: int, la
         taken, mine = 0, []
         num_text = sum(t < eot for t in segment.tokens)
         while position < len(words) and taken < num_text:
-            if words[position].word:
-                mine.append(words[position])
-            taken += len(words[position].tokens)
+            word = words[position]
+            if word.word:
+                mine.append(Word(word.word, round(offset + word.start, 2), round(offset + word.end, 2),
+                                 word.probability, word.tokens))
+            taken += len(word.tokens)
             position += 1
         if mine:
             _fit(segment, mine, median, longest, last_speech)
             last_speech = segment.end
-        segment.words = [Word(w.word, round(w.start, 2), round(w.end, 2), w.probability, w.tokens) for w in mine]
+        segment.words = mine
     return last_speech
 
 

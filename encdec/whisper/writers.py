@@ -206,8 +206,7 @@ def _word_dict(word: Word) -> dict:
 def write_json(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
     """openai-whisper's json, laid out as it writes it (one line), with `duration` added: the
     text as decoded (its leading space kept), every segment field, and with word timestamps
-    each segment's words with their times and probabilities. Segment tokens are text tokens
-    (openai-whisper's also hold the segment's timestamp tokens)."""
+    each segment's words with their times and probabilities."""
     worded = options.word_timestamps or any(s.words for s in result.segments)
     segments = []
     for i, s in enumerate(result.segments):

@@ -209,6 +209,10 @@ def test_plan_seek_rules():
     assert plan([ts(0.0), 1, ts(2.0), ts(2.2), 2, 2]) == (2.0, [[1]])
     assert plan([ts(0.0), 1, 1]) == (None, [[1, 1]])  # nothing before it: kept, on to the end
     assert plan_seek([], [], True, False).resume is None
+    # one segment (no pair of timestamps): kept whole, timed from the window's start
+    assert plan_seek(split_spans([ts(1.0), 1, ts(2.0), EOT], TOKENS), [" w1"], True, True).from_start
+    assert plan_seek(split_spans([ts(1.0), 1, 1], TOKENS), [" w1 w1"], True, False).from_start
+    assert not plan_seek(split_spans([ts(0.0), 1, ts(2.0), ts(2.0), EOT], TOKENS), [" w1"], True, False).from_start
     assert plan_seek(split_spans([1, 2, EOT], TOKENS), [" w1 w2"], False, False).resume is None
 
 
@@ -392,9 +396,9 @@ def test_hotwords_open_every_prompt_and_a_carried_initial_prompt_stays():
     assert second == [SOT_PREV, 9, 7, 8, ts(0.0), *[5] * 150, ts(30.0), SOT]
     # two windows of context outgrow the 223 prompt tokens: the initial prompt stays
     assert third[:4] == [SOT_PREV, 9, 7, 8] and len(third) == 1 + 223 + 1 and third[-2:] == [ts(30.0), SOT]
-    # it may sample up to the decoder's 448 positions (English-only: no control tokens), so
-    # 223 tokens: openai-whisper's 224 less the one it samples past the positions
-    assert [r.params.max_tokens for r in job.requests_made] == [224, 224, 448 - len(third)]
+    # it may sample up to the decoder's 448 positions (English-only: no control tokens) and
+    # one more, which is never fed back: openai-whisper's 224
+    assert [r.params.max_tokens for r in job.requests_made] == [224, 224, 448 + 1 - len(third)] == [224] * 3
     plain = ScriptedEngine(script)
     plain.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(90.0)],
                                     TranscribeOptions(initial_prompt="w7 w8", compression_ratio_threshold=None)))

@@ -69,6 +69,20 @@ def test_words_equal_openai_whisper(tiny_en, reference, corpus, long_clips):
         assert_words_equal(transcript, whisper.transcribe(reference, audio, fp16=False, word_timestamps=True))
 
 
+def test_a_decode_of_one_segment_starts_at_its_window(tiny_en, reference, long_clips):
+    """A decode without a pair of timestamps is one segment from its window's start, whatever
+    timestamp opens it, as openai-whisper times it: here the clip's last window (2.2 s before
+    its end) opens with <|1.00|>, and its first word is timed from the window's start too."""
+    audio = long_clips[0].audio
+    options = dict(clip_timestamps="10,40", word_timestamps=True, temperature=0.0)
+    (ours,) = tiny_en.transcribe([(audio, 16000)], **options)
+    result = whisper.transcribe(reference, audio, fp16=False, **options)
+    begin = whisper.tokenizer.get_tokenizer(multilingual=False).timestamp_begin
+    assert any(s["tokens"][0] > begin and round(s["start"] * 100) == s["seek"] for s in result["segments"])
+    assert_segments_equal(ours, segments_of(result))
+    assert_words_equal(ours, result)
+
+
 def test_pauses_and_noise_equal_openai_whisper(tiny_en, reference, corpus):
     """Speech between long pauses and noise, with word timestamps: a decode that closes its
     last segment early moves on to the window's end, as openai-whisper's seek does (decoding
@@ -82,6 +96,16 @@ def test_pauses_and_noise_equal_openai_whisper(tiny_en, reference, corpus):
         result = whisper.transcribe(reference, audio, fp16=False, word_timestamps=True, temperature=0.0)
         assert_segments_equal(transcript, segments_of(result))
         assert_words_equal(transcript, result)
+
+
+def test_a_wordless_decode_the_model_is_sure_of_stays(tiny_en, reference):
+    """openai-whisper's no-speech rule alone: 10 s of loud noise decodes to " ." with a
+    no-speech probability above 0.6 but an average log-probability above -1, so it stays."""
+    audio = np.clip(noise(2, 10, 0.5), -1, 1)
+    (ours,) = tiny_en.transcribe([(audio, 16000)], temperature=0.0)
+    expected = segments_of(whisper.transcribe(reference, audio, fp16=False, temperature=0.0))
+    assert [(s[2], s[5] > 0.6, s[4] > -1) for s in expected] == [(".", True, True)]
+    assert_segments_equal(ours, expected)
 
 
 def test_hallucination_silence_threshold_equals_openai_whisper(tiny_en, reference, corpus):
@@ -118,14 +142,15 @@ def murmur(seed: int, seconds: float, level: float) -> np.ndarray:
 
 
 def assert_words_equal(transcript, result: dict) -> None:
-    """Each word's text, times (to 5 ms) and probability, and the segments' times."""
+    """Each word's text, times (to 5 ms) and probability, and the segments' times (the same
+    numbers)."""
     expected = [(w["word"], w["start"], w["end"], w["probability"]) for s in result["segments"] for w in s["words"]]
     got = [(w.word, w.start, w.end, w.probability) for s in transcript.segments for w in s.words]
     assert [w[0] for w in got] == [w[0] for w in expected]
     assert [t for w in got for t in w[1:3]] == pytest.approx([t for w in expected for t in w[1:3]], abs=0.005)
     assert [w[3] for w in got] == pytest.approx([w[3] for w in expected], abs=0.01)
-    assert [(round(s.start, 2), round(s.end, 2)) for s in transcript.segments] == \
-        [(round(s["start"], 2), round(s["end"], 2)) for s in result["segments"]]
+    # exactly: a segment takes its first word's start and last word's end, rounded to 10 ms
+    assert [(s.start, s.end) for s in transcript.segments] == [(s["start"], s["end"]) for s in result["segments"]]
 
 
 def test_verbose_prints_what_openai_whisper_prints(tiny_en, reference, long_clips, capsys):
