@@ -21,10 +21,15 @@ def marian_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: O
                        target_lang: Optional[str]) -> TranslationInputs:
     """The language pair is the checkpoint's; a multilingual target takes `>>{target_lang}<<`."""
     codes = getattr(tokenizer, "supported_language_codes", None) or []
+    unused = [("source_lang", "a Marian model reads the source language it was trained on")] \
+        if source_lang else []
     if codes:
         token = f">>{target_lang}<<"
         if token not in codes:
             raise ValueError(f"this Marian model translates into several languages: give the "
                              f"target language, one of {sorted(c[2:-2] for c in codes)}")
         text = f"{token} {text}"
-    return TranslationInputs(tokenizer(text)["input_ids"])
+    elif target_lang:
+        unused.append(("target_lang", "this Marian model translates into the one language it "
+                                      "was trained on"))
+    return TranslationInputs(tokenizer(text)["input_ids"], unused=tuple(unused))

@@ -38,10 +38,12 @@ class InputHooks:
 @dataclass(frozen=True)
 class TranslationInputs:
     """A text to translate as encoder token ids, and the decoder's forced first token (mBART-50's
-    target language code) if the model needs one."""
+    target language code) if the model needs one. `unused`: the language arguments given that
+    the checkpoint has no use for ("source_lang", "target_lang"), each with the reason."""
 
     prompt_token_ids: list[int]
     forced_bos_token_id: Optional[int] = None
+    unused: tuple[tuple[str, str], ...] = ()
 
 
 def decoder_start_token_id(hf_config: Any, generation_config: Optional[dict] = None) -> int:

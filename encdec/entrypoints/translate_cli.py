@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 from typing import Any
 
-from encdec.entrypoints.cli_messages import UsageError, error
+from encdec.entrypoints.cli_messages import UsageError, error, warn
 from encdec.entrypoints.summaries import ArticleTooLong
 from encdec.entrypoints.summarize_cli import (add_decoding_options, cut_note, decoding_params,
                                               load_text_model, print_outputs, too_long)
@@ -92,7 +92,7 @@ def run_translate(args: argparse.Namespace) -> int:
     hf_config, limit = engine.model_config.hf_config, engine.model_config.max_encoder_len
     check_languages(args, hf_config)
     params = decoding_params(llm, args)
-    prompts, request_params = [], []
+    prompts, request_params, unused = [], [], {}
     for label, text in texts:
         if not text.strip():
             error(f"{label}: the text to translate is empty")
@@ -103,6 +103,7 @@ def run_translate(args: argparse.Namespace) -> int:
                                         args.target_lang)
         except ValueError as err:  # the languages: the same for every text
             raise UsageError(f"--source-lang / --target-lang: {err}") from None
+        unused.update(inputs.unused)
         try:
             ids = fitted(inputs.prompt_token_ids, limit, args.truncate)
         except ArticleTooLong as err:
@@ -115,5 +116,7 @@ def run_translate(args: argparse.Namespace) -> int:
         forced = inputs.forced_bos_token_id
         request_params.append(params if forced is None
                               else dataclasses.replace(params, forced_bos_token_id=forced))
+    for name, reason in unused.items():
+        warn(f"--{name.replace('_', '-')} {getattr(args, name)}: not used: {reason}")
     status = print_outputs(llm, prompts, request_params, args) if prompts else 0
     return 1 if status or failed else 0

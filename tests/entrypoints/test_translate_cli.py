@@ -41,6 +41,11 @@ def translate(capsys, model_dir, *options) -> tuple[int, list[str], str]:
     return status, captured.out.splitlines(), captured.err
 
 
+def said(err: str) -> list[str]:
+    """encdec's own lines on stderr (not the progress bars of loading)."""
+    return [line for line in err.splitlines() if line.startswith("encdec: ")]
+
+
 def test_marian_multilingual_target(tmp_path, capsys):
     model_dir = make_family_checkpoint("marian", tmp_path / "marian", seed=1)  # into de or fr
     status, lines, _ = translate(capsys, model_dir, "--target-lang", "fr")
@@ -51,6 +56,23 @@ def test_marian_multilingual_target(tmp_path, capsys):
     status, lines, err = translate(capsys, model_dir)
     assert status == 2 and not lines
     assert "--target-lang" in err and "one of ['de', 'fr']" in err
+
+
+def test_marian_says_which_languages_it_does_not_use(tmp_path, capsys):
+    """A checkpoint of one language pair translates into its own target, whatever --target-lang
+    asks; a multilingual one takes the target but reads its own source. Each says so."""
+    model_dir = make_family_checkpoint("marian-separate", tmp_path / "marian", seed=1)
+    multilingual = make_family_checkpoint("marian", tmp_path / "multilingual", seed=1)
+    status, lines, err = translate(capsys, model_dir, "--source-lang", "en", "--target-lang", "fr")
+    assert status == 0 and lines == hf_translations(model_dir, TEXTS)
+    assert said(err) == [
+        "encdec: warning: --source-lang en: not used: a Marian model reads the source language it was trained on",
+        "encdec: warning: --target-lang fr: not used: this Marian model translates into the one language it "
+        "was trained on"]
+    status, lines, err = translate(capsys, multilingual, "--source-lang", "en", "--target-lang", "fr")
+    assert status == 0 and lines == hf_translations(multilingual, TEXTS, prefix=">>fr<< ")
+    assert said(err) == [
+        "encdec: warning: --source-lang en: not used: a Marian model reads the source language it was trained on"]
 
 
 def test_mbart50_target_language(tmp_path, capsys):
