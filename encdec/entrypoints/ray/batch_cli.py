@@ -78,12 +78,43 @@ def add_batch(subparsers) -> None:
         job.set_defaults(handler=run_batch)
 
 
+def result_id(line: str) -> str | None:
+    """The id of one results.jsonl line, or None if it is not a whole record."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record.get("id") if isinstance(record, dict) else None
+
+
 def done_ids(path: Path) -> set[str]:
-    """The ids already in a results file (none if it does not exist)."""
+    """The ids already in a results file (none if it does not exist), after mending its end for
+    the next run's appends: a last record without its newline gets one; a last line cut off
+    mid-write (a killed job) is dropped with a warning, so its input runs again. Any other line
+    that is not a record is a ValueError naming it."""
+    from encdec.entrypoints.cli_messages import warn
+
     if not path.exists():
         return set()
-    with open(path, encoding="utf-8") as file:
-        return {json.loads(line)["id"] for line in file if line.strip()}
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        cut = data.rfind(b"\n") + 1
+        if result_id(data[cut:].decode("utf-8", errors="replace")) is None:
+            with open(path, "r+b") as file:
+                file.truncate(cut)
+            data = data[:cut]
+            warn(f"{path}: dropped its incomplete last line (a write cut short); that input runs again")
+        else:
+            with open(path, "ab") as file:
+                file.write(b"\n")
+    ids = set()
+    for number, line in enumerate(data.decode("utf-8", errors="replace").split("\n"), 1):
+        if line.strip():
+            if (record_id := result_id(line)) is None:
+                raise ValueError(f"{path}, line {number}: not a result record of encdec batch "
+                                 f"(choose another --output, or mend or remove that file)")
+            ids.add(record_id)
+    return ids
 
 
 def input_dataset(args: argparse.Namespace, done: frozenset[str]):
@@ -193,7 +224,11 @@ def run_batch(args: argparse.Namespace) -> int:
         return 1
 
     Path(args.output).mkdir(parents=True, exist_ok=True)
-    done = done_ids(Path(args.output) / RESULTS)
+    try:
+        done = done_ids(Path(args.output) / RESULTS)
+    except ValueError as err:
+        error(str(err))
+        return 2
     started = not ray.is_initialized()
     if started:
         ray.init(address=args.ray_address, include_dashboard=False, logging_level=logging.WARNING)
