@@ -5,12 +5,11 @@ Input rows carry an `id`; output rows carry the same `id`, the result, an `error
 input succeeded) and the `node_id` of the Ray node that computed it. Results are what
 `LLM.transcribe` / `LLM.generate` give for the same inputs. Ray Data restarts an actor that dies
 (`max_restarts=-1`) and retries its batch (`max_task_retries=-1`), so each input still comes out
-once. Actors take a fraction of a CPU by default, and read tasks a quarter: at one CPU each,
-actors on a small node leave nothing to the read tasks (one CPU each by default) and the job
-stalls.
+once. Actors take a fraction of a CPU by default: at one CPU each, actors on a small node leave
+nothing to Ray Data's own tasks and the job stalls.
 
-Audio inputs are paths that every node can read (a shared filesystem); documents are text files
-(read by the driver), or a JSONL or Parquet file with `id` and `text` columns.
+Audio inputs are paths that every node can read (a shared filesystem); documents are text files,
+or a JSONL or Parquet file with `id` and `text` fields, read and checked by the driver.
 """
 from __future__ import annotations
 
@@ -33,7 +32,6 @@ from encdec.llm import LLM
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".mp4", ".webm", ".aac", ".mpga")
 TEXT_SUFFIXES = (".txt", ".md")
 TABLE_SUFFIXES = (".jsonl", ".json", ".parquet")
-TASK_CPUS = 0.25  # per read or map task: they fit beside actors on nodes with a CPU or less
 
 
 def expand_inputs(inputs: Sequence[str], suffixes: Sequence[str]) -> list[str]:
@@ -64,23 +62,56 @@ def audio_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> 
 
 
 def document_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> ray.data.Dataset:
-    """Rows `{id, text}`: one JSONL or Parquet file with those columns, or text files (id: the
-    path). Ids in `done` are left out."""
+    """Rows `{id, text}`: one JSONL or Parquet file with those fields (`table_documents`), or
+    text files (id: the path). Ids in `done` are left out."""
     if len(inputs) == 1 and inputs[0].lower().endswith(TABLE_SUFFIXES):
-        source = inputs[0]
-        if source.lower().endswith(".parquet"):
-            ds = ray.data.read_parquet(source, columns=["id", "text"], num_cpus=TASK_CPUS)
-        else:
-            ds = ray.data.read_json(source, lines=True, num_cpus=TASK_CPUS)
-        ds = ds.map_batches(_id_and_text, batch_format="pandas", num_cpus=TASK_CPUS)
-        return ds.filter(lambda row: row["id"] not in done, num_cpus=TASK_CPUS) if done else ds
-    rows = [{"id": p, "text": Path(p).read_text(encoding="utf-8")}
-            for p in expand_inputs(inputs, TEXT_SUFFIXES) if p not in done]
+        rows = [row for row in table_documents(inputs[0]) if row["id"] not in done]
+    else:
+        rows = [{"id": p, "text": Path(p).read_text(encoding="utf-8")}
+                for p in expand_inputs(inputs, TEXT_SUFFIXES) if p not in done]
     return ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
 
 
-def _id_and_text(batch):
-    return batch[["id", "text"]].astype({"id": str})
+def table_documents(source: str) -> list[dict[str, str]]:
+    """The `{id, text}` records of a JSONL or Parquet file, checked before any work starts, as
+    OpenAI's Batch API checks its input file: each needs an id (a string or an integer) of its
+    own and a text (a string). A ValueError lists the first bad records by line (JSONL) or row."""
+    if source.lower().endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(source)
+        missing = [name for name in ("id", "text") if name not in table.column_names]
+        if missing:
+            raise ValueError(f"{source}: no {' or '.join(missing)} column (it has {', '.join(table.column_names)})")
+        records = [(f"row {n}", r) for n, r in enumerate(table.select(["id", "text"]).to_pylist(), 1)]
+    else:
+        with open(source, encoding="utf-8") as file:
+            records = [(f"line {n}", _json_record(line)) for n, line in enumerate(file, 1) if line.strip()]
+    rows, first_seen, problems = [], {}, []
+    for where, record in records:
+        doc_id = record.get("id") if isinstance(record, dict) else None
+        if not isinstance(record, dict):
+            problems.append(f"{where}: not a JSON object")
+        elif isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+            problems.append(f"{where}: id must be a string or an integer, not {json.dumps(doc_id, default=str)}")
+        elif str(doc_id) in first_seen:
+            problems.append(f"{where}: id {json.dumps(str(doc_id))} again (first on {first_seen[str(doc_id)]})")
+        elif not isinstance(record.get("text"), str):
+            problems.append(f"{where}: text must be a string, not {json.dumps(record.get('text'), default=str)[:40]}")
+        else:
+            first_seen[str(doc_id)] = where
+            rows.append({"id": str(doc_id), "text": record["text"]})
+    if problems:
+        more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+        raise ValueError(f"{source}: {'; '.join(problems[:5])}{more}")
+    return rows
+
+
+def _json_record(line: str) -> Any:
+    try:
+        return json.loads(line)
+    except ValueError:
+        return None  # reported as "not a JSON object"
 
 
 class _Worker:

@@ -65,7 +65,7 @@ def add_batch(subparsers) -> None:
         job.add_argument("--replicas", type=positive_int, default=1, help="actors, each with one engine "
                                                                           "(default: 1)")
         job.add_argument("--cpus-per-replica", type=non_negative_float, default=0.5,
-                         help="CPUs Ray reserves per actor; keep some for the read tasks (default: 0.5)")
+                         help="CPUs Ray reserves per actor; keep some for Ray Data's own tasks (default: 0.5)")
         job.add_argument("--batch-size", type=positive_int, default=4,
                          help="inputs per engine call (default: 4)")
         job.add_argument("--num-gpu-blocks", type=positive_int, default=None,

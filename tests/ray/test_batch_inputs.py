@@ -1,0 +1,58 @@
+"""The documents of a JSONL or Parquet input are checked before any work starts: each record needs
+an id of its own and a text; the error names the bad lines (or rows). No Ray job runs here."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("ray")
+
+from encdec.entrypoints.ray.batch import table_documents  # noqa: E402  (imports Ray)
+
+
+def write_jsonl(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def test_good_records_keep_their_order_and_integer_ids_become_strings(tmp_path):
+    source = write_jsonl(tmp_path / "docs.jsonl", [
+        json.dumps({"id": "a", "text": "First."}), "", json.dumps({"id": 7, "text": "Second.", "x": 1})])
+    assert table_documents(source) == [{"id": "a", "text": "First."}, {"id": "7", "text": "Second."}]
+
+
+def test_every_bad_record_is_named_by_its_line(tmp_path):
+    source = write_jsonl(tmp_path / "docs.jsonl", [
+        json.dumps({"id": "a", "text": "Fine."}),
+        json.dumps({"id": "b", "body": "no text field"}),
+        json.dumps({"id": "c", "text": None}),
+        json.dumps({"id": "d", "text": 123}),
+        json.dumps({"text": "no id"}),
+        json.dumps({"id": "a", "text": "the id of line 1 again"}),
+        "{not json",
+        json.dumps(["a", "list"]),
+    ])
+    with pytest.raises(ValueError) as err:
+        table_documents(source)
+    assert str(err.value) == (
+        f"{source}: line 2: text must be a string, not null; line 3: text must be a string, not null; "
+        "line 4: text must be a string, not 123; line 5: id must be a string or an integer, not null; "
+        'line 6: id "a" again (first on line 1); and 2 more')
+
+
+def test_parquet_rows_are_checked_the_same_way(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"id": ["x", "y"], "text": ["One.", "Two."], "extra": [1, 2]}), good)
+    assert table_documents(str(good)) == [{"id": "x", "text": "One."}, {"id": "y", "text": "Two."}]
+    twice = tmp_path / "twice.parquet"
+    pq.write_table(pa.table({"id": ["x", "x"], "text": ["One.", None]}), twice)
+    with pytest.raises(ValueError, match=r'row 2: id "x" again \(first on row 1\)$'):
+        table_documents(str(twice))
+    no_text = tmp_path / "no_text.parquet"
+    pq.write_table(pa.table({"id": ["x"], "body": ["One."]}), no_text)
+    with pytest.raises(ValueError, match=r"no_text.parquet: no text column \(it has id, body\)"):
+        table_documents(str(no_text))
