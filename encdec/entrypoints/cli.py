@@ -296,6 +296,9 @@ def run_serve(args: argparse.Namespace) -> int:
             error(f"serve --ray needs Ray ({err}): pip install 'ray[data,serve]' (or, in the "
                   f"encdec checkout: pip install -e '.[ray]')")
             return 1
+        except ListenError as err:
+            error(str(err))
+            return 1
     try:
         return run_server(args)
     except (ListenError, ModelLoadError) as err:

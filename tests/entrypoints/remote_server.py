@@ -1,12 +1,14 @@
 """`encdec serve` in a subprocess on a free 127.0.0.1 port, for the server tests.
 
-`RemoteServer` starts it, waits for `/health` (failing fast, with the server's log, if the
-process exits), hands out `openai` clients with `max_retries=0`, reads `/metrics`, and stops
-the process. Nothing but loopback is used.
+`RemoteServer` starts it with `--port 0`, reads the port it bound from its log, waits for
+`/health` (failing fast, with the server's log, if the process exits), hands out `openai`
+clients with `max_retries=0`, reads `/metrics`, and stops the process. Nothing but loopback is
+used.
 """
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -30,25 +32,26 @@ def free_port() -> int:
 
 class RemoteServer:
     def __init__(self, args: list[str], api_key: Optional[str] = None, startup_timeout: float = 180):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
         self.log = tempfile.NamedTemporaryFile("w+", prefix="encdec-serve-", suffix=".log", delete=False)
         env = {**os.environ, "ENCDEC_API_KEY": api_key or ""}
         if not api_key:
             env.pop("ENCDEC_API_KEY")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "encdec", "serve", *args, "--port", str(self.port)],
+            [sys.executable, "-m", "encdec", "serve", *args, "--port", "0"],
             stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).resolve().parents[2])
         self._wait_healthy(startup_timeout)
 
     def _wait_healthy(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        """Wait for the log's `serving ... on http://127.0.0.1:PORT`, then for /health."""
+        deadline, self.url = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"encdec serve exited with {self.proc.returncode}:\n{self.output()}")
+            if self.url is None and (found := re.search(r" on (http://127\.0\.0\.1:(\d+))\b", self.output())):
+                self.url, self.port = found[1], int(found[2])
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if self.url and httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
                     return
             except httpx.TransportError:
                 pass

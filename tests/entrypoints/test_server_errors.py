@@ -179,6 +179,9 @@ AUDIO_CASES = [  # (files, form fields, status, param)
      {"response_format": "verbose_json", "timestamp_granularities[]": "bogus"}, 400, "timestamp_granularities[]"),
     ({"other": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {}, 400, "file"),
     ({"file": ("big.wav", b"\0" * (MAX_UPLOAD_MB * 1024 * 1024 + 1), "audio/wav")}, {}, 413, "file"),
+    # the limit is the file's, not the request's: one of exactly that size is read (and is no audio)
+    ({"file": ("at_limit.wav", b"\0" * (MAX_UPLOAD_MB * 1024 * 1024), "audio/wav")},
+     {"prompt": "words " * 1000}, 400, "file"),
     # more samples than --max-audio-seconds at 48 kHz: from the header, or counted while decoding
     ({"file": ("dense.flac", dense_audio("flac"), "audio/flac")}, {}, 400, "file"),
     ({"file": ("dense.m4a", dense_audio("mp4"), "audio/mp4")}, {}, 400, "file"),
@@ -228,10 +231,12 @@ def test_bad_audio_requests(server):
         assert_error(hallucinations, 400, "hallucination_silence_threshold")
 
 
-@pytest.mark.parametrize("chunks", [3 * MAX_UPLOAD_MB * 16, MAX_UPLOAD_MB * 16])  # 3x the limit; just over
-def test_upload_limit_without_content_length(server, chunks):
+@pytest.mark.parametrize("size, status", [(3 * MAX_UPLOAD_MB << 20, 413), ((MAX_UPLOAD_MB << 20) + 1, 413),
+                                          (MAX_UPLOAD_MB << 20, 400)])  # 3x the limit; just over; at it
+def test_upload_limit_without_content_length(server, size, status):
     """A chunked upload is cut off by the counting reader once it passes the limit (also when
-    its last part passes it)."""
+    its last byte passes it). The limit is the file's (as OpenAI's): a file of exactly that size
+    passes, to be refused as audio that cannot be decoded."""
     boundary = "xyz"
     head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\ntiny.en\r\n"
             f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
@@ -239,14 +244,14 @@ def test_upload_limit_without_content_length(server, chunks):
 
     def body():
         yield head
-        for _ in range(chunks):  # 64 KiB at a time
-            yield b"\0" * 65536
+        for start in range(0, size, 65536):  # 64 KiB at a time
+            yield b"\0" * min(65536, size - start)
         yield f"\r\n--{boundary}--\r\n".encode()
 
     with server.http() as http:
         response = http.post("/v1/audio/transcriptions", content=body(),
                              headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
-    assert_error(response, 413, "file")
+    assert_error(response, status, "file")
 
 
 def test_api_key(server):
@@ -399,6 +404,47 @@ def test_sigterm_drains_then_exits(tiny_bart_dir):
         assert all(e[-1] == "data: [DONE]" and '"finish_reason":"length"' in e[-2] for e in events)
         assert remote.proc.wait(timeout=30) in (0, -signal.SIGTERM)
         assert "refusing new requests" in remote.output()
+    finally:
+        remote.stop()
+
+
+def test_what_the_shutdown_timeout_cuts_off_gets_openai_errors(tiny_bart_dir):
+    """Past --shutdown-timeout, a request not yet answered gets a 503 in OpenAI's shape and a
+    stream under way a last error event (not uvicorn's plain-text 500, not a cut connection)."""
+    remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
+                           "--num-gpu-blocks", "256", "--max-num-seqs", "8", "--shutdown-timeout", "0"])
+    long_stream = {"model": "bart", "prompt": TEXT, "stream": True, "n": 8, "temperature": 1.0, "seed": 0,
+                   "min_tokens": 250, "max_tokens": 250}  # seconds of decoding after its first event
+
+    async def cut_off() -> tuple[list[str], httpx.Response]:
+        async with httpx.AsyncClient(base_url=remote.url, timeout=60) as http:
+            started = asyncio.Event()
+
+            async def stream() -> list[str]:
+                async with http.stream("POST", "/v1/completions", json=long_stream) as response:
+                    events = []
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: "):
+                            events.append(line)
+                            started.set()
+                    return events
+
+            streamed = asyncio.ensure_future(stream())
+            await started.wait()
+            queued = asyncio.ensure_future(http.post("/v1/completions", json={"model": "bart", "prompt": TEXT, **LONG}))
+            while not remote.metrics().get(("encdec_num_requests_waiting", (("model", "bart"),))):
+                await asyncio.sleep(0.02)
+            remote.proc.send_signal(signal.SIGTERM)
+            return await streamed, await queued
+
+    try:
+        events, queued = asyncio.run(cut_off())
+        assert assert_error(queued, 503, None)["code"] == "shutting_down"
+        assert "data: [DONE]" not in events
+        last = json.loads(events[-1].removeprefix("data: "))["error"]
+        assert (last["type"], last["code"]) == ("service_unavailable", "shutting_down"), last
+        assert remote.proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        assert "Internal Server Error" not in remote.output()
     finally:
         remote.stop()
 

@@ -165,6 +165,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def server_url(host: str, port: int) -> str:
+    """Where clients reach a server listening on `host`:`port` (IPv6 addresses in brackets)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def run_server(args: argparse.Namespace) -> int:
     """`encdec serve`: bind the address (ListenError), load the models (ModelLoadError if one
     fails), then serve until a signal."""
@@ -186,5 +191,7 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS)
+    logger.info("serving %s on %s", ", ".join(model.name for model in served),
+                server_url(args.host, sock.getsockname()[1]))  # the port bound, also for --port 0
     DrainingServer(config, state, args.shutdown_timeout).run(sockets=[sock])
     return 0

@@ -1,5 +1,6 @@
-"""Per HTTP request: an id, the API key, the body's size, refusal while shutting down, metrics
-and a log line.
+"""Per HTTP request: an id, the API key, the body's size, refusal while shutting down (and a 503
+or a last error event for what is cut off when the shutdown timeout ends), metrics and a log
+line.
 
 A plain ASGI middleware (it sees streamed responses to their end). The request id is the
 client's `x-request-id` when it sends a usable one, else a new one; it goes back in the
@@ -9,6 +10,8 @@ that a chunked body without a Content-Length gets the same 413 as one that decla
 """
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
 import logging
 import re
@@ -22,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from encdec.entrypoints.openai.errors import CLIENT_CLOSED_REQUEST, OpenAIError
 from encdec.entrypoints.openai.metrics import ServerMetrics
+from encdec.entrypoints.openai.streaming import sse
 from encdec.entrypoints.openai.uploads import discard_body
 
 logger = logging.getLogger("encdec.server")
@@ -57,13 +61,15 @@ class ServingMiddleware:
         start = time.monotonic()
         scope.setdefault("state", {}).update(request_id=request_id, start_time=start)
         status = 500
-        started = finished = False
+        started = finished = streaming = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status, started, finished
+            nonlocal status, started, finished, streaming
             if message["type"] == "http.response.start":
                 status, started = message["status"], True
-                MutableHeaders(scope=message)["x-request-id"] = request_id
+                headers = MutableHeaders(scope=message)
+                headers["x-request-id"] = request_id
+                streaming = headers.get("content-type", "").startswith("text/event-stream")
             try:
                 await send(message)
             except (OSError, RuntimeError) as err:  # uvicorn's transport is closed
@@ -83,6 +89,17 @@ class ServingMiddleware:
                 await self.app(scope, receive, send_with_id)
         except ConnectionGone:
             pass  # counted and logged as 499 below
+        except asyncio.CancelledError:  # uvicorn's, once --shutdown-timeout is over
+            if not self.state.draining:
+                raise
+            cut_off = OpenAIError(503, "the server shut down before this request finished "
+                                       "(--shutdown-timeout)", code="shutting_down")
+            with contextlib.suppress(ConnectionGone):
+                if not started:
+                    await cut_off.response()(scope, receive, send_with_id)
+                elif streaming:
+                    await send_with_id({"type": "http.response.body", "body": sse(cut_off.body()).encode(),
+                                        "more_body": False})
         except Exception as err:  # a real fault: the client still gets OpenAI's shape
             logger.exception("request %s: %s %s failed", request_id, scope["method"], path, exc_info=err)
             if not started:

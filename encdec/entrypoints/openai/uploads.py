@@ -1,7 +1,8 @@
 """Audio uploads: the size limit checked while the body streams in, decoding off the event loop.
 
 The declared Content-Length is checked first; then a counting reader stops the body as soon as
-it passes the limit, so an upload is never read whole before the check. The rest of an
+it passes the limit (with room for the form's other fields), so an upload is never read whole
+before the check; then the file's own size. The rest of an
 oversized body is read and dropped (up to the limit again) so that the client, still sending,
 gets to read the 413 instead of a reset connection.
 """
@@ -25,6 +26,7 @@ from encdec.audio import SAMPLE_RATE, TooManySamples, load_audio
 from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 
 MAX_FORM_FIELDS = 32
+FORM_FIELDS_BYTES = 1024 * 1024  # what a form may carry beside its file: framing, text fields (a prompt)
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
 
 
@@ -35,7 +37,7 @@ class UploadTooLarge(Exception):
 
 
 def too_large(max_bytes: int) -> OpenAIError:
-    return OpenAIError(413, f"the upload is larger than the server's limit of {max_bytes} bytes "
+    return OpenAIError(413, f"the file is larger than the server's limit of {max_bytes} bytes "
                             f"(--max-upload-mb)", "file", "upload_too_large")
 
 
@@ -51,13 +53,16 @@ async def discard_body(receive: Receive, max_bytes: int, last: Optional[Message]
 
 
 async def read_form(request: Request, max_bytes: int) -> FormData:
-    """The multipart form of `request`, refused with a 413 past `max_bytes`."""
+    """The multipart form of `request`, refused with a 413 if its file is over `max_bytes` (as
+    OpenAI limits the file, not the request): while it streams in, once the body passes
+    `max_bytes` and FORM_FIELDS_BYTES more; then the file's exact size."""
     content_type = request.headers.get("content-type", "")
     if content_type.split(";")[0].strip().lower() != "multipart/form-data":
         raise bad_request(f"Content-Type must be multipart/form-data, got {content_type or 'none'!r}")
+    max_body = max_bytes + FORM_FIELDS_BYTES
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_bytes:
-        await discard_body(request.receive, max_bytes)
+    if declared.isdigit() and int(declared) > max_body:
+        await discard_body(request.receive, max_body)
         raise too_large(max_bytes)
     received = 0
 
@@ -65,18 +70,22 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
         nonlocal received
         message = await request.receive()
         received += len(message.get("body", b""))
-        if received > max_bytes:
+        if received > max_body:
             raise UploadTooLarge(message)
         return message
 
     try:
-        return await Request(request.scope, counting_receive).form(
-            max_files=1, max_fields=MAX_FORM_FIELDS)
+        form = await Request(request.scope, counting_receive).form(max_files=1, max_fields=MAX_FORM_FIELDS)
     except UploadTooLarge as err:
-        await discard_body(request.receive, max_bytes, err.last)
+        await discard_body(request.receive, max_body, err.last)
         raise too_large(max_bytes) from None
     except HTTPException as err:  # starlette's 400 for a malformed form
         raise bad_request(f"the multipart form cannot be read: {err.detail}", "file") from None
+    upload = form.get("file")
+    if isinstance(upload, UploadFile) and upload.size is not None and upload.size > max_bytes:
+        await form.close()
+        raise too_large(max_bytes)
+    return form
 
 
 def form_fields(form: FormData) -> tuple[UploadFile, dict]:

@@ -111,8 +111,12 @@ def run_ray_server(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
+    from encdec.entrypoints.openai.api_server import listening_socket, server_url
+
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with listening_socket(args.host, args.port) as sock:  # a port in use fails now; 0 picks one
+        args.port = sock.getsockname()[1]
     ray.init(address=args.ray_address, include_dashboard=False)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
@@ -120,9 +124,10 @@ def run_ray_server(args: argparse.Namespace) -> int:
     try:
         deploy(args)
         replicas = args.replicas if args.autoscale is None else "%d-%d" % args.autoscale
-        logging.getLogger("encdec.server").info("serving on http://%s:%d with %s replicas",
-                                                args.host, args.port, replicas)
+        logging.getLogger("encdec.server").info("serving on %s with %s replicas",
+                                                server_url(args.host, args.port), replicas)
         stop.wait()
+        serve.delete(APP_NAME)  # replicas finish what is in flight (--shutdown-timeout) first
         serve.shutdown()
     finally:
         ray.shutdown()
