@@ -24,7 +24,7 @@ from encdec import __version__
 from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.config import resolve_dtype
 from encdec.entrypoints.ray.batch_cli import add_batch
-from encdec.entrypoints.ray.serve import add_ray_options
+from encdec.entrypoints.ray.serve import add_ray_options, ray_options_without_ray
 from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error, option_wording, warn
 from encdec.entrypoints.summarize_cli import add_summarize
 from encdec.entrypoints.translate_cli import add_translate
@@ -41,7 +41,7 @@ from encdec.whisper.languages import english_only_warning, requested_language
 from encdec.whisper.timing import dtw
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Transcription
-from encdec.whisper.writers import output_basename, segment_line, write_result
+from encdec.whisper.writers import segment_line, source_basename, write_result
 
 TRANSCRIBE_EPILOG = """\
 output: each file's transcript goes to stdout, with one "[MM:SS.mmm --> MM:SS.mmm] text" line per
@@ -79,7 +79,7 @@ def drop_name_clashes(inputs: list[tuple[str, np.ndarray]]) -> tuple[list, int]:
     """Inputs whose output files would overwrite an earlier input's are reported and dropped."""
     kept, owners = [], {}
     for name, audio in inputs:
-        base = output_basename(Transcription("", None, [], 0.0, source=name))
+        base = source_basename(name)
         if base in owners:
             error(f"{name}: its output files would overwrite those of {owners[base]} "
                   f"(same name {base!r}); skipped")
@@ -272,6 +272,8 @@ def check_serve(args: argparse.Namespace) -> None:
         per_model_options({name: getattr(args, name) for name in CACHE_OPTIONS}, len(args.models))
     except ModelLoadError as err:
         raise UsageError(str(err)) from None
+    if unused := ray_options_without_ray(args):
+        raise UsageError(f"{', '.join(unused)}: Ray Serve options; add --ray to serve through Ray")
     if args.ray:
         return
     for flag, values, device in (("--kv-cache-space", args.kv_cache_space, local_device(args.device)),

@@ -257,11 +257,15 @@ WRITERS: dict[str, Callable[[Transcription, TextIO, WriterOptions], None]] = {
 }
 
 
+def source_basename(source: str) -> str:
+    """The name of a transcript's files: its source file's, without directory and extension."""
+    return os.path.splitext(os.path.basename(source))[0]
+
+
 def output_basename(transcription: Transcription) -> str:
-    """The source file's name without directory and extension."""
     if not transcription.source:
         raise ValueError("transcription has no source file; pass basename= to write_result")
-    return os.path.splitext(os.path.basename(transcription.source))[0]
+    return source_basename(transcription.source)
 
 
 def write_result(transcription: Transcription, output_dir: Union[str, os.PathLike], fmt: str,

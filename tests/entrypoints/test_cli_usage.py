@@ -102,6 +102,9 @@ def test_summarize(capsys, argv, message):
                              "--served-model-name"),
     (["--quantization", "int8", "--dtype", "float16"],
      "--quantization int8 runs with float32 activations, not --dtype float16"),
+    (["--replicas", "2"], "--replicas: Ray Serve options; add --ray to serve through Ray"),
+    (["--autoscale", "1,4", "--cpus-per-replica", "2", "--ray-address", "auto"],
+     "--autoscale, --cpus-per-replica, --ray-address: Ray Serve options; add --ray to serve through Ray"),
 ])
 def test_serve(capsys, argv, message):
     assert usage_error(capsys, SERVE + argv) == message

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from encdec.entrypoints.ray.batch import table_documents  # noqa: E402  (imports Ray)
+from encdec.entrypoints.ray.batch import not_done, table_documents  # noqa: E402  (imports Ray)
 
 
 def write_jsonl(path, lines):
@@ -56,3 +56,12 @@ def test_parquet_rows_are_checked_the_same_way(tmp_path):
     pq.write_table(pa.table({"id": ["x"], "body": ["One."]}), no_text)
     with pytest.raises(ValueError, match=r"no_text.parquet: no text column \(it has id, body\)"):
         table_documents(str(no_text))
+
+
+def test_finished_files_are_known_however_they_are_spelt(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "in")
+    done = frozenset({str(tmp_path / "in" / "a.wav"), "in/b.wav"})
+    assert not_done(["in/a.wav", "./in/a.wav", "link/a.wav", str(tmp_path / "in" / "b.wav"), "in/c.wav"],
+                    done) == ["in/c.wav"]

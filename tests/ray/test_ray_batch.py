@@ -4,7 +4,9 @@ actor killed mid-job is restarted and its batch retried, and every input still c
 (The same jobs on two nodes: test_ray_cluster.py.)"""
 from __future__ import annotations
 
+import shutil
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -38,19 +40,25 @@ def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summarie
     results = out / "results.jsonl"
     results.write_bytes(results.read_bytes()[:-40])  # the third record's write cut short
     (folder / "empty.txt").write_text(" \n")
+    long = folder / "long.txt"
+    long.write_text(" ".join(documents.values()))  # past the encoder's 256 positions
     assert main(["batch", "summarize", str(folder), "--model", str(tiny_bart_dir), "--output", str(out),
                  *SUMMARY_OPTIONS]) == 1
     rows = read_results(out)
     assert [r["id"] for r in rows[:2]] == first[:2]
     assert sorted(r["id"] for r in rows) == sorted(str(p) for p in folder.glob("*.txt"))
     empty = str(folder / "empty.txt")
-    assert {r["id"]: r["summary"] for r in rows if r["id"] != empty} == {
+    assert {r["id"]: r["summary"] for r in rows if r["id"] not in (empty, str(long))} == {
         str(folder / f"{k}.txt"): offline_summaries[k] for k in list(documents)[:6]}
     assert [(r["summary"], r["error"]) for r in rows if r["id"] == empty] == [
         (None, "the text to summarize is empty")]
+    [cut] = [r for r in rows if r["truncated_tokens"]]
+    assert (cut["id"], cut["input_tokens"]) == (str(long), 256) and cut["summary"]
     err = capsys.readouterr().err
     assert f"encdec: error: {empty}: the text to summarize is empty" in err
     assert f"encdec: warning: {results}: dropped its incomplete last line" in err
+    assert (f"encdec: note: {long}: cut to the model's limit of 256 input tokens "
+            f"({cut['truncated_tokens']} tokens left out)") in err
 
 
 def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offline_summaries, tmp_path):
@@ -67,13 +75,21 @@ def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offl
     assert {r["id"]: r["summary"] for r in rows} == offline_summaries
 
 
-def test_transcribe_twenty_clips_locally(clip_paths, offline_transcripts, tmp_path):
-    """`encdec batch transcribe` on the local instance: each clip once, the offline transcript."""
-    assert main(["batch", "transcribe", *clip_paths, "--output", str(tmp_path), "--replicas", "2",
-                 "--batch-size", "3", *SMALL_CACHE]) == 0
-    rows = read_results(tmp_path)
-    assert Counter(r["id"] for r in rows) == Counter(clip_paths)
-    assert {r["id"]: r["text"] for r in rows} == offline_transcripts
+def test_transcribe_twenty_clips_locally(clip_paths, offline_transcripts, tmp_path, capsys):
+    """`encdec batch transcribe` on the local instance: each clip once, the offline transcript,
+    and its subtitles; a copy of a clip under the same name gets its result but not its files."""
+    copy = tmp_path / "other" / Path(clip_paths[0]).name
+    copy.parent.mkdir()
+    shutil.copy(clip_paths[0], copy)
+    out = tmp_path / "out"
+    assert main(["batch", "transcribe", *clip_paths, str(copy), "--output", str(out), "--replicas", "2",
+                 "--batch-size", "3", "--output-format", "srt", *SMALL_CACHE]) == 1
+    rows = read_results(out)
+    assert Counter(r["id"] for r in rows) == Counter([*clip_paths, str(copy)])
+    assert {r["id"]: r["text"] for r in rows} == {**offline_transcripts, str(copy): offline_transcripts[clip_paths[0]]}
+    assert sorted(p.stem for p in out.glob("*.srt")) == sorted(Path(c).stem for c in clip_paths)
+    assert f"encdec: error: {copy}: its transcript files would overwrite those of {clip_paths[0]}" in (
+        capsys.readouterr().err)
 
 
 def test_summarize_fifty_documents_locally(documents_jsonl, tiny_bart_dir, offline_summaries, tmp_path):

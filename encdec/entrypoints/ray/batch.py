@@ -53,10 +53,16 @@ def expand_inputs(inputs: Sequence[str], suffixes: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+def not_done(paths: list[str], done: frozenset[str]) -> list[str]:
+    """`paths` less the files in `done`, however either names them (relative, absolute, links)."""
+    finished = {os.path.realpath(name) for name in done}
+    return [p for p in paths if os.path.realpath(p) not in finished]
+
+
 def audio_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> ray.data.Dataset:
     """Rows `{id, path}` for the audio files named by `inputs` (files, folders, globs); the id
     is the path as found. Ids in `done` are left out."""
-    paths = [p for p in expand_inputs(inputs, AUDIO_SUFFIXES) if p not in done]
+    paths = not_done(expand_inputs(inputs, AUDIO_SUFFIXES), done)
     return ray.data.from_items([{"id": p, "path": p} for p in paths],
                                override_num_blocks=max(1, len(paths)))
 
@@ -68,7 +74,7 @@ def document_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) 
         rows = [row for row in table_documents(inputs[0]) if row["id"] not in done]
     else:
         rows = [{"id": p, "text": Path(p).read_text(encoding="utf-8")}
-                for p in expand_inputs(inputs, TEXT_SUFFIXES) if p not in done]
+                for p in not_done(expand_inputs(inputs, TEXT_SUFFIXES), done)]
     return ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
 
 
@@ -177,18 +183,21 @@ class Summarizer(_Worker):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         engine = self.llm.llm_engine
-        prompts, errors = {}, [None] * len(batch["text"])
+        articles, errors = {}, [None] * len(batch["text"])
         for i, text in enumerate(batch["text"]):
             try:
-                article = prepare_article(str(text), engine.tokenizer, engine.model_config.hf_config,
-                                          self.limit, self.truncate)
-                prompts[i] = {"prompt_token_ids": article.token_ids}
+                articles[i] = prepare_article(str(text), engine.tokenizer, engine.model_config.hf_config,
+                                              self.limit, self.truncate)
             except ValueError as err:
                 errors[i] = str(err)
-        outputs = self.llm.generate(list(prompts.values()), self.params, use_tqdm=False) if prompts else []
-        summaries = dict(zip(prompts, (out.outputs[0].text.strip() for out in outputs)))
-        return self.finish(batch, dict(summary=[summaries.get(i) for i in range(len(errors))],
-                                       error=errors))
+        prompts = [{"prompt_token_ids": article.token_ids} for article in articles.values()]
+        outputs = self.llm.generate(prompts, self.params, use_tqdm=False) if prompts else []
+        summaries = dict(zip(articles, (out.outputs[0].text.strip() for out in outputs)))
+        done = [articles.get(i) for i in range(len(errors))]
+        return self.finish(batch, dict(
+            summary=[summaries.get(i) for i in range(len(errors))],
+            input_tokens=[len(a.token_ids) if a else None for a in done],
+            truncated_tokens=[a.truncated_tokens if a else None for a in done], error=errors))
 
 
 @dataclasses.dataclass
@@ -221,8 +230,9 @@ def transcribe_dataset(ds: ray.data.Dataset, model: str, pool: PoolOptions = Poo
 
 def summarize_dataset(ds: ray.data.Dataset, model: str, pool: PoolOptions = PoolOptions(),
                       truncate: bool = True, **decoding: Any) -> ray.data.Dataset:
-    """Rows `{id, text}` -> `{id, summary, error, node_id}`; texts over the model's input limit
-    are cut to fit (an error with `truncate=False`); `decoding`: the options of `encdec
+    """Rows `{id, text}` -> `{id, summary, input_tokens, truncated_tokens, error, node_id}`; texts
+    over the model's input limit are cut to fit (an error with `truncate=False`), and
+    `truncated_tokens` says how many tokens were left out; `decoding`: the options of `encdec
     summarize` (max_tokens, num_beams, temperature, ...), unset ones from the checkpoint's
     generation config."""
     return _run_on_pool(ds, Summarizer, model, pool, decoding=decoding, truncate=truncate)

@@ -21,7 +21,8 @@ ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache
                   "swap_space")  # the options that go to each actor's LLM
 BATCH_EPILOG = """\
 Each input comes out once in OUTPUT/results.jsonl with its id (the path, or the JSONL/Parquet
-id), the result, "error" (null unless it failed) and the Ray node that computed it. Inputs
+id), the result (a summary's input_tokens and truncated_tokens too), "error" (null unless it
+failed) and the Ray node that computed it. Inputs
 already in that file are skipped, so an interrupted job resumes where it stopped. Exit status:
 1 if any input failed, 0 otherwise.
 """
@@ -160,8 +161,11 @@ def write_transcript_files(record: dict[str, Any], output: Path, fmt: str) -> No
 def write_results(rows, args: argparse.Namespace, done: set[str], total: int) -> int:
     """Append each new row to OUTPUT/results.jsonl (and its transcript files); returns failures."""
     from encdec.entrypoints.cli_messages import error, file_error
+    from encdec.entrypoints.summarize_cli import cut_note
+    from encdec.whisper.writers import source_basename
 
     output, failed = Path(args.output), 0
+    owners = {source_basename(done_id): done_id for done_id in sorted(done)}  # of each transcript's files
     with open(output / RESULTS, "a", encoding="utf-8") as file, \
             tqdm(total=total, desc=args.job, unit="input", file=sys.stderr) as bar:
         for row in rows:
@@ -175,7 +179,15 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
             if record["error"] is not None:
                 error(f"{record['id']}: {record['error']}")
                 failed += 1
+            elif record.get("truncated_tokens"):
+                cut_note(record["id"], record["input_tokens"], record["truncated_tokens"])
             elif getattr(args, "output_format", None):
+                owner = owners.setdefault(source_basename(record["id"]), record["id"])
+                if owner != record["id"]:
+                    error(f"{record['id']}: its transcript files would overwrite those of {owner} "
+                          f"(same name {source_basename(owner)!r}); not written (the result is in {RESULTS})")
+                    failed += 1
+                    continue
                 try:
                     write_transcript_files(record, output, args.output_format)
                 except OSError as err:

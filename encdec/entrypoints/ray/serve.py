@@ -19,6 +19,7 @@ from typing import Any, Sequence
 import torch
 
 APP_NAME = "encdec"
+REPLICAS, CPUS_PER_REPLICA = 1, 1.0  # the defaults of --replicas and --cpus-per-replica
 TARGET_ONGOING_REQUESTS = 16  # per replica under --autoscale: where a CPU engine's throughput levels off
 ENGINE_OPTIONS = ("dtype", "device", "block_size", "num_gpu_blocks", "kv_cache_space", "swap_space",
                   "max_num_seqs", "max_num_batched_tokens", "preemption_mode", "seed",
@@ -51,16 +52,27 @@ def add_ray_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("Ray Serve (the ray extra)")
     g.add_argument("--ray", action="store_true", help="serve through Ray Serve, one engine per replica")
     scale = g.add_mutually_exclusive_group()
-    scale.add_argument("--replicas", type=positive_int, default=1, help="with --ray: replicas (default: 1)")
+    scale.add_argument("--replicas", type=positive_int, default=REPLICAS,
+                       help=f"with --ray: replicas (default: {REPLICAS})")
     scale.add_argument("--autoscale", type=replica_range, default=None, metavar="MIN,MAX",
                        help=f"with --ray: let Serve scale between MIN and MAX replicas, aiming at "
                             f"{TARGET_ONGOING_REQUESTS} requests in flight per replica")
-    g.add_argument("--cpus-per-replica", type=non_negative_float, default=1.0,
-                   help="with --ray: CPUs Ray reserves per replica; torch threads: the whole CPUs "
-                        "(default: 1)")
+    g.add_argument("--cpus-per-replica", type=non_negative_float, default=CPUS_PER_REPLICA,
+                   help=f"with --ray: CPUs Ray reserves per replica; torch threads: the whole CPUs "
+                        f"(default: {CPUS_PER_REPLICA:g})")
     g.add_argument("--ray-address", default=None,
                    help="with --ray: Ray cluster to join (auto: the one `ray start` began; "
                         "default: a local instance)")
+
+
+def ray_options_without_ray(args: argparse.Namespace) -> list[str]:
+    """The Ray Serve options given to a server that runs without --ray (they would do nothing)."""
+    if args.ray:
+        return []
+    given = {"--replicas": args.replicas != REPLICAS, "--autoscale": args.autoscale is not None,
+             "--cpus-per-replica": args.cpus_per_replica != CPUS_PER_REPLICA,
+             "--ray-address": args.ray_address is not None}
+    return [flag for flag, set_ in given.items() if set_]
 
 
 def replica_range(value: str) -> tuple[int, int]:
