@@ -7,9 +7,11 @@ from __future__ import annotations
 import threading
 import time
 
+import httpx
 import numpy as np
 import pytest
 import soundfile
+from prometheus_client.parser import text_string_to_metric_families
 
 from encdec import LLM, SamplingParams
 from encdec.entrypoints.cli import build_parser
@@ -20,6 +22,7 @@ from tests.ray.conftest import init_ray
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
+from encdec.entrypoints.ray.metrics_board import PUBLISH_SECONDS  # noqa: E402  (imports Ray)
 pytestmark = pytest.mark.ray
 
 ARTICLES = ["The rain in spain falls mainly on the plain.",
@@ -37,7 +40,7 @@ def served(tiny_bart_dir):
          "--model", str(tiny_bart_dir), "--served-model-name", "bart",
          "--model", "tiny.en", "--served-model-name", "tiny.en",
          "--num-gpu-blocks", "600", "--swap-space", "0.01"])
-    deploy(args)
+    board = deploy(args)  # noqa: F841  (held while serving)
     yield f"http://127.0.0.1:{args.port}/v1"
     serve.shutdown()
     ray.shutdown()
@@ -50,6 +53,10 @@ def client(url: str):
 def replica_names() -> list[str]:
     return [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
             if a["name"].startswith("SERVE_REPLICA::")]
+
+
+def replica_ids() -> list[str]:
+    return [name.rpartition("#")[2] for name in replica_names()]
 
 
 def completions(url: str, bart_expected: list[str]) -> None:
@@ -75,6 +82,26 @@ def test_openai_client_gets_offline_results(served, bart_expected):
     expected = LLM("tiny.en", num_gpu_blocks=600, swap_space=0.01).transcribe(str(SAMPLE))[0]
     with open(SAMPLE, "rb") as audio:
         assert client(served).audio.transcriptions.create(model="tiny.en", file=audio).text == expected.text
+
+
+def completions_by_replica(url: str) -> dict[str, float]:
+    """`/metrics`: the completions each replica answered (200), by replica."""
+    text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text
+    return {s.labels["replica"]: s.value for family in text_string_to_metric_families(text) for s in family.samples
+            if s.name == "encdec_http_requests_total" and s.labels["endpoint"] == "/v1/completions"
+            and s.labels["status"] == "200"}
+
+
+def test_metrics_count_every_replicas_requests(served, bart_expected):
+    """Whichever replica answers a scrape, it shows both replicas' series, labelled."""
+    time.sleep(PUBLISH_SECONDS + 1)
+    before = sum(completions_by_replica(served).values())
+    for _ in range(6):
+        completions(served, bart_expected)
+    time.sleep(PUBLISH_SECONDS + 1)
+    for _ in range(4):  # several scrapes: both replicas answer some
+        counts = completions_by_replica(served)
+        assert set(counts) == set(replica_ids()) and sum(counts.values()) == before + 6, counts
 
 
 def busiest_replica(seconds: float = 1.0):

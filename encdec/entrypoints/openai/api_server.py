@@ -45,8 +45,11 @@ async def require_json(request: Request) -> None:
 
 
 def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] = None,
-              max_upload_mb: float = 25, max_audio_seconds: float = 3600) -> FastAPI:
-    metrics = ServerMetrics(models)
+              max_upload_mb: float = 25, max_audio_seconds: float = 3600,
+              metrics: Optional[ServerMetrics] = None) -> FastAPI:
+    """The server's app over `models`; `metrics` are its own unless given (Ray Serve's replicas
+    render every replica's)."""
+    metrics = metrics or ServerMetrics(models)
     completions = OpenAIServingCompletion(models, metrics)
     summarize = OpenAIServingSummarize(models, metrics)
     max_body_bytes = int(max_upload_mb * 1024 * 1024)

@@ -2,10 +2,11 @@
 
 Each replica loads the models of `encdec serve` (one engine per model per replica) and serves
 the same app, streaming included; Serve's proxy listens on --host/--port and routes each request
-to a replica. A replica that dies is replaced by Serve, and requests go to the others meanwhile.
-Each replica takes up to `--max-num-seqs` requests at once, the size of its engine's batch.
-With `--autoscale MIN,MAX` Serve adds and removes replicas so that each has about
-TARGET_ONGOING_REQUESTS requests in flight.
+to a replica; `/metrics` shows every replica's series (`metrics_board`). A replica that dies is
+replaced by Serve, and requests go to the others meanwhile. Each replica takes up to
+`--max-num-seqs` requests at once, the size of its engine's batch. With `--autoscale MIN,MAX`
+Serve adds and removes replicas so that each has about TARGET_ONGOING_REQUESTS requests in
+flight.
 """
 from __future__ import annotations
 
@@ -31,15 +32,19 @@ class EncdecReplica:
 
     def __init__(self, models: Sequence[str], names: Sequence[str], max_waiting_requests: Any,
                  engine_options: dict[str, Any], app_options: dict[str, Any], threads: int):
+        from ray import serve
+
         from encdec.entrypoints.openai.api_server import build_app
         from encdec.entrypoints.openai.middleware import ServerState
         from encdec.entrypoints.openai.serving_models import ServedModels, load_models
+        from encdec.entrypoints.ray.metrics_board import ReplicaMetrics
         from encdec.worker.cpu_memory import use_one_arena
 
         torch.set_num_threads(threads)
         use_one_arena()  # as `encdec serve` does
         served = ServedModels(load_models(models, names, max_waiting_requests, engine_options))
-        self.encdec_app = build_app(served, ServerState(), **app_options)
+        metrics = ReplicaMetrics(served, serve.get_replica_context().replica_id.unique_id)
+        self.encdec_app = build_app(served, ServerState(), **app_options, metrics=metrics)
 
     def __serve_build_asgi_app__(self):
         return self.encdec_app
@@ -109,13 +114,18 @@ def application(args: argparse.Namespace):
                            max(1, math.floor(args.cpus_per_replica)))
 
 
-def deploy(args: argparse.Namespace) -> None:
-    """Start Serve's proxy on --host/--port in the current Ray session and run the app on it
-    (returns once every replica is up)."""
+def deploy(args: argparse.Namespace):
+    """Start Serve's proxy on --host/--port in the current Ray session and run the app on it;
+    returns once every replica is up, with the metrics board, which lives while its caller
+    holds it."""
     from ray import serve
 
+    from encdec.entrypoints.ray.metrics_board import start_board
+
+    board = start_board()
     serve.start(http_options={"host": args.host, "port": args.port})
     serve.run(application(args), name=APP_NAME, route_prefix="/")
+    return board
 
 
 def run_ray_server(args: argparse.Namespace) -> int:
@@ -134,7 +144,7 @@ def run_ray_server(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
         signal.signal(sig, lambda *_: stop.set())
     try:
-        deploy(args)
+        board = deploy(args)  # noqa: F841  (held while serving)
         replicas = args.replicas if args.autoscale is None else "%d-%d" % args.autoscale
         logging.getLogger("encdec.server").info("serving on %s with %s replicas",
                                                 server_url(args.host, args.port), replicas)
