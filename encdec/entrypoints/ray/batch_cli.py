@@ -22,9 +22,8 @@ ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache
 BATCH_EPILOG = """\
 Each input comes out once in OUTPUT/results.jsonl with its id (the path, or the JSONL/Parquet
 id), the result (a summary's input_tokens and truncated_tokens too), "error" (null unless it
-failed) and the Ray node that computed it. Inputs
-already in that file are skipped, so an interrupted job resumes where it stopped. Exit status:
-1 if any input failed, 0 otherwise.
+failed) and the Ray node that computed it. Inputs already in that file are skipped, so an
+interrupted job resumes where it stopped. Exit status: 1 if any input failed, 0 otherwise.
 """
 
 
