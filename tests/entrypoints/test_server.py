@@ -14,6 +14,7 @@ import pytest
 import soundfile
 
 from encdec import LLM, SamplingParams
+from encdec.entrypoints.openai.serving_completions import LogprobsBuilder
 from encdec.whisper.writers import write_srt, write_vtt
 from tests.audio_files import av_encoded
 from tests.entrypoints.conftest import SAMPLE
@@ -110,17 +111,23 @@ def test_completions_n2_seeded(server, bart):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_logprobs_of_a_forced_token_are_valid_json(server, bart, stream):
+def test_logprobs_of_a_forced_token(server, stream):
     """With no temperature the checkpoint's generation config applies, which forces EOS at the
-    last step (forced_eos_token_id): every other token's log-probability is -inf there. JSON
-    has no -inf; the server sends vLLM's -9999.0."""
+    last step (forced_eos_token_id): every other token's log-probability is -inf there, and
+    those the sampler reports (the other special tokens) share EOS's empty piece."""
     result = server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=2,
                                                 logprobs=3, stream=stream)
     choices = [c for chunk in result for c in chunk.choices] if stream else result.choices
-    last_tops = [top for c in choices for top in c.logprobs.top_logprobs][-1]
-    eos_text = bart.get_tokenizer().decode([2])
-    assert last_tops[eos_text] == 0.0
-    assert sorted(last_tops.values()) == [-9999.0, -9999.0, 0.0]
+    assert [top for c in choices for top in c.logprobs.top_logprobs][-1] == {"": 0.0}
+
+
+def test_a_ruled_out_alternative_gets_vllms_lowest_logprob(bart):
+    """JSON has no -inf: the server sends vLLM's -9999.0."""
+    tokenizer = bart.get_tokenizer()
+    rain = tokenizer(" rain", add_special_tokens=False)["input_ids"][0]
+    result = LogprobsBuilder(tokenizer, 2).add([2], [{2: 0.0, rain: float("-inf")}], finished=True)
+    assert result.top_logprobs == [{"": 0.0, tokenizer.decode([rain]): -9999.0}] and tokenizer.decode([rain])
+    json.dumps(result.model_dump(), allow_nan=False)
 
 
 def test_an_explicit_temperature_0_keeps_the_generation_config(server):
@@ -131,7 +138,7 @@ def test_an_explicit_temperature_0_keeps_the_generation_config(server):
     unset, zero = (server.client().completions.create(**request, **extra).choices[0]
                    for extra in ({}, {"temperature": 0}))
     assert zero.logprobs.tokens == unset.logprobs.tokens and zero.text == unset.text
-    assert zero.logprobs.top_logprobs[-1] == {"</s>": 0.0}  # the forced EOS
+    assert zero.logprobs.top_logprobs[-1] == {"": 0.0}  # the forced EOS (a special token: no text)
     with server.http() as http:
         summaries = [http.post("/v1/summarize", json={"model": "bart", "input": ARTICLES, "max_tokens": 3,
                                                       **extra}).json() for extra in ({}, {"temperature": 0})]
@@ -216,12 +223,20 @@ def test_streamed_chunks_keep_one_time_and_null_fields(server):
     assert chunks[0]["choices"][0]["finish_reason"] is None
 
 
-def test_streamed_text_offsets_equal_the_plain_ones(server):
-    request = dict(model="bart", prompt=ARTICLES[0], max_tokens=8, temperature=0.0, logprobs=1, stop="zzzz")
-    plain = server.client().completions.create(**request).choices[0].logprobs.text_offset
-    streamed = server.client().completions.create(**request, stream=True)
-    assert [o for chunk in streamed for c in chunk.choices if c.logprobs for o in c.logprobs.text_offset] == plain
-    assert plain == sorted(plain) and plain[-1] > 0
+@pytest.mark.parametrize("temperature", [None, 0.0])  # the config's forced BOS and EOS; plain greedy
+def test_logprob_tokens_are_the_texts_pieces(server, temperature):
+    """As vLLM shows them: each token is its piece of the text ("" for a special token), the
+    pieces add up to the text, and each offset is where its piece starts, streamed or not."""
+    request = dict(model="bart", prompt=ARTICLES[0], max_tokens=8, temperature=temperature, logprobs=1, stop="zzzz")
+    plain = server.client().completions.create(**request).choices[0]
+    logprobs = plain.logprobs
+    assert "".join(logprobs.tokens) == plain.text and len(logprobs.tokens) == 8
+    assert all(plain.text[o:o + len(t)] == t for o, t in zip(logprobs.text_offset, logprobs.tokens))
+    assert all(t in top for t, top in zip(logprobs.tokens, logprobs.top_logprobs))
+    streamed = [c.logprobs for chunk in server.client().completions.create(**request, stream=True)
+                for c in chunk.choices if c.logprobs]
+    assert [t for lp in streamed for t in lp.tokens] == logprobs.tokens
+    assert [o for lp in streamed for o in lp.text_offset] == logprobs.text_offset
 
 
 def test_summarize_plain_and_streamed(server, bart):

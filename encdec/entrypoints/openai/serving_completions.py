@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 from typing import Any, AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from encdec.engine.async_engine import Admission
+from encdec.engine.detokenizer import IncrementalDetokenizer
 from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
@@ -129,8 +131,8 @@ class OpenAIServingCompletion:
             if len(completions) > body.n:  # best_of: the likeliest n
                 completions = sorted(completions, key=lambda g: g.cumulative_logprob, reverse=True)[:body.n]
             for g in completions:
-                logprobs = (None if body.logprobs is None else
-                            completion_logprobs(served.engine.tokenizer, g.token_ids, g.logprobs, body.logprobs, 0))
+                logprobs = (None if body.logprobs is None else LogprobsBuilder(
+                    served.engine.tokenizer, body.logprobs).add(g.token_ids, g.logprobs, finished=True))
                 choices.append(CompletionChoice(index=len(choices), text=g.text, logprobs=logprobs,
                                                 finish_reason=g.finish_reason))
         return choices
@@ -138,18 +140,16 @@ class OpenAIServingCompletion:
     @staticmethod
     async def _chunks(served: ServedModel, body: CompletionRequest, response_id: str, merged,
                       counter: OutputCounter) -> AsyncIterator[str]:
-        tokenizer = served.engine.tokenizer
-        offsets: dict[int, int] = {}
+        builders: dict[int, LogprobsBuilder] = {}
         created = unix_time()  # one time for every chunk, as OpenAI streams
         async for i, (out, deltas) in merged:
             counter.count(out, deltas)
             for delta in deltas:  # a chunk per choice with something to send, as OpenAI streams
                 index = i * body.n + delta.index
                 logprobs = None
-                if body.logprobs is not None:  # offsets count the tokens' texts, as without streaming
-                    logprobs = completion_logprobs(tokenizer, delta.token_ids, delta.logprobs or [],
-                                                   body.logprobs, offsets.get(index, 0))
-                    offsets[index] = offsets.get(index, 0) + sum(map(len, logprobs.tokens))
+                if body.logprobs is not None:  # the same pieces and offsets as without streaming
+                    builder = builders.setdefault(index, LogprobsBuilder(served.engine.tokenizer, body.logprobs))
+                    logprobs = builder.add(delta.token_ids, delta.logprobs or [], delta.finish_reason is not None)
                 if delta.text or delta.finish_reason or (logprobs is not None and logprobs.tokens):
                     choice = CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
                                               finish_reason=delta.finish_reason)
@@ -195,20 +195,37 @@ def decoder_prompt(prompt: Any) -> Any:
     return prompt if isinstance(prompt, str) else {"prompt_token_ids": prompt}
 
 
-def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, float]],
-                        top: int, offset: int) -> CompletionLogProbs:
-    """OpenAI's logprobs of some generated tokens: each token's text and log-probability, the
-    `top` likeliest alternatives (and the token itself), and where each token starts in the
-    text (from `offset`). JSON has no -inf: a token ruled out (a forced token's alternatives)
-    gets LOWEST_LOGPROB."""
-    result = CompletionLogProbs()
-    for token, candidates in zip(token_ids, logprobs):
-        text = tokenizer.decode([token])
-        result.tokens.append(text)
-        result.token_logprobs.append(max(candidates[token], LOWEST_LOGPROB))
-        best = dict(sorted(candidates.items(), key=lambda kv: kv[1], reverse=True)[:top])
-        best.setdefault(token, candidates[token])  # as OpenAI's: the sampled token is always there
-        result.top_logprobs.append({tokenizer.decode([t]): max(lp, LOWEST_LOGPROB) for t, lp in best.items()})
-        result.text_offset.append(offset)
-        offset += len(text)
-    return result
+class LogprobsBuilder:
+    """OpenAI's logprobs of one completion, a few tokens at a time. Each token is shown as its
+    piece of the completion's text (as vLLM's detokenizer shows it: "" for a special token, a
+    character split over tokens on its last one), so the pieces add up to the text and
+    `text_offset` indexes into it. The `top` likeliest alternatives (and the token itself) are
+    keyed by the piece each would have added (one entry a piece). JSON has no -inf: a token ruled out (a forced
+    token's alternatives) gets LOWEST_LOGPROB."""
+
+    def __init__(self, tokenizer: Any, top: int):
+        self.detokenizer = IncrementalDetokenizer(tokenizer)
+        self.top, self.ids, self.offset = top, [], 0
+
+    def add(self, token_ids: list[int], logprobs: list[dict[int, float]], finished: bool) -> CompletionLogProbs:
+        """The logprobs of the next tokens (`finished`: they end the completion)."""
+        result = CompletionLogProbs()
+        for k, (token, candidates) in enumerate(zip(token_ids, logprobs)):
+            last = finished and k == len(token_ids) - 1
+            best = dict(sorted(candidates.items(), key=lambda kv: kv[1], reverse=True)[:self.top])
+            best.setdefault(token, candidates[token])  # as OpenAI's: the sampled token is always there
+            pieces = {t: copy.copy(self.detokenizer).step([*self.ids, t], last) for t in best if t != token}
+            self.ids.append(token)
+            pieces[token] = piece = self.detokenizer.step(self.ids, last)
+            result.tokens.append(piece)
+            result.token_logprobs.append(max(candidates[token], LOWEST_LOGPROB))
+            top: dict[str, float] = {}
+            for t, lp in best.items():  # two tokens of one piece: the sampled one, else the likelier
+                if t == token or (pieces[t] != piece and pieces[t] not in top):
+                    top[pieces[t]] = max(lp, LOWEST_LOGPROB)
+            result.top_logprobs.append(top)
+            result.text_offset.append(self.offset)
+            self.offset += len(piece)
+        return result
+
+
