@@ -49,7 +49,8 @@ MAX_SAMPLE_RATE = 1_000_000
 BLOCK_FRAMES = 1 << 16  # frames a file is decoded in at a time
 MEL_BLOCK_FRAMES = 3000  # log-mel frames of a long input computed at a time
 
-AudioSource = Union[str, os.PathLike, tuple]
+AudioSource = Union[str, os.PathLike, tuple, np.ndarray, torch.Tensor]
+AUDIO_SOURCES = "a path, a 16 kHz waveform or a (waveform, sample_rate) pair"
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
 
 
@@ -64,7 +65,8 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
     """Return ``source`` as a mono float32 waveform at ``sr`` Hz.
 
     ``source`` is a path to a file that soundfile (WAV, FLAC, MP3, OGG, ...) or PyAV (FFmpeg:
-    M4A, MP4, WebM, ...) decodes, or a ``(waveform, sample_rate)`` pair. Channels are averaged
+    M4A, MP4, WebM, ...) decodes, a ``(waveform, sample_rate)`` pair, or a 1-D waveform alone (16
+    kHz). Channels are averaged
     (a 2-D waveform's smaller dimension is taken as the channel axis). A file's samples are
     clipped to [-1, 1], as the 16-bit decoding of openai-whisper and faster-whisper clips them;
     integer PCM is scaled to [-1, 1) (unsigned PCM, as 8-bit WAV, is centred on its midpoint:
@@ -74,15 +76,22 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
     """
     if sr <= 0:
         raise ValueError(f"target sample rate must be positive, got {sr}")
+    if isinstance(source, (np.ndarray, torch.Tensor)):  # a waveform alone: 16 kHz, as in openai-whisper
+        if source.ndim != 1:
+            raise ValueError(f"a waveform alone must be 1-D (16 kHz mono), got shape {tuple(source.shape)}; "
+                             f"pass (waveform, sample_rate) for one with channels")
+        source = (source, SAMPLE_RATE)
     if isinstance(source, (tuple, list)):
         if len(source) != 2:
-            raise ValueError("expected a path or a (waveform, sample_rate) pair")
+            raise ValueError(f"expected {AUDIO_SOURCES}")
         waveform, rate = source
         name = "waveform"
         audio = _downmix(_as_float_array(waveform, name), name)
-    else:
+    elif isinstance(source, (str, os.PathLike)):
         name = os.fspath(source)
         audio, rate = _read_file(Path(name), max_samples)
+    else:
+        raise ValueError(f"expected {AUDIO_SOURCES}, got {type(source).__name__}")
     rate = _sample_rate(rate, name)
     if audio.size == 0:
         raise ValueError(f"{name}: contains no audio samples")

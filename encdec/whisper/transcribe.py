@@ -236,34 +236,24 @@ def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) ->
 
 
 def _as_input_list(inputs: Any) -> list:
-    """`inputs` as a list of paths and `(waveform, sample_rate)` pairs. A waveform alone (a 1-D
-    array or tensor) is one input at 16 kHz, as in openai-whisper; a tuple `(waveform, x)` with
-    `x` no waveform is a pair (`load_audio` checks its rate)."""
+    """`inputs` as a list of paths, waveforms and `(waveform, sample_rate)` pairs. A waveform
+    alone (an array or tensor) is one input (at 16 kHz, as in openai-whisper); a tuple
+    `(waveform, x)` with `x` no waveform is a pair (`load_audio` checks the rest)."""
     if _is_input(inputs):
-        return [_as_source(inputs, "")]
+        return [inputs]
     if not isinstance(inputs, Iterable) or isinstance(inputs, (bytes, bytearray, Mapping)):
         raise ValueError(f"inputs must be {EXPECTED}, or a list of them, got {type(inputs).__name__}")
     inputs = list(inputs)
     for i, item in enumerate(inputs):
         if not _is_input(item):
             raise ValueError(f"input {i}: expected {EXPECTED}, got {type(item).__name__}")
-    return [_as_source(item, f"input {i}: ") for i, item in enumerate(inputs)]
+    return inputs
 
 
 def _is_input(item: Any) -> bool:
     return isinstance(item, (str, os.PathLike, np.ndarray, torch.Tensor)) or (
         isinstance(item, tuple) and len(item) == 2 and not isinstance(item[0], (str, bytes, os.PathLike, tuple))
         and not isinstance(item[1], (os.PathLike, tuple, list)) and np.ndim(item[1]) == 0)
-
-
-def _as_source(item: Any, where: str) -> Any:
-    """A waveform alone -> `(waveform, 16000)`."""
-    if not isinstance(item, (np.ndarray, torch.Tensor)):
-        return item
-    if item.ndim != 1:
-        raise ValueError(f"{where}a waveform alone must be 1-D (16 kHz mono), got shape {tuple(item.shape)}; "
-                         f"pass (waveform, sample_rate) for one with channels")
-    return item, SAMPLE_RATE
 
 
 def _load_all(sources: list) -> list[np.ndarray]:

@@ -93,3 +93,19 @@ def test_transcribe_takes_language_names(tiny_en, base, language_clips):
         tiny_en.transcribe([clips["fr"].pair], language="French")
     assert_all_blocks_free(tiny_en)
     assert_all_blocks_free(base)
+
+
+def test_a_waveform_alone_is_16khz_audio_in_generate(tiny_en, clips):
+    """As `transcribe` (and openai-whisper) take it; a 2-D one, or something else, is a
+    ValueError that names the prompt, raised before anything runs."""
+    params = SamplingParams(temperature=0.0, max_tokens=20)
+    alone = tiny_en.generate([{"prompt": "", "multi_modal_data": {"audio": clips[0].audio}}], params, use_tqdm=False)
+    paired = tiny_en.generate(audio_prompts(clips[:1]), params, use_tqdm=False)
+    assert alone[0].outputs[0].token_ids == paired[0].outputs[0].token_ids
+    for audio, message in ((np.stack([clips[0].audio] * 2), r"prompt 1: a waveform alone must be 1-D"),
+                           ({"samples": clips[0].audio}, r"prompt 1: expected a path, a 16 kHz waveform or a "
+                                                         r"\(waveform, sample_rate\) pair, got dict")):
+        with pytest.raises(ValueError, match=message):
+            tiny_en.generate([*audio_prompts(clips[:1]), {"prompt": "", "multi_modal_data": {"audio": audio}}],
+                             params, use_tqdm=False)
+    assert_all_blocks_free(tiny_en)
