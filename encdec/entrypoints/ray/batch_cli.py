@@ -163,8 +163,8 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
     from encdec.entrypoints.summarize_cli import cut_note
     from encdec.whisper.writers import source_basename
 
-    output, failed = Path(args.output), 0
-    owners = {source_basename(done_id): done_id for done_id in sorted(done)}  # of each transcript's files
+    output, failed, output_format = Path(args.output), 0, getattr(args, "output_format", None)
+    owners = {source_basename(done_id): done_id for done_id in sorted(done)} if output_format else {}
     with open(output / RESULTS, "a", encoding="utf-8") as file, \
             tqdm(total=total, desc=args.job, unit="input", file=sys.stderr) as bar:
         for row in rows:
@@ -180,7 +180,7 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
                 failed += 1
             elif record.get("truncated_tokens"):
                 cut_note(record["id"], record["input_tokens"], record["truncated_tokens"])
-            elif getattr(args, "output_format", None):
+            elif output_format:  # the files of each transcript: its input's name, first come
                 owner = owners.setdefault(source_basename(record["id"]), record["id"])
                 if owner != record["id"]:
                     error(f"{record['id']}: its transcript files would overwrite those of {owner} "
@@ -188,7 +188,7 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
                     failed += 1
                     continue
                 try:
-                    write_transcript_files(record, output, args.output_format)
+                    write_transcript_files(record, output, output_format)
                 except OSError as err:
                     file_error(record["id"], err)
                     failed += 1
