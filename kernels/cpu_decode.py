@@ -75,11 +75,11 @@ def paged_decode_attention(query: torch.Tensor, kv_cache: torch.Tensor, block_ta
         scale = head_size ** -0.5
     bias = _NO_BIAS
     if distance_bias is not None:
-        if distance_bias.dtype != torch.float32 or distance_bias.shape[0] != num_heads or (
+        if not distance_bias.is_floating_point() or distance_bias.shape[0] != num_heads or (
                 len(lens) and distance_bias.shape[1] < lens.max()):
-            raise ValueError(f"distance_bias must be float32 [{num_heads}, >= max(seq_lens)], got "
+            raise ValueError(f"distance_bias must be floating [{num_heads}, >= max(seq_lens)], got "
                              f"{distance_bias.dtype} {tuple(distance_bias.shape)}")
-        bias = distance_bias.detach().contiguous().numpy()
+        bias = distance_bias.detach().float().contiguous().numpy()
     q = query.detach().float().contiguous().numpy()
     keys = _as_numpy(kv_cache[0].detach().view(-1, num_heads, head_size))
     values = _as_numpy(kv_cache[1].detach().view(-1, num_heads, head_size))
