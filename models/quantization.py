@@ -2,8 +2,8 @@
 CTranslate2's `compute_type="int8"`), and the float32 output projection of bfloat16 models.
 
 int8: every linear inside the encoder and decoder stacks (attention projections, feed-forward
-blocks, their activations fused) becomes an `Int8Linear`: int8 weights with per-channel scales,
-activations quantized per call, float32 out. Embeddings, norms, Whisper's convolutions, the
+blocks, their activations) becomes an `Int8Linear`: int8 weights with per-channel scales,
+activations quantized per row (a row's result never depends on its batch), float32 out. Embeddings, norms, Whisper's convolutions, the
 attention itself and the KV cache stay float32, and so does the output projection (`lm_head`,
 `proj_out`: a direct child of the model, usually tied to the token embedding), whose logits
 decide every greedy token.

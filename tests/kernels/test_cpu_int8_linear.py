@@ -1,4 +1,4 @@
-"""Int8Linear (oneDNN int8 matmul, activations quantized per call) against F.linear."""
+"""Int8Linear (oneDNN int8 matmul, activations quantized per row) against F.linear."""
 from __future__ import annotations
 
 import pytest
@@ -46,6 +46,22 @@ def test_leading_dimensions_empty_inputs_and_no_bias():
     assert float((got - expected).abs().max()) <= 0.02 * float(expected.abs().max())
     assert linear(torch.zeros(0, 16)).shape == (0, 24)
     assert torch.equal(linear(torch.zeros(1, 16)), torch.zeros(1, 24))
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+def test_a_rows_result_does_not_depend_on_the_other_rows(activation):
+    """Each row is quantized on its own scale: a row gets the same bits alone as beside others,
+    and a row of large values beside it costs it no precision."""
+    torch.manual_seed(2)
+    weight, bias = torch.randn(64, 96) * 0.1, torch.randn(64)
+    x = torch.randn(300, 96)
+    x[7] *= 1000
+    linear = Int8Linear(weight, bias, activation)
+    together = linear(x)
+    assert torch.equal(together, torch.cat([linear(row[None]) for row in x]))
+    act = (lambda t: t) if activation == "none" else get_activation(activation)
+    exact = act(F.linear(x[:7], weight, bias))
+    assert float((together[:7] - exact).abs().max()) <= 0.02 * float(exact.abs().max())
 
 
 def test_unknown_activation_is_refused():
