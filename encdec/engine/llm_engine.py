@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
@@ -89,6 +90,10 @@ class LLMEngine:
         the options are `LLM`'s."""
         dtype, quantization = resolve_compute_type(compute_type, dtype, quantization)
         device_config = DeviceConfig.create(device)
+        if resolve_dtype(dtype) == torch.float16 and device_config.device.type == "cpu":
+            warnings.warn("dtype float16 on the CPU runs without fast kernels (several times slower "
+                          "than float32); dtype='bfloat16' is the CPU's fast half precision",
+                          stacklevel=3)
         loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend,
                             quantization)
         cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -536,6 +537,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
 MODEL_OPTIONS = {"compute_type": "--compute_type", "dtype": "--dtype", "quantization": "--quantization"}
 
 
@@ -574,7 +576,23 @@ def resolve_model_options(args: argparse.Namespace) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Run the command line; returns the exit status (usage errors: 2, with the command's usage)."""
+    """Run the command line; returns the exit status (usage errors: 2, with the command's usage).
+    A UserWarning of encdec's own (the Python API's notes, such as float16 on the CPU) shows as
+    one `encdec: warning: ...` line in the options' spelling; other libraries' keep their form."""
+    with warnings.catch_warnings():
+        python_format = warnings.showwarning
+
+        def show(message, category, filename, *where) -> None:
+            if issubclass(category, UserWarning) and Path(filename).is_relative_to(PACKAGE_DIR):
+                warn(option_wording(message, MODEL_OPTIONS))
+            else:
+                python_format(message, category, filename, *where)
+
+        warnings.showwarning = show
+        return _main(argv)
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
     try:
         args, extra = parser.parse_known_args(argv)

@@ -165,3 +165,14 @@ def test_cli_refuses_a_contradicting_compute_type(capsys):
     assert cli.main(["transcribe", "x.wav", "--compute_type", "int8", "--dtype", "bfloat16"]) == 2
     assert "encdec transcribe: error: --compute_type=int8 runs in float32, which contradicts " \
            "--dtype=bfloat16" in capsys.readouterr().err
+
+
+def test_float16_on_the_cpu_warns_and_names_bfloat16(tiny_bart_dir, capsys):
+    from encdec.entrypoints import cli
+
+    with pytest.warns(UserWarning, match=r"dtype float16 on the CPU .* dtype='bfloat16'"):
+        LLM(model=str(tiny_bart_dir), num_gpu_blocks=64, dtype="float16")
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "The rain in spain.",
+                     "--dtype", "float16", "--max-tokens", "2"]) == 0
+    assert "encdec: warning: --dtype float16 on the CPU runs without fast kernels (several times " \
+           "slower than float32); --dtype=bfloat16 is" in capsys.readouterr().err
