@@ -30,14 +30,16 @@ OPTIONS = {"max_tokens": "--max-tokens", "min_tokens": "--min-tokens", "beam_wid
            "seed": "--seed"}
 
 
-def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, str]], int]:
-    """`(label, text)` of the TEXT arguments, then of each --file ("-" is stdin)."""
+def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, Optional[str]]], int]:
+    """`(label, text)` of the TEXT arguments, then of each --file ("-" is stdin); a file that
+    cannot be read is reported and keeps its place with the text None. Also the count of those."""
     texts, failed = [(f"TEXT {i}", text) for i, text in enumerate(args.texts, start=1)], 0
     for name in args.files:
         try:
             texts.append((name, sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")))
         except (OSError, UnicodeDecodeError) as err:
             file_error(name, err)
+            texts.append((name, None))
             failed += 1
     return texts, failed
 
@@ -51,13 +53,18 @@ def too_long(label: str, err: ArticleTooLong) -> None:
     error(f"{label}: {err} (without --no-truncate it is cut to fit)")
 
 
-def articles(llm: LLM, texts: list[tuple[str, str]], truncate: bool) -> tuple[list[Article], int]:
+def articles(llm: LLM, texts: list[tuple[str, Optional[str]]],
+             truncate: bool) -> tuple[list[Optional[Article]], int]:
     """Each text's encoder tokens, cut to the model's limit (a note on stderr) unless
-    --no-truncate; texts that cannot be read are reported and left out."""
+    --no-truncate; a text that cannot be used is reported and keeps its place as None (as an
+    unread one does), and counted."""
     engine = llm.llm_engine
     limit = engine.model_config.max_encoder_len
     kept, failed = [], 0
     for label, text in texts:
+        if text is None:
+            kept.append(None)
+            continue
         try:
             article = prepare_article(text, engine.tokenizer, engine.model_config.hf_config, limit, truncate)
         except ArticleTooLong as err:
@@ -69,11 +76,12 @@ def articles(llm: LLM, texts: list[tuple[str, str]], truncate: bool) -> tuple[li
                 cut_note(label, limit, article.truncated_tokens)
             kept.append(article)
             continue
+        kept.append(None)
         failed += 1
     return kept, failed
 
 
-def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple[str, str]], int]:
+def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple[str, Optional[str]]], int]:
     """The checkpoint of `encdec summarize | translate` and the texts; `(None, [], status)` when
     the command cannot go on (the reason already on stderr)."""
     problem = checkpoint_dir_problem(Path(args.model).expanduser())
@@ -82,9 +90,9 @@ def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple
               f"checkpoint directory)")
         return None, [], 2
     texts, failed = read_texts(args)
-    if not texts and not failed:
-        raise UsageError("give at least one TEXT or --file")
     if not texts:
+        raise UsageError("give at least one TEXT or --file")
+    if failed == len(texts):
         return None, [], 1
     try:
         llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
@@ -129,17 +137,25 @@ def check_lengths(llm: LLM, prompt: dict, params, args: argparse.Namespace) -> N
                          f"{longest}; set --max-tokens")
 
 
-def print_outputs(llm: LLM, prompts: list[dict], params, args: argparse.Namespace) -> int:
-    """Decode `prompts` (`params`: one SamplingParams, or one per prompt) and print one output
-    a line; 0, or 1 if the engine refused them."""
-    check_lengths(llm, prompts[0], params[0] if isinstance(params, list) else params, args)
+def print_outputs(llm: LLM, prompts: list[Optional[dict]], params, args: argparse.Namespace) -> int:
+    """Decode `prompts` (`params`: one SamplingParams, or one per prompt) and print one output a
+    line, an empty line for each None (an input that failed, its error already on stderr), so
+    that line i answers input i; 0, or 1 if the engine refused them."""
+    if not isinstance(params, list):
+        params = [params] * len(prompts)
+    todo = [(prompt, p) for prompt, p in zip(prompts, params) if prompt is not None]
+    if not todo:
+        print("\n" * (len(prompts) - 1))
+        return 0
+    check_lengths(llm, *todo[0], args)
     try:
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        outputs = iter(llm.generate([prompt for prompt, _ in todo], [p for _, p in todo],
+                                    use_tqdm=False))
     except ValueError as err:
         error(option_wording(err, OPTIONS))
         return 1
-    for output in outputs:
-        print(output.outputs[0].text.strip())
+    for prompt in prompts:
+        print("" if prompt is None else next(outputs).outputs[0].text.strip())
     return 0
 
 
@@ -148,11 +164,10 @@ def run_summarize(args: argparse.Namespace) -> int:
     if llm is None:
         return failed
     params = decoding_params(llm, args)
-    inputs, unread = articles(llm, texts, args.truncate)
-    if not inputs:
-        return 1
-    status = print_outputs(llm, [{"prompt_token_ids": a.token_ids} for a in inputs], params, args)
-    return 1 if status or failed + unread else 0
+    inputs, unusable = articles(llm, texts, args.truncate)
+    prompts = [None if a is None else {"prompt_token_ids": a.token_ids} for a in inputs]
+    status = print_outputs(llm, prompts, params, args)
+    return 1 if status or failed + unusable else 0
 
 
 def add_decoding_options(p: argparse.ArgumentParser) -> None:
@@ -190,7 +205,8 @@ def add_summarize(subparsers) -> None:
                                           "decoding as its "
                                           "generation config says unless options say otherwise; "
                                           "one summary per line on stdout, TEXTs first, then "
-                                          "--files.")
+                                          "--files; an input that fails gets an empty line "
+                                          "(its error on stderr).")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to summarize")
     p.add_argument("--file", dest="files", action="append", default=[], metavar="F",
                    help="read a text from F (- for stdin); may be repeated")

@@ -233,9 +233,10 @@ def ignored_vad_flags(args: argparse.Namespace) -> list[str]:
 
 def drop_ineffective_flags(args: argparse.Namespace) -> list[str]:
     """Unset the flags that openai-whisper's command line takes but ignores here, as it ignores
-    them; returns a warning for each."""
+    them; returns a warning for each. (Without --word_timestamps True, a word-level writer flag
+    is an error first, as there.)"""
     ineffective = []
-    if args.max_line_count and not args.max_line_width:
+    if args.max_line_count and not args.max_line_width and args.word_timestamps:
         ineffective.append(("max_line_count", "has no effect without --max_line_width"))
     if args.max_words_per_line and args.max_line_width:
         ineffective.append(("max_words_per_line", "has no effect with --max_line_width"))

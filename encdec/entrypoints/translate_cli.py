@@ -7,7 +7,8 @@ takes the codes of one of its translation tasks (`en` and `de` for "translate En
 German: ", which goes in front of the text). Texts longer than the model's input limit are cut
 to fit, as for `encdec summarize`, unless --no-truncate. Decoding follows the checkpoint's
 generation config unless options say otherwise, as for `encdec summarize`. One translation per
-line on stdout, TEXTs first, then --files.
+line on stdout, TEXTs first, then --files; an input that fails gets an empty line (its error on
+stderr).
 """
 from __future__ import annotations
 
@@ -94,29 +95,30 @@ def run_translate(args: argparse.Namespace) -> int:
     params = decoding_params(llm, args)
     prompts, request_params, unused = [], [], {}
     for label, text in texts:
-        if not text.strip():
+        ids = forced = None
+        if text is not None and not text.strip():
             error(f"{label}: the text to translate is empty")
             failed += 1
-            continue
-        try:
-            inputs = translation_inputs(engine.tokenizer, hf_config, text, args.source_lang,
-                                        args.target_lang)
-        except ValueError as err:  # the languages: the same for every text
-            raise UsageError(f"--source-lang / --target-lang: {err}") from None
-        unused.update(inputs.unused)
-        try:
-            ids = fitted(inputs.prompt_token_ids, limit, args.truncate)
-        except ArticleTooLong as err:
-            too_long(label, err)
-            failed += 1
-            continue
-        if len(ids) < len(inputs.prompt_token_ids):
-            cut_note(label, limit, len(inputs.prompt_token_ids) - len(ids))
-        prompts.append({"prompt_token_ids": ids})
-        forced = inputs.forced_bos_token_id
+        elif text is not None:
+            try:
+                inputs = translation_inputs(engine.tokenizer, hf_config, text, args.source_lang,
+                                            args.target_lang)
+            except ValueError as err:  # the languages: the same for every text
+                raise UsageError(f"--source-lang / --target-lang: {err}") from None
+            unused.update(inputs.unused)
+            try:
+                ids = fitted(inputs.prompt_token_ids, limit, args.truncate)
+            except ArticleTooLong as err:
+                too_long(label, err)
+                failed += 1
+            else:
+                if len(ids) < len(inputs.prompt_token_ids):
+                    cut_note(label, limit, len(inputs.prompt_token_ids) - len(ids))
+                forced = inputs.forced_bos_token_id
+        prompts.append(None if ids is None else {"prompt_token_ids": ids})
         request_params.append(params if forced is None
                               else dataclasses.replace(params, forced_bos_token_id=forced))
     for name, reason in unused.items():
         warn(f"--{name.replace('_', '-')} {getattr(args, name)}: not used: {reason}")
-    status = print_outputs(llm, prompts, request_params, args) if prompts else 0
+    status = print_outputs(llm, prompts, request_params, args)
     return 1 if status or failed else 0

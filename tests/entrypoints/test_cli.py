@@ -228,7 +228,21 @@ def test_summarize(tiny_bart_dir, tmp_path, capsys):
     captured = capsys.readouterr()
     assert status == 1  # the missing file; the two texts are still summarized
     assert error_lines(captured.err) == [f"encdec: error: {gone}: no such file or directory"]
-    assert len(captured.out.splitlines()) == 2
+    lines = captured.out.splitlines()  # line i answers input i; the missing file's is empty
+    assert len(lines) == 3 and all(lines[:2]) and lines[2] == ""
+
+
+def test_a_failed_text_keeps_its_line(tiny_bart_dir, capsys):
+    long = "The rain in spain falls mainly on the plain. " * 40  # over the 256 positions
+    status = cli.main(["summarize", "--model", str(tiny_bart_dir), "First text.", "",
+                       long, "Last text.", "--no-truncate", "--max-tokens", "6"])
+    captured = capsys.readouterr()
+    assert status == 1
+    assert [line.split(":")[2] for line in error_lines(captured.err)] == [" TEXT 2", " TEXT 3"]
+    lines = captured.out.splitlines()
+    assert len(lines) == 4 and lines[1] == lines[2] == "" and lines[0] and lines[3]
+    alone = cli.main(["summarize", "--model", str(tiny_bart_dir), "Last text.", "--max-tokens", "6"])
+    assert alone == 0 and capsys.readouterr().out.splitlines() == [lines[3]]
 
 
 def test_console_script_help():

@@ -62,3 +62,19 @@ def test_transcribing_with_a_bundled_model_needs_no_transformers_nor_numba(warm_
     loaded, out = loaded_after(code, warm_cache[0])
     assert loaded == {"torch"}
     assert "Thank you for calling. Please leave a message after the tone." in out
+
+
+def test_ctrl_c_while_the_command_loads_ends_as_later():
+    """Ctrl-C in a command's first seconds, while torch imports: one line and status 130, as
+    an interrupt later gives (`cli.main`), not a traceback."""
+    code = ("import sys\n"
+            "class Interrupt:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'torch':\n"
+            "            raise KeyboardInterrupt\n"
+            "sys.meta_path.insert(0, Interrupt())\n"
+            "sys.argv = ['encdec', 'transcribe', 'samples/hello.wav']\n"
+            "from encdec.__main__ import run\n"
+            "sys.exit(run())\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert (done.returncode, done.stderr) == (130, "encdec: interrupted\n")

@@ -183,6 +183,7 @@ def test_flags_openai_whisper_ignores_are_ignored_with_a_warning(llm, capsys, ar
 @pytest.mark.parametrize("argv, message", [
     (["--highlight_words", "True"], "--highlight_words needs --word_timestamps=True"),
     (["--max_line_width", "20"], "--max_line_width needs --word_timestamps=True"),
+    (["--max_line_count", "2"], "--max_line_count needs --word_timestamps=True"),
     (["--max_words_per_line", "3"], "--max_words_per_line needs --word_timestamps=True"),
     (["--beam_size", "1", "--patience", "2"], "--patience must be a number > 0, with --beam_size >= 2"),
     (["--vad_threshold", "1.5"], "--vad_threshold must be in (0, 1)"),

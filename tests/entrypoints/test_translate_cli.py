@@ -121,7 +121,7 @@ def test_long_texts_are_cut_as_hugging_face_cuts_them(t5_dir, capsys):
 
     status, lines, err = translate(capsys, t5_dir, "--source-lang", "en", "--target-lang", "de",
                                    "--no-truncate", long_text)
-    assert status == 1 and len(lines) == len(TEXTS)
+    assert status == 1 and len(lines) == len(TEXTS) + 1 and lines[0] == ""  # its line, empty
     assert re.search(r"encdec: error: TEXT 1: the text has \d+ tokens, more than the model's limit "
                      r"of 512 input tokens \(without --no-truncate it is cut to fit\)", err)
 
@@ -133,5 +133,5 @@ def test_long_texts_are_cut_as_hugging_face_cuts_them(t5_dir, capsys):
 
 def test_empty_texts_are_refused(t5_dir, capsys):
     status, lines, err = translate(capsys, t5_dir, "--source-lang", "en", "--target-lang", "de", " ")
-    assert status == 1 and len(lines) == len(TEXTS)
+    assert status == 1 and len(lines) == len(TEXTS) + 1 and lines[0] == ""  # its line, empty
     assert "encdec: error: TEXT 1: the text to translate is empty" in err
