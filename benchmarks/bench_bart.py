@@ -25,8 +25,9 @@ from typing import Callable
 
 import numpy as np
 
-from benchmarks.common import (ENCDEC_COMPUTE, interleaved, machine, markdown_table, median,
-                               prefix_agreement, run_isolated, synchronize, write_json)
+from benchmarks.common import (ENCDEC_COMPUTE, POSITIVE, interleaved, machine, markdown_table,
+                               median, names, prefix_agreement, run_isolated, synchronize,
+                               write_json)
 
 DECODER_PROMPT = [2, 0]
 HF_BATCH = 16
@@ -216,17 +217,24 @@ def run_ct2(ct2_dir: str, workload: list[dict], family: str, compute_type: str,
     return {"seconds": time.perf_counter() - start, "tokens": tokens}
 
 
+# engine name -> its precision
+ENCDEC_RUNS = {"encdec": "float32", "encdec-bf16": "bfloat16", "encdec-fp16": "float16",
+               "encdec-int8": "int8"}
+HF_RUNS = {"hf": "float32", "hf-fp16": "float16"}
+CT2_RUNS = {"ct2": "float32", "ct2-int8": "int8"}
+ENGINES = (*ENCDEC_RUNS, *HF_RUNS, *CT2_RUNS)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=sorted(FAMILIES), default="bart")
-    parser.add_argument("--num-docs", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--num-docs", type=POSITIVE, default=64)
+    parser.add_argument("--rounds", type=POSITIVE, default=2)
+    parser.add_argument("--threads", type=POSITIVE, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench")
-    parser.add_argument("--engines", default="encdec,hf,ct2",
-                        help="of encdec, encdec-bf16, encdec-fp16, encdec-int8, hf, hf-fp16, ct2, "
-                             "ct2-int8")
+    parser.add_argument("--engines", type=names(ENGINES), default="encdec,hf,ct2",
+                        help=f"of {', '.join(ENGINES)}")
     parser.add_argument("--device", default="cpu", help="encdec's and Hugging Face's")
     parser.add_argument("--attention-backend", choices=["torch", "xformers"],
                         help="encdec's (default: the selector's choice)")
@@ -237,23 +245,20 @@ def main(argv=None) -> int:
     family = FAMILIES[args.family]
     model_dir = family.make_checkpoint(args.work_dir / f"{family.checkpoint}-{args.seed}", args.seed)
     workload = make_workload(args.num_docs, args.seed, **family.workload)
-    encdec_runs = {"encdec": "float32", "encdec-bf16": "bfloat16", "encdec-fp16": "float16",
-                   "encdec-int8": "int8"}
-    hf_runs = {"hf": "float32", "hf-fp16": "float16"}
     runners = {name: lambda c=compute: run_isolated(run_encdec, str(model_dir), workload, c,
                                                     args.device, args.attention_backend,
                                                     args.threads)
-               for name, compute in encdec_runs.items()}
+               for name, compute in ENCDEC_RUNS.items()}
     runners |= {name: lambda d=dtype: run_isolated(run_hf, str(model_dir), workload, args.family, d,
                                                    args.device, args.threads)
-                for name, dtype in hf_runs.items()}
-    if "ct2" in args.engines:
+                for name, dtype in HF_RUNS.items()}
+    if set(CT2_RUNS) & set(args.engines):
         ct2_dir = convert_ct2(model_dir, args.work_dir / f"{family.checkpoint}-{args.seed}-ct2",
                               family.ct2_config)
-        for name, compute_type in (("ct2", "float32"), ("ct2-int8", "int8")):
+        for name, compute_type in CT2_RUNS.items():
             runners[name] = lambda c=compute_type: run_isolated(run_ct2, str(ct2_dir), workload,
                                                                 args.family, c, args.threads)
-    runners = {k: v for k, v in runners.items() if k in args.engines.split(",")}
+    runners = {k: v for k, v in runners.items() if k in args.engines}
     runs = interleaved(runners, args.rounds)
 
     generated = sum(w["max_tokens"] for w in workload)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import machine, markdown_table, write_json
+from benchmarks.common import POSITIVE, POSITIVE_LIST, machine, markdown_table, write_json
 
 PHASES = ("schedule", "prepare_inputs", "forward", "sampling", "process_outputs")
 
@@ -78,16 +78,16 @@ def main(argv=None) -> int:
     from benchmarks.bench_bart import make_checkpoint
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-sizes", default="1,32,256")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--doc-len", type=int, default=200)
+    parser.add_argument("--batch-sizes", type=POSITIVE_LIST, default="1,32,256")
+    parser.add_argument("--steps", type=POSITIVE, default=10)
+    parser.add_argument("--doc-len", type=POSITIVE, default=200)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/overhead.json"))
     args = parser.parse_args(argv)
     model_dir = make_checkpoint(args.work_dir / f"bart-base-deep-{args.seed}", args.seed)
     rows, results = [], []
-    for b in (int(x) for x in args.batch_sizes.split(",")):
+    for b in args.batch_sizes:
         r = measure(str(model_dir), b, args.steps, args.doc_len, args.seed)
         results.append(r)
         rows.append([b] + [r[p] for p in PHASES] + [r["step_ms"], f"{r['overhead_pct']:.1f}%"])

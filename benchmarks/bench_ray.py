@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.common import machine, markdown_table
+from benchmarks.common import POSITIVE, machine, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "samples" / "hello.wav"
@@ -81,9 +81,9 @@ def serve_row(replicas: int, requests: int, concurrency: int) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clips", type=int, default=20)
-    parser.add_argument("--requests", type=int, default=24)
-    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--clips", type=POSITIVE, default=20)
+    parser.add_argument("--requests", type=POSITIVE, default=24)
+    parser.add_argument("--concurrency", type=POSITIVE, default=4)
     args = parser.parse_args()
     import ray
 

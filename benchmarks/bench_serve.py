@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 from fastapi import File, Form, UploadFile  # at module level: the route's annotations name them
 
-from benchmarks.common import machine, markdown_table, write_json
+from benchmarks.common import POSITIVE, machine, markdown_table, write_json
 
 LEVELS = ((1, 6), (8, 24), (32, 64))  # (concurrent clients, requests)
 SUMMARY_TOKENS = 64  # bart-large-cnn summarizes in 56-142 tokens
@@ -234,12 +234,12 @@ def measure(name: str, compute_type: str, command: list[str], port: int, task: s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=POSITIVE, default=2)
     parser.add_argument("--tasks", default="summarize,transcribe",
                         help="comma-separated: summarize, transcribe (default: both)")
     parser.add_argument("--compute-type", choices=["float32", "bfloat16", "int8"], default="float32",
                         help="the transcription servers' precision (summaries stay float32)")
-    parser.add_argument("--beam-size", type=int, default=1,
+    parser.add_argument("--beam-size", type=POSITIVE, default=1,
                         help="the transcription servers' beam size (1: greedy, as OpenAI's API; "
                              "5: faster-whisper's default)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.json")

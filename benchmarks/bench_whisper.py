@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import (ENCDEC_COMPUTE, interleaved, machine, markdown_table, median,
-                               run_isolated, write_json)
+from benchmarks.common import (COUNT, ENCDEC_COMPUTE, POSITIVE, interleaved, machine,
+                               markdown_table, median, names, run_isolated, write_json)
 from tests.speech_corpus import CORPUS, long_clips, speak, wer
 
 SAMPLE_RATE = 16000
@@ -136,14 +136,30 @@ def run_hf(paths: list[str], threads: int) -> dict:
     return {"seconds": time.perf_counter() - start, "texts": texts}
 
 
+# engine name -> (its runner, the runner's options between the paths and the thread count)
+ENGINES = {
+    "encdec": (run_encdec, (True,)),
+    "encdec-parallel": (run_encdec, (False,)),
+    "encdec-bf16": (run_encdec_compute, ("bfloat16",)),
+    "encdec-int8": (run_encdec_compute, ("int8",)),
+    "fw-fp32": (run_faster_whisper, ("float32", False)),
+    "fw-int8": (run_faster_whisper, ("int8", False)),
+    "fw-batched": (run_faster_whisper, ("float32", True)),
+    "hf": (run_hf, ()),
+    "encdec-beam5": (run_encdec_beam5, ()),
+    "fw-beam5": (run_faster_whisper_beam5, ()),
+}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--long-rounds", type=int, default=2, help="0: no long clips")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=POSITIVE, default=3)
+    parser.add_argument("--long-rounds", type=COUNT, default=2, help="0: no long clips")
+    parser.add_argument("--threads", type=POSITIVE, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "speech")
-    parser.add_argument("--engines", default="encdec,encdec-parallel,fw-fp32,fw-int8,fw-batched,hf,"
-                                              "encdec-beam5,fw-beam5")
+    parser.add_argument("--engines", type=names(ENGINES),
+                        default="encdec,encdec-parallel,fw-fp32,fw-int8,fw-batched,hf,encdec-beam5,"
+                                "fw-beam5", help=f"of {', '.join(ENGINES)}")
     parser.add_argument("--json", type=Path, default=Path("benchmarks/results/whisper.json"))
     args = parser.parse_args(argv)
 
@@ -151,28 +167,17 @@ def main(argv=None) -> int:
 
     clips, long = build_corpus(args.work_dir)
     t = args.threads
-    engines = {
-        "encdec": lambda p: run_isolated(run_encdec, p, True, t),
-        "encdec-parallel": lambda p: run_isolated(run_encdec, p, False, t),
-        "encdec-bf16": lambda p: run_isolated(run_encdec_compute, p, "bfloat16", t),
-        "encdec-int8": lambda p: run_isolated(run_encdec_compute, p, "int8", t),
-        "fw-fp32": lambda p: run_isolated(run_faster_whisper, p, "float32", False, t),
-        "fw-int8": lambda p: run_isolated(run_faster_whisper, p, "int8", False, t),
-        "fw-batched": lambda p: run_isolated(run_faster_whisper, p, "float32", True, t),
-        "hf": lambda p: run_isolated(run_hf, p, t),
-        "encdec-beam5": lambda p: run_isolated(run_encdec_beam5, p, t),  # the thread count last
-        "fw-beam5": lambda p: run_isolated(run_faster_whisper_beam5, p, t),
-    }
-    engines = {k: v for k, v in engines.items() if k in args.engines.split(",")}
+    engines = {name: (lambda p, run=ENGINES[name][0], options=ENGINES[name][1]:
+                      run_isolated(run, p, *options, t)) for name in args.engines}
     results = {}
-    for label, corpus, rounds, names in (
+    for label, corpus, rounds, chosen in (
             ("short", clips, args.rounds, [k for k in engines if k != "encdec-parallel"]),
             ("long", long, args.long_rounds, [k for k in engines if k not in SHORT_ONLY])):
         if not rounds:
             continue
         paths, refs = [str(p) for p, _ in corpus], [text for _, text in corpus]
         audio_seconds = sum(sf.info(p).duration for p in paths)
-        runs = interleaved({k: (lambda f=engines[k]: f(paths)) for k in names}, rounds)
+        runs = interleaved({k: (lambda f=engines[k]: f(paths)) for k in chosen}, rounds)
         results[label] = summarize(runs, refs, audio_seconds)
         print(f"\n{label}: {len(paths)} clips, {audio_seconds:.0f} s of audio; {rounds} rounds, {t} threads\n\n"
               f"{table(results[label])}")

@@ -5,6 +5,7 @@ the caches of the next; rounds interleave the engines so background load hits th
 """
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing as mp
 import os
@@ -13,9 +14,29 @@ import resource
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
+
+from encdec.entrypoints.transcribe_args import number, number_list
+
+# argparse types of the benchmarks' counts: an error names the option and the limit (exit 2)
+POSITIVE = number(int, 1)
+COUNT = number(int, 0)
+POSITIVE_LIST = number_list(POSITIVE, "comma-separated integers >= 1")
+
+
+def names(known: Iterable[str]) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names, at least one, each of `known`."""
+    known = list(known)
+
+    def parse(value: str) -> list[str]:
+        given = [name for name in value.split(",") if name]
+        if not given or not set(given) <= set(known):
+            raise argparse.ArgumentTypeError(f"expected comma-separated names of {', '.join(known)}"
+                                             f", got {value!r}")
+        return given
+    return parse
 
 
 def _child(fn: Callable[..., dict], args: tuple, queue) -> None:

@@ -219,6 +219,18 @@ def test_bench_runs_the_checkout_script(capfd):
     assert "Engine overhead per decode step" in capfd.readouterr().out
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["bart", "--rounds", "-1"], "argument --rounds: expected an integer >= 1, got '-1'"),
+    (["whisper", "--engines", "fw-int8,foo"], "argument --engines: expected comma-separated "
+                                               "names of encdec, encdec-parallel,"),
+    (["overhead", "--batch-sizes", "1,0"], "argument --batch-sizes: expected comma-separated "
+                                           "integers >= 1, got '1,0'"),
+])
+def test_bench_options_are_checked_before_anything_runs(capfd, argv, message):
+    assert cli.main(["bench", *argv]) == 2
+    assert message in capfd.readouterr().err
+
+
 def test_summarize(tiny_bart_dir, tmp_path, capsys):
     article = tmp_path / "article.txt"
     article.write_text("The encoder reads the whole document once; the decoder writes the summary.")
