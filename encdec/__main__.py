@@ -1,17 +1,7 @@
-"""The `encdec` command (`python -m encdec ...` too). Its modules load here, inside `run`, so
-that Ctrl-C during their import (torch's above all, about two seconds) ends the command as it
-does later, with "encdec: interrupted" and exit status 130, not a traceback."""
+"""`python -m encdec ...` runs the `encdec` command line (`encdec.entrypoints.launcher`)."""
 import sys
 
-
-def run() -> int:
-    try:
-        from encdec.entrypoints.cli import main
-    except KeyboardInterrupt:
-        print("encdec: interrupted", file=sys.stderr)
-        return 130
-    return main()
-
+from encdec.entrypoints.launcher import run
 
 if __name__ == "__main__":
     sys.exit(run())

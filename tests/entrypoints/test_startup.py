@@ -74,7 +74,7 @@ def test_ctrl_c_while_the_command_loads_ends_as_later():
             "            raise KeyboardInterrupt\n"
             "sys.meta_path.insert(0, Interrupt())\n"
             "sys.argv = ['encdec', 'transcribe', 'samples/hello.wav']\n"
-            "from encdec.__main__ import run\n"
+            "from encdec.entrypoints.launcher import run\n"
             "sys.exit(run())\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert (done.returncode, done.stderr) == (130, "encdec: interrupted\n")
