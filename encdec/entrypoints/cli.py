@@ -146,15 +146,21 @@ def resolve_outputs(args: argparse.Namespace) -> None:
         return
     args.output_format = args.output_format or "all"
     args.output_dir = args.output_dir or "."
-    folder = Path(args.output_dir)
+    make_output_dir(args.output_dir, "--output_dir")
+
+
+def make_output_dir(name: str, option: str) -> None:
+    """Make the folder `name` of `option` if it is not there (UsageError if it cannot be made or
+    written to)."""
+    folder = Path(name)
     if folder.exists() and not folder.is_dir():
-        raise UsageError(f"--output_dir {args.output_dir}: not a directory")
+        raise UsageError(f"{option} {name}: not a directory")
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"--output_dir {args.output_dir}: {(err.strerror or str(err)).lower()}")
+        raise UsageError(f"{option} {name}: {(err.strerror or str(err)).lower()}")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"--output_dir {args.output_dir}: permission denied")
+        raise UsageError(f"{option} {name}: permission denied")
 
 
 def check_transcribe_options(args: argparse.Namespace) -> None:
@@ -172,6 +178,18 @@ def check_transcribe_options(args: argparse.Namespace) -> None:
     resolve_outputs(args)
 
 
+def check_english_only(args: argparse.Namespace, multilingual: bool) -> None:
+    """--task and --language against a Whisper model that is English-only unless `multilingual`:
+    translate is a UsageError; another language is a warning, then English."""
+    if args.task == "translate" and not multilingual:
+        raise UsageError(f"--task translate needs a multilingual model; {args.model} is "
+                         f"English-only (it writes all speech as English: leave --task out)")
+    warning = english_only_warning(multilingual, args.model, args.language)
+    if warning:
+        warn(warning)
+        args.language = "en"
+
+
 def check_whisper_model(llm: LLM, args: argparse.Namespace) -> None:
     """--model, --task and --suppress_tokens against the loaded model (UsageError); warns of a
     --language that an English-only model writes as English."""
@@ -179,17 +197,11 @@ def check_whisper_model(llm: LLM, args: argparse.Namespace) -> None:
     tokens = config.special_tokens
     if not isinstance(tokens, WhisperTokens):
         raise UsageError(f"--model {args.model}: not a Whisper model (transcribe needs one)")
-    if args.task == "translate" and not tokens.multilingual:
-        raise UsageError(f"--task translate needs a multilingual model; {args.model} is "
-                         f"English-only (it writes all speech as English: leave --task out)")
+    check_english_only(args, tokens.multilingual)
     unknown = [token for token in args.suppress_tokens if token >= config.vocab_size]
     if unknown:
         raise UsageError(f"--suppress_tokens: {unknown[0]} is not a token id of {args.model} "
                          f"(its ids end at {config.vocab_size - 1})")
-    warning = english_only_warning(tokens, args.model, args.language)
-    if warning:
-        warn(warning)
-        args.language = "en"
     args.detects_language = tokens.multilingual and args.language in (None, "auto")
     from encdec.whisper.transcribe import checked_options as checked_against
 

@@ -5,9 +5,7 @@ transformers cost a transcription about a second."""
 from __future__ import annotations
 
 import difflib
-from typing import Any, Optional
-
-from encdec.whisper.tokens import WhisperTokens
+from typing import Optional
 
 AUTO = "auto"  # detect the language
 
@@ -63,11 +61,11 @@ def requested_language(language: Optional[str], field: str = "language") -> Opti
     return language if language in (None, AUTO) else language_code(language, field)
 
 
-def english_only_warning(tokens: Any, model: str, language: Optional[str]) -> Optional[str]:
-    """What to tell someone who asks the English-only Whisper `model` (its special `tokens`) for
-    `language` (a code or `AUTO`): it writes every language as English. None when there is
-    nothing to tell: English or nothing asked, a multilingual or a non-Whisper model."""
-    if language in (None, "en") or not isinstance(tokens, WhisperTokens) or tokens.multilingual:
+def english_only_warning(multilingual: bool, model: str, language: Optional[str]) -> Optional[str]:
+    """What to tell someone who asks the Whisper `model` for `language` (a code or `AUTO`) when
+    it is English-only: it writes every language as English. None when there is nothing to
+    tell: English or nothing asked, or a multilingual model."""
+    if language in (None, "en") or multilingual:
         return None
     asked = ("cannot detect the language" if language == AUTO
              else f"cannot transcribe {LANGUAGES[language].title()}")

@@ -57,6 +57,8 @@ def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summarie
     err = capsys.readouterr().err
     assert f"encdec: error: {empty}: the text to summarize is empty" in err
     assert f"encdec: warning: {results}: dropped its incomplete last line" in err
+    assert (f"encdec: warning: {results}: 2 results of an earlier run; their inputs are skipped "
+            f"(another --output runs them again)") in err
     assert (f"encdec: note: {long}: cut to the model's limit of 256 input tokens "
             f"({cut['truncated_tokens']} tokens left out)") in err
 

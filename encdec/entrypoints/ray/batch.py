@@ -59,23 +59,34 @@ def not_done(paths: list[str], done: frozenset[str]) -> list[str]:
     return [p for p in paths if os.path.realpath(p) not in finished]
 
 
-def audio_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> ray.data.Dataset:
+def audio_rows(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> list[dict[str, str]]:
     """Rows `{id, path}` for the audio files named by `inputs` (files, folders, globs); the id
     is the path as found. Ids in `done` are left out."""
-    paths = not_done(expand_inputs(inputs, AUDIO_SUFFIXES), done)
-    return ray.data.from_items([{"id": p, "path": p} for p in paths],
-                               override_num_blocks=max(1, len(paths)))
+    return [{"id": p, "path": p} for p in not_done(expand_inputs(inputs, AUDIO_SUFFIXES), done)]
 
 
-def document_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> ray.data.Dataset:
-    """Rows `{id, text}`: one JSONL or Parquet file with those fields (`table_documents`), or
-    text files (id: the path). Ids in `done` are left out."""
-    if len(inputs) == 1 and inputs[0].lower().endswith(TABLE_SUFFIXES):
-        rows = [row for row in table_documents(inputs[0]) if row["id"] not in done]
-    else:
-        rows = [{"id": p, "text": Path(p).read_text(encoding="utf-8")}
-                for p in not_done(expand_inputs(inputs, TEXT_SUFFIXES), done)]
+def document_rows(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> list[dict[str, str]]:
+    """Rows `{id, text}`: of one JSONL or Parquet file with those fields (`table_documents`), or
+    of text files (id: the path). Ids in `done` are left out."""
+    paths = expand_inputs(inputs, TEXT_SUFFIXES)
+    tables = [p for p in paths if p.lower().endswith(TABLE_SUFFIXES)]
+    if tables and len(paths) > 1:
+        raise ValueError(f"{tables[0]}: a JSONL or Parquet input must be the only one (it holds "
+                         f"all the documents; the other inputs would be read as text)")
+    if tables:
+        return [row for row in table_documents(tables[0]) if row["id"] not in done]
+    return [{"id": p, "text": Path(p).read_text(encoding="utf-8")} for p in not_done(paths, done)]
+
+
+def rows_dataset(rows: list[dict[str, Any]]) -> ray.data.Dataset:
+    """A dataset of `rows`, a block each, so that every actor of the pool gets work."""
     return ray.data.from_items(rows, override_num_blocks=max(1, len(rows)))
+
+
+def audio_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> ray.data.Dataset:
+    """`audio_rows` as a dataset."""
+    return rows_dataset(audio_rows(inputs, done))
+
 
 
 def table_documents(source: str) -> list[dict[str, str]]:
@@ -110,6 +121,8 @@ def table_documents(source: str) -> list[dict[str, str]]:
     if problems:
         more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
         raise ValueError(f"{source}: {'; '.join(problems[:5])}{more}")
+    if not rows:
+        raise ValueError(f"{source}: no documents in it")
     return rows
 
 

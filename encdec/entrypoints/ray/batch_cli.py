@@ -31,7 +31,7 @@ def add_batch(subparsers) -> None:
     """The `batch` command and its `transcribe` and `summarize` subcommands."""
     from encdec.entrypoints.cli import add_model_options
     from encdec.entrypoints.summarize_cli import add_decoding_options
-    from encdec.entrypoints.transcribe_args import non_negative_float, positive_int
+    from encdec.entrypoints.transcribe_args import non_negative_float, positive_float, positive_int
     from encdec.whisper.writers import FORMATS
 
     batch = subparsers.add_parser("batch", help="batch jobs on a Ray cluster (Ray Data; the ray extra)",
@@ -70,7 +70,7 @@ def add_batch(subparsers) -> None:
                          help="inputs per engine call (default: 4)")
         job.add_argument("--num-gpu-blocks", type=positive_int, default=None,
                          help="KV cache blocks per actor (default: from --kv-cache-space)")
-        job.add_argument("--kv-cache-space", type=non_negative_float, default=2.0,
+        job.add_argument("--kv-cache-space", type=positive_float, default=2.0,
                          help="KV cache memory per actor in GiB (default: 2)")
         job.add_argument("--swap-space", type=non_negative_float, default=1.0,
                          help="swap space per actor in GiB (default: 1)")
@@ -117,11 +117,12 @@ def done_ids(path: Path) -> set[str]:
     return ids
 
 
-def input_dataset(args: argparse.Namespace, done: frozenset[str]):
-    """The inputs the arguments name, less those in `done`."""
+def input_rows(args: argparse.Namespace, done: frozenset[str]) -> list[dict[str, str]]:
+    """The inputs the arguments name, less those in `done`, read and checked (ValueError,
+    OSError)."""
     from encdec.entrypoints.ray import batch
 
-    read = batch.audio_dataset if args.job == "transcribe" else batch.document_dataset
+    read = batch.audio_rows if args.job == "transcribe" else batch.document_rows
     return read(args.inputs, done)
 
 
@@ -198,16 +199,20 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
 def check_job(args: argparse.Namespace) -> None:
     """Check the model and the options on the driver, before any actor starts (ValueError worded
     for the command line)."""
+    from encdec.entrypoints.cli import check_english_only
     from encdec.entrypoints.cli_messages import option_wording
     from encdec.entrypoints.summarize_cli import OPTIONS, decoding_options
     from encdec.entrypoints.summaries import summary_params
     from encdec.generation_config import load_generation_defaults
-    from encdec.weights.loader import check_model, checkpoint_dir_problem
+    from encdec.weights.loader import check_model, checkpoint_dir_problem, whisper_multilingual
     from encdec.whisper.languages import requested_language
 
     if args.job == "transcribe":
         args.language = requested_language(args.language, "--language")
         check_model(args.model, "--model")
+        multilingual = whisper_multilingual(args.model, "--model")
+        if multilingual is not None:
+            check_english_only(args, multilingual)
         return
     problem = checkpoint_dir_problem(Path(args.model).expanduser())
     if problem:
@@ -219,39 +224,59 @@ def check_job(args: argparse.Namespace) -> None:
         raise ValueError(option_wording(err, OPTIONS)) from None
 
 
+def unschedulable(args: argparse.Namespace) -> str | None:
+    """Why the job's actors can never all start on the Ray cluster: more CPUs than it has."""
+    import ray
+
+    needed, total = args.replicas * args.cpus_per_replica, ray.cluster_resources().get("CPU", 0)
+    if needed <= total:
+        return None
+    return (f"--replicas {args.replicas} x --cpus-per-replica {args.cpus_per_replica:g} need "
+            f"{needed:g} CPUs; the Ray cluster has {total:g}")
+
+
 def run_batch(args: argparse.Namespace) -> int:
-    from encdec.entrypoints.cli_messages import error
+    from encdec.entrypoints.cli import make_output_dir
+    from encdec.entrypoints.cli_messages import error, warn
 
     try:
         check_job(args)
+        done = done_ids(Path(args.output) / RESULTS)
     except ValueError as err:
         error(str(err))
         return 2
     try:
         import ray
+
+        from encdec.entrypoints.ray.batch import rows_dataset
     except ImportError:
         error("batch jobs need Ray: pip install 'ray[data,serve]' (or, in the encdec checkout: "
               "pip install -e '.[ray]')")
         return 1
-
-    Path(args.output).mkdir(parents=True, exist_ok=True)
     try:
-        done = done_ids(Path(args.output) / RESULTS)
-    except ValueError as err:
+        rows = input_rows(args, frozenset(done))
+    except (ValueError, OSError) as err:
         error(str(err))
-        return 2
+        return 1
+    make_output_dir(args.output, "--output")
+    if done:
+        warn(f"{Path(args.output) / RESULTS}: {len(done)} results of an earlier run; their inputs "
+             f"are skipped (another --output runs them again)")
+    if not rows:
+        return 0
     started = not ray.is_initialized()
     if started:
         ray.init(address=args.ray_address, include_dashboard=False, logging_level=logging.WARNING)
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
-        try:
-            inputs = input_dataset(args, frozenset(done))
-            total = inputs.count()
-        except (ValueError, OSError) as err:
-            error(str(err))
-            return 1
-        return 1 if write_results(job_dataset(args, inputs).iter_rows(), args, done, total) else 0
+        problem = unschedulable(args)
+        if problem and started and args.ray_address is None:
+            error(f"{problem} (the job could never start)")
+            return 2
+        if problem:
+            warn(f"{problem}: the job waits until it has them")
+        results = job_dataset(args, rows_dataset(rows)).iter_rows()
+        return 1 if write_results(results, args, done, len(rows)) else 0
     finally:
         if started:
             ray.shutdown()
