@@ -237,7 +237,8 @@ def whisper_multilingual(model: str, field: str = "model") -> Optional[bool]:
         if vocabulary is None:
             return None
         text = vocabulary.read_text(encoding="utf-8")
-        size = len(json.loads(text)) if vocabulary.suffix == ".json" else len(text.splitlines())
+        # (a token a line; not `splitlines`, which also cuts at characters such as U+2028)
+        size = len(json.loads(text)) if vocabulary.suffix == ".json" else text.rstrip("\n").count("\n") + 1
         return size >= MULTILINGUAL_VOCAB_SIZE
     config = _read_json(path / "config.json") or {}
     if config.get("model_type", "whisper") != "whisper":

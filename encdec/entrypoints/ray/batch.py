@@ -88,7 +88,6 @@ def audio_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> 
     return rows_dataset(audio_rows(inputs, done))
 
 
-
 def table_documents(source: str) -> list[dict[str, str]]:
     """The `{id, text}` records of a JSONL or Parquet file, checked before any work starts, as
     OpenAI's Batch API checks its input file: each needs an id (a string or an integer) of its
