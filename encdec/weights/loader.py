@@ -28,7 +28,7 @@ from encdec.weights.ct2 import ct2_tensors, open_ct2_model
 from encdec.weights.tokenizer_file import TokenizerFile
 from encdec.weights.whisper_assets import (ALIASES, WhisperAssets, assets_from_parts,
                                            resolve_whisper_model)
-from encdec.whisper.tokens import MULTILINGUAL_VOCAB_SIZE
+from encdec.whisper.tokens import is_multilingual
 
 logger = logging.getLogger(__name__)
 
@@ -229,7 +229,7 @@ def _has_ct2_weights(path: Path) -> bool:
 def whisper_multilingual(model: str, field: str = "model") -> Optional[bool]:
     """Whether the Whisper `model` (a bundled alias or a checkpoint directory) is multilingual,
     told from its side files without reading its weights, by the rule its loaded special tokens
-    follow (`whisper_tokens_from_vocab`); None when they do not tell. A checkpoint of another
+    follow (`is_multilingual`); None when they do not tell. A checkpoint of another
     family is a ValueError naming `field`."""
     path = Path(model).expanduser()
     if model in ALIASES or _has_ct2_weights(path):
@@ -239,16 +239,15 @@ def whisper_multilingual(model: str, field: str = "model") -> Optional[bool]:
         text = vocabulary.read_text(encoding="utf-8")
         # (a token a line; not `splitlines`, which also cuts at characters such as U+2028)
         size = len(json.loads(text)) if vocabulary.suffix == ".json" else text.rstrip("\n").count("\n") + 1
-        return size >= MULTILINGUAL_VOCAB_SIZE
+        return is_multilingual(size)
     config = _read_json(path / "config.json") or {}
     if config.get("model_type", "whisper") != "whisper":
         raise ValueError(f"{field} {model}: not a Whisper model (its config.json says model_type "
                          f"{config['model_type']!r})")
     generation = _read_json(path / "generation_config.json") or {}
-    if "is_multilingual" in generation:
-        return bool(generation["is_multilingual"])
-    size = config.get("vocab_size")
-    return None if size is None else size >= MULTILINGUAL_VOCAB_SIZE
+    if config.get("vocab_size") is None and "is_multilingual" not in generation:
+        return None
+    return is_multilingual(config.get("vocab_size") or 0, generation)
 
 
 def _read_json(path: Optional[Path]) -> Optional[dict]:

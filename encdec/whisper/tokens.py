@@ -83,6 +83,12 @@ class WhisperTokens:
         return ids
 
 
+def is_multilingual(vocab_size: int, generation_config: Optional[dict] = None) -> bool:
+    """Hugging Face's rule: the generation config's `is_multilingual`, else a vocabulary of
+    51865 tokens or more."""
+    return bool((generation_config or {}).get("is_multilingual", vocab_size >= MULTILINGUAL_VOCAB_SIZE))
+
+
 def whisper_tokens(hf_config: Any, tokenizer: Any = None,
                    generation_config: Optional[dict] = None) -> WhisperTokens:
     """Resolve the special tokens from the tokenizer, generation config and model config."""
@@ -112,7 +118,7 @@ def whisper_tokens_from_vocab(added: Mapping[str, int], vocab_size: int,
                                layout.get("no_timestamps"))
     return WhisperTokens(
         eot=eot, sot=sot, no_timestamps=no_timestamps,
-        multilingual=bool(gen.get("is_multilingual", vocab_size >= MULTILINGUAL_VOCAB_SIZE)),
+        multilingual=is_multilingual(vocab_size, gen),
         lang_to_id=_languages(added, gen, sot),
         task_to_id={task: i for task, i in tasks.items() if i is not None},
         suppress_tokens=tuple(_first_list(gen, hf_config, "suppress_tokens")),
