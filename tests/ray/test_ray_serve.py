@@ -22,7 +22,7 @@ from tests.ray.conftest import init_ray
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 openai = pytest.importorskip("openai")
-from encdec.entrypoints.ray.metrics_board import PUBLISH_SECONDS  # noqa: E402  (imports Ray)
+from encdec.entrypoints.ray.replica_board import PUBLISH_SECONDS  # noqa: E402  (imports Ray)
 pytestmark = pytest.mark.ray
 
 ARTICLES = ["The rain in spain falls mainly on the plain.",

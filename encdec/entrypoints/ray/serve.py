@@ -2,11 +2,11 @@
 
 Each replica loads the models of `encdec serve` (one engine per model per replica) and serves
 the same app, streaming included; Serve's proxy listens on --host/--port and routes each request
-to a replica; `/metrics` shows every replica's series (`metrics_board`). A replica that dies is
-replaced by Serve, and requests go to the others meanwhile. Each replica takes up to
-`--max-num-seqs` requests at once, the size of its engine's batch. With `--autoscale MIN,MAX`
-Serve adds and removes replicas so that each has about TARGET_ONGOING_REQUESTS requests in
-flight.
+to a replica; `/metrics` shows every replica's series, and SIGTERM drains every replica as
+`encdec serve` drains itself (`replica_board`). A replica that dies is replaced by Serve, and
+requests go to the others meanwhile. Each replica takes up to `--max-num-seqs` requests at once,
+the size of its engine's batch. With `--autoscale MIN,MAX` Serve adds and removes replicas so
+that each has about TARGET_ONGOING_REQUESTS requests in flight.
 """
 from __future__ import annotations
 
@@ -37,14 +37,15 @@ class EncdecReplica:
         from encdec.entrypoints.openai.api_server import build_app
         from encdec.entrypoints.openai.middleware import ServerState
         from encdec.entrypoints.openai.serving_models import ServedModels, load_models
-        from encdec.entrypoints.ray.metrics_board import ReplicaMetrics
+        from encdec.entrypoints.ray.replica_board import ReplicaMetrics
         from encdec.worker.cpu_memory import use_one_arena
 
         torch.set_num_threads(threads)
         use_one_arena()  # as `encdec serve` does
         served = ServedModels(load_models(models, names, max_waiting_requests, engine_options))
-        metrics = ReplicaMetrics(served, serve.get_replica_context().replica_id.unique_id)
-        self.encdec_app = build_app(served, ServerState(), **app_options, metrics=metrics)
+        state = ServerState()
+        metrics = ReplicaMetrics(served, serve.get_replica_context().replica_id.unique_id, state)
+        self.encdec_app = build_app(served, state, **app_options, metrics=metrics)
 
     def __serve_build_asgi_app__(self):
         return self.encdec_app
@@ -120,7 +121,7 @@ def deploy(args: argparse.Namespace):
     holds it."""
     from ray import serve
 
-    from encdec.entrypoints.ray.metrics_board import start_board
+    from encdec.entrypoints.ray.replica_board import start_board
 
     board = start_board()
     serve.start(http_options={"host": args.host, "port": args.port})
@@ -129,11 +130,12 @@ def deploy(args: argparse.Namespace):
 
 
 def run_ray_server(args: argparse.Namespace) -> int:
-    """`encdec serve --ray`: deploy, then serve until SIGINT or SIGTERM."""
+    """`encdec serve --ray`: deploy, then serve until SIGINT or SIGTERM, then drain."""
     import ray
     from ray import serve
 
     from encdec.entrypoints.openai.api_server import listening_socket, server_url
+    from encdec.entrypoints.ray.replica_board import drain
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -144,12 +146,15 @@ def run_ray_server(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
         signal.signal(sig, lambda *_: stop.set())
     try:
-        board = deploy(args)  # noqa: F841  (held while serving)
+        board = deploy(args)
         replicas = args.replicas if args.autoscale is None else "%d-%d" % args.autoscale
-        logging.getLogger("encdec.server").info("serving on %s with %s replicas",
-                                                server_url(args.host, args.port), replicas)
+        logger = logging.getLogger("encdec.server")
+        logger.info("serving on %s with %s replicas", server_url(args.host, args.port), replicas)
         stop.wait()
-        serve.delete(APP_NAME)  # replicas finish what is in flight (--shutdown-timeout) first
+        logger.info("shutting down: refusing new requests; waiting up to %g s for those in flight",
+                    args.shutdown_timeout)
+        drain(board, args.shutdown_timeout)
+        serve.delete(APP_NAME)  # what is still in flight gets Serve's graceful shutdown
         serve.shutdown()
     finally:
         ray.shutdown()
