@@ -47,7 +47,8 @@ from encdec.whisper.writers import segment_line, source_basename, write_result
 TRANSCRIBE_EPILOG = """\
 output: each file's transcript goes to stdout, with one "[MM:SS.mmm --> MM:SS.mmm] text" line per
 segment (plain text with --no-timestamps; nothing with --verbose False); with several files
-each transcript follows a "==> FILE <==" line. Files are written only when --output_format or
+each transcript follows a "==> FILE <==" line (with --verbose False, only above a detected
+language's line). Files are written only when --output_format or
 --output_dir is given: --output_format alone writes into the current directory, --output_dir
 alone writes openai-whisper's five formats (all).
 Progress (seconds of audio done) goes to stderr. A file that cannot be read or transcribed gets
@@ -124,9 +125,10 @@ def detected_language(result: Transcription, args: argparse.Namespace) -> list[s
 
 def report(result: Transcription, args: argparse.Namespace, with_header: bool) -> bool:
     """Print one transcript and write its files; False if writing failed."""
-    header = [f"==> {result.source} <=="] if with_header else []
-    lines = header + detected_language(result, args)
+    lines = detected_language(result, args)
     lines += transcript_lines(result, args.timestamps) if args.verbose else []
+    if with_header and (lines or args.verbose):  # with --verbose False: only above lines shown
+        lines.insert(0, f"==> {result.source} <==")
     for line in lines:
         tqdm.write(line, file=sys.stdout)
     if args.output_format is None:

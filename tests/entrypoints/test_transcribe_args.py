@@ -117,6 +117,8 @@ def test_verbose_false_prints_nothing_but_writes(llm, tmp_path, capsys):
     assert run("--verbose", "False", "--language", "en", "-o", str(tmp_path)) == 0
     assert capsys.readouterr().out == ""
     assert (tmp_path / "hello.txt").read_text().split() == WORDS
+    assert cli.main(["transcribe", str(SAMPLE), str(SAMPLE), "--verbose", "False", "--language", "en"]) == 0
+    assert capsys.readouterr().out == ""  # no "==> FILE <==" lines either
     # as openai-whisper's: a detected language is named even then, and explained with --verbose True
     assert run("--verbose", "False") == 0
     assert capsys.readouterr().out == "Detected language: English\n"
