@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 
 @dataclass
@@ -13,6 +13,7 @@ class CompletionOutput:
     cumulative_logprob: float
     logprobs: Optional[list[dict[int, float]]]
     finish_reason: Optional[str]
+    stop_reason: Union[int, str, None] = None  # the stop string or stop token id that ended it (vLLM's)
 
     def finished(self) -> bool:
         return self.finish_reason is not None

@@ -72,7 +72,8 @@ class LLMEngine:
             scheduler_config.max_num_batched_tokens, self.model_config.eos_token_id,
             self.model_config.vocab_size)
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
-        self.output_processor = OutputProcessor(self.tokenizer, self.model_config.eos_token_id)
+        self.output_processor = OutputProcessor(self.tokenizer, self.model_config.eos_token_id,
+                                                self.scheduler.free_seq)
         self.seq_ids = itertools.count()
         self.groups: dict[str, SequenceGroup] = {}
         self.failures: dict[str, Exception] = {}  # see `take_failures`
@@ -144,6 +145,9 @@ class LLMEngine:
             inputs.prompt_token_ids = [self.model_config.decoder_start_token_id]
             resolved = self._resolve(params, inputs.prompt_token_ids)
         params = resolved
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop: this model has no tokenizer to find stop strings with "
+                             "(use stop_token_ids)")
         self._check_token_ids(params)
         self._check_fits(inputs.prompt_token_ids, inputs.encoder_prompt_token_ids, params)
         block_size = self.cache_config.block_size

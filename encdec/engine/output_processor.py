@@ -7,50 +7,65 @@ requests get an output at every step, their text detokenized incrementally per s
 log-probabilities that are new since the request's last output, and leaves out completions
 with nothing new. Completions are indexed in the order their sequences joined the group.
 Beam search gives its best `n` hypotheses once, when the search is over. As in vLLM, the stop
-token that ends a completion (EOS or one of `stop_token_ids`) is in its token ids, not its text.
+token that ends a completion (EOS or one of `stop_token_ids`) is in its token ids, not its text,
+and `stop_reason` names it (None for EOS).
+
+Stop strings (`encdec.engine.stop_strings`) are looked for here, in each completion's text as
+it is detokenized after every step (also for FINAL_ONLY requests that have some): a completion
+that meets one is finished here and its blocks freed (`free_seq`), as vLLM's output processor
+aborts it. A beam search's hypotheses are cut at their first stop string once it is over.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from encdec.engine.detokenizer import IncrementalDetokenizer, decode
+from encdec.engine.stop_strings import StopStrings
 from encdec.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
-from encdec.sequence import Sequence, SequenceGroup
+from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
 
 
 @dataclass
 class CompletionState:
-    """What one completion of a streaming request has been given so far."""
+    """One completion's text so far, its stop strings, and what a streaming request has been
+    given of it."""
 
     detokenizer: IncrementalDetokenizer
+    stops: Optional[StopStrings]
+    text: str = ""  # what the completion shows so far
     num_tokens_sent: int = 0
+    num_chars_sent: int = 0
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: Any, eos_token_id: Optional[int]):
+    def __init__(self, tokenizer: Any, eos_token_id: Optional[int], free_seq: Callable[[Sequence], None]):
         self.tokenizer = tokenizer
         self.eos_token_id = eos_token_id
+        self.free_seq = free_seq
         self.states: dict[str, dict[int, CompletionState]] = {}  # request_id -> seq_id -> state
 
     def make_output(self, group: SequenceGroup) -> Optional[RequestOutput]:
         """The request's output for this step, or None when it has nothing to give now."""
         params = group.sampling_params
-        finished = group.is_finished()
         kind = params.output_kind
+        incremental = group.beam_search is None and (kind is not RequestOutputKind.FINAL_ONLY or params.stop)
+        if incremental:
+            states = self.states.setdefault(group.request_id, {})
+            for seq in group.get_seqs():
+                self._read(seq, params, states)
+        finished = group.is_finished()
         if finished:
             states = self.states.pop(group.request_id, {})
         elif kind is RequestOutputKind.FINAL_ONLY or group.beam_search is not None:
             return None
-        else:
-            states = self.states.setdefault(group.request_id, {})
         if group.beam_search is not None:
             outputs = self._beam_outputs(group)
-        elif kind is RequestOutputKind.FINAL_ONLY:
+        elif kind is RequestOutputKind.FINAL_ONLY and not params.stop:
             outputs = [self._final(index, seq, params) for index, seq in enumerate(group.get_seqs())]
         else:
-            outputs = [self._streamed(index, seq, params, states)
+            outputs = [self._streamed(index, seq, params, states[seq.seq_id])
                        for index, seq in enumerate(group.get_seqs())]
             outputs = [o for o in outputs if o is not None]
         first = next(iter(group.seqs.values()))
@@ -75,39 +90,75 @@ class OutputProcessor:
 
     def _final(self, index: int, seq: Sequence, params: SamplingParams) -> CompletionOutput:
         ids = seq.data.output_token_ids
-        return CompletionOutput(index, self._text(ids, seq.status.finish_reason, params), list(ids),
-                                seq.data.cumulative_logprob,
+        reason = seq.status.finish_reason
+        return CompletionOutput(index, self._text(ids, reason, params), list(ids), seq.data.cumulative_logprob,
                                 list(seq.output_logprobs) if params.logprobs is not None else None,
-                                seq.status.finish_reason)
+                                reason, stop_token(ids, reason, params))
 
-    def _streamed(self, index: int, seq: Sequence, params: SamplingParams,
-                  states: dict[int, CompletionState]) -> Optional[CompletionOutput]:
+    def _read(self, seq: Sequence, params: SamplingParams, states: dict[int, CompletionState]) -> None:
+        """Detokenize the completion's new tokens; finish it at a stop string."""
         state = states.get(seq.seq_id)
         if state is None:
             state = states[seq.seq_id] = CompletionState(
-                IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens))
+                IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
+                StopStrings(params) if params.stop else None)
+        if self.tokenizer is None or (state.stops is not None and state.stops.hit is not None):
+            return
         ids = seq.data.output_token_ids
-        logprobs = seq.output_logprobs if params.logprobs is not None else None
         finished = seq.is_finished()
         shown = self._shown(ids, seq.status.finish_reason, params) if finished else ids
-        piece = state.detokenizer.step(shown, finished) if self.tokenizer is not None else ""
-        sent, state.num_tokens_sent = state.num_tokens_sent, len(ids)
-        if params.output_kind is RequestOutputKind.CUMULATIVE:
-            return CompletionOutput(index, state.detokenizer.text, list(ids), seq.data.cumulative_logprob,
-                                    list(logprobs) if logprobs is not None else None,
-                                    seq.status.finish_reason)
+        state.detokenizer.step(shown, finished)
+        text = state.detokenizer.text
+        if state.stops is None:
+            state.text = text
+            return
+        if state.stops.update(text, len(ids)) is not None:
+            if not finished:
+                self.free_seq(seq)
+            seq.finish(SequenceStatus.FINISHED_STOPPED)  # also one that reached max_tokens at it
+        state.text = state.stops.visible(text, seq.is_finished())
+
+    def _streamed(self, index: int, seq: Sequence, params: SamplingParams,
+                  state: CompletionState) -> Optional[CompletionOutput]:
+        ids = seq.data.output_token_ids
+        logprobs = seq.output_logprobs if params.logprobs is not None else None
+        reason = seq.status.finish_reason
+        stop_reason = (state.stops.hit if state.stops is not None and state.stops.hit is not None
+                       else stop_token(ids, reason, params))
+        if params.output_kind is not RequestOutputKind.DELTA:  # CUMULATIVE, or FINAL_ONLY with stop strings
+            return CompletionOutput(index, state.text, list(ids), seq.data.cumulative_logprob,
+                                    list(logprobs) if logprobs is not None else None, reason, stop_reason)
+        piece = state.text[state.num_chars_sent:]
+        sent = state.num_tokens_sent
+        state.num_tokens_sent, state.num_chars_sent = len(ids), len(state.text)
         if sent == len(ids) and not piece:
             return None
         return CompletionOutput(index, piece, ids[sent:], seq.data.cumulative_logprob,
-                                logprobs[sent:] if logprobs is not None else None,
-                                seq.status.finish_reason)
+                                logprobs[sent:] if logprobs is not None else None, reason, stop_reason)
 
     def _beam_outputs(self, group: SequenceGroup) -> list[CompletionOutput]:
-        """The best `n` hypotheses of a finished search (its beams, if it was cut short)."""
+        """The best `n` hypotheses of a finished search (its beams, if it was cut short), each
+        cut at its first stop string."""
         params = group.sampling_params
         search = group.beam_search
-        if search.finished:
-            return [CompletionOutput(index, self._text(h.token_ids, h.finish_reason, params),
-                                     list(h.token_ids), h.cumulative_logprob, None, h.finish_reason)
-                    for index, h in enumerate(search.best(params.n))]
-        return [self._final(index, seq, params) for index, seq in enumerate(group.get_seqs())]
+        if not search.finished:
+            return [self._final(index, seq, params) for index, seq in enumerate(group.get_seqs())]
+        outputs = []
+        for index, h in enumerate(search.best(params.n)):
+            text, reason, stop_reason = self._text(h.token_ids, h.finish_reason, params), h.finish_reason, None
+            if params.stop:
+                stops = StopStrings(params)
+                stops.update(self._text(h.token_ids[:stops.min_tokens], None, params), 0)  # the floor
+                if stops.update(text, len(h.token_ids)) is not None:
+                    text, reason, stop_reason = stops.visible(text, True), "stop", stops.hit
+            outputs.append(CompletionOutput(index, text, list(h.token_ids), h.cumulative_logprob, None, reason,
+                                            stop_reason or stop_token(h.token_ids, reason, params)))
+        return outputs
+
+
+def stop_token(ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> Optional[int]:
+    """vLLM's `stop_reason` for a completion its last token stopped: one of `stop_token_ids`
+    (None for EOS, or when something else ended it)."""
+    if finish_reason == "stop" and ids and ids[-1] in params.stop_token_ids:
+        return ids[-1]
+    return None

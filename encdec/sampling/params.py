@@ -28,7 +28,8 @@ BEAM_RULES = ("hf", "whisper")
 INTEGER_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed", "logprobs", "beam_width",
                   "no_repeat_ngram_size", "forced_bos_token_id", "forced_eos_token_id")
 NUMBER_FIELDS = ("temperature", "top_p", "length_penalty", "patience", "repetition_penalty")
-FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "use_beam_search", "config_per_field")
+FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "use_beam_search", "config_per_field",
+               "include_stop_str_in_output")
 
 
 class RequestOutputKind(enum.Enum):
@@ -51,6 +52,8 @@ class SamplingParams:
     do; a set `temperature` then only decides whether to sample (above 0: without the config's
     beams).
 
+    `stop` strings end a completion where one appears in its text, after `min_tokens` (see
+    `encdec.engine.stop_strings`; a beam search's hypotheses are cut after the search).
     temperature 0 means greedy. `seed` gives the request its own generator, so its samples do
     not depend on what else is in the batch. `logprobs` asks for that many top log-probabilities
     per generated token (plus the chosen one). `logits_processors` run per sequence, in order,
@@ -82,7 +85,9 @@ class SamplingParams:
     top_k: Optional[int] = None
     top_p: Optional[float] = None
     seed: Optional[int] = None
+    stop: Union[str, list[str], None] = None
     stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: Optional[int] = None
     skip_special_tokens: bool = True
@@ -122,6 +127,7 @@ class SamplingParams:
                 setattr(self, name, flag(name, value))
         stop = self.stop_token_ids if self.stop_token_ids is not None else []
         self.stop_token_ids = _token_ids("stop_token_ids", stop)
+        self.stop = _strings("stop", self.stop)
         for name in ("suppress_tokens", "begin_suppress_tokens"):
             value = getattr(self, name)
             if value is not None:
@@ -254,6 +260,15 @@ def _integer(name: str, value: Any) -> Optional[int]:
         return None
     _check(is_number(value, integer=True), f"{name} must be an integer, got {value!r}")
     return int(value)
+
+
+def _strings(name: str, value: Any) -> list[str]:
+    """A string or a list of non-empty strings, as a list (None: none)."""
+    value = [] if value is None else [value] if isinstance(value, str) else value
+    _check(isinstance(value, (list, tuple)) and all(isinstance(s, str) for s in value),
+           f"{name} must be a string or a list of strings, got {value!r}")
+    _check(all(value), f"{name} cannot contain an empty string")
+    return list(value)
 
 
 def _is_list(value: Any) -> bool:

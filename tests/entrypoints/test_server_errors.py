@@ -105,6 +105,7 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": 5}, 400, "prompt"),
     ("/v1/completions", {"model": "bart", "prompt": ["a", 5]}, 400, "prompt"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "stop": [["a"]]}, 400, "stop"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "stop": ["a", ""]}, 400, "stop"),  # as vLLM
     ("/v1/summarize", {"model": "bart", "input": None}, 400, "input"),
     ("/v1/completions", '{"model": "bart", "prompt": "x", "temperature": NaN}', 400, "temperature"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "stream_options": {"include_usage": True}},

@@ -75,7 +75,8 @@ class StreamOptions(JSONRequest):
 
 class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
-    `decoder_prompt`, `top_k`, `min_tokens`, `repetition_penalty`, `stop_token_ids`."""
+    `decoder_prompt`, `top_k`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
+    `include_stop_str_in_output`."""
 
     model: str
     prompt: Union[list[int], list[list[int]], str, list[str]]
@@ -100,6 +101,7 @@ class CompletionRequest(JSONRequest):
     min_tokens: Optional[int] = Field(None, ge=0)
     repetition_penalty: Optional[float] = Field(None, gt=0.0)
     stop_token_ids: list[int] = Field(default_factory=list)
+    include_stop_str_in_output: bool = False
 
 
 class CompletionLogProbs(BaseModel):

@@ -25,7 +25,7 @@ from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
                                                 CompletionRequest, CompletionResponse, unix_time)
-from encdec.entrypoints.openai.sampling_extras import LogitBias, StopStrings, logit_bias
+from encdec.entrypoints.openai.sampling_extras import LogitBias, logit_bias
 from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, bad_input, random_id
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
@@ -72,7 +72,7 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
         return SamplingParams(
             n=best_of, max_tokens=body.max_tokens, min_tokens=body.min_tokens,
             temperature=temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
-            logprobs=body.logprobs,
+            logprobs=body.logprobs, stop=body.stop, include_stop_str_in_output=body.include_stop_str_in_output,
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
             logits_processors=processors, output_kind=RequestOutputKind.DELTA, config_per_field=True)
 
@@ -89,10 +89,9 @@ class OpenAIServingCompletion:
         prompts = await encoder_prompts(served, body)
         response_id = random_id("cmpl")
         counter = OutputCounter(self.metrics, served.name, request)
-        stops = [body.stop] if isinstance(body.stop, str) else body.stop or []
         admission = Admission()  # the prompts are taken or refused (429) together
-        streams = [self._outputs(served, prompt, params, f"{response_id}-{i}", admission,
-                                 StopStrings(stops, body.min_tokens or 0)) for i, prompt in enumerate(prompts)]
+        streams = [self._outputs(served, prompt, params, f"{response_id}-{i}", admission)
+                   for i, prompt in enumerate(prompts)]
         merged = merge_async_iterators(*streams)
         with bad_input(CompletionRequest, ENGINE_NAMES, "prompt"):
             if body.stream:
@@ -105,14 +104,11 @@ class OpenAIServingCompletion:
 
     @staticmethod
     async def _outputs(served: ServedModel, prompt: Any, params: SamplingParams, engine_id: str,
-                       admission: Admission, stops: StopStrings) -> AsyncIterator[tuple[RequestOutput, list[CompletionOutput]]]:
-        """Each engine output with its completions' deltas after the stop strings; aborts the
-        request once every completion has stopped."""
+                       admission: Admission) -> AsyncIterator[tuple[RequestOutput, list[CompletionOutput]]]:
+        """Each engine output with its completions' deltas."""
         async with contextlib.aclosing(served.engine.generate(prompt, params, engine_id, admission=admission)) as outputs:
             async for out in outputs:
-                yield out, [d for d in map(stops.cut, out.outputs) if d is not None]
-                if len(stops.stopped) == params.n:
-                    return
+                yield out, out.outputs
 
     @staticmethod
     async def _collect(merged, counter: OutputCounter, num_prompts: int, n: int) -> list[list[Generated]]:
