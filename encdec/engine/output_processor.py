@@ -35,6 +35,7 @@ class CompletionState:
     detokenizer: IncrementalDetokenizer
     stops: Optional[StopStrings]
     text: str = ""  # what the completion shows so far
+    done: bool = False  # its text is final (finished, and read since)
     num_tokens_sent: int = 0
     num_chars_sent: int = 0
 
@@ -102,21 +103,19 @@ class OutputProcessor:
             state = states[seq.seq_id] = CompletionState(
                 IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
                 StopStrings(params) if params.stop else None)
-        if self.tokenizer is None or (state.stops is not None and state.stops.hit is not None):
+        if self.tokenizer is None or state.done:
             return
         ids = seq.data.output_token_ids
         finished = seq.is_finished()
         shown = self._shown(ids, seq.status.finish_reason, params) if finished else ids
         state.detokenizer.step(shown, finished)
         text = state.detokenizer.text
-        if state.stops is None:
-            state.text = text
-            return
-        if state.stops.update(text, len(ids)) is not None:
+        if state.stops is not None and state.stops.update(text, len(ids)) is not None:
             if not finished:
                 self.free_seq(seq)
             seq.finish(SequenceStatus.FINISHED_STOPPED)  # also one that reached max_tokens at it
-        state.text = state.stops.visible(text, seq.is_finished())
+        state.done = seq.is_finished()
+        state.text = text if state.stops is None else state.stops.visible(text, state.done)
 
     def _streamed(self, index: int, seq: Sequence, params: SamplingParams,
                   state: CompletionState) -> Optional[CompletionOutput]:

@@ -48,9 +48,9 @@ TRANSCRIBE_EPILOG = """\
 output: each file's transcript goes to stdout, with one "[MM:SS.mmm --> MM:SS.mmm] text" line per
 segment (plain text with --no-timestamps; nothing with --verbose False); with several files
 each transcript follows a "==> FILE <==" line (with --verbose False, only above a detected
-language's line). Files are written only when --output_format or
---output_dir is given: --output_format alone writes into the current directory, --output_dir
-alone writes openai-whisper's five formats (all).
+language's line). Files are written only when --output_format or --output_dir is given:
+--output_format alone writes into the current directory, --output_dir alone writes
+openai-whisper's five formats (all).
 Progress (seconds of audio done) goes to stderr. A file that cannot be read or transcribed gets
 one "encdec: error: FILE: reason" line on stderr; the other files still finish, and the exit
 status is 1 if any file failed, 0 otherwise.
