@@ -1,9 +1,16 @@
-"""Shared fixtures: seeded random BART checkpoints and the engine's free-block invariant."""
+"""Shared fixtures: seeded random BART checkpoints and the engine's free-block invariant; how
+pytest-xdist's workers share the machine."""
 from __future__ import annotations
 
-import pytest
+import os
 
-from tests.bart_checkpoints import make_bart_checkpoint
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # The workers share the cores: one thread each, for the servers and kernels they start too.
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+
+from tests.bart_checkpoints import make_bart_checkpoint  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -18,3 +25,11 @@ def assert_all_blocks_free(llm) -> None:
     assert bm.get_num_free_gpu_blocks() == bm.num_total_gpu_blocks
     assert bm.get_num_free_cpu_blocks() == bm.num_total_cpu_blocks
     assert not bm.block_tables and not bm.cross_block_tables
+
+
+def pytest_collection_modifyitems(config, items):
+    """With `--dist loadgroup` a worker runs whole modules (their fixtures are built once), and
+    one worker all of tests/ray (one local Ray instance at a time)."""
+    for item in items:
+        group = "ray" if item.nodeid.startswith("tests/ray/") else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))

@@ -2,8 +2,8 @@
 
 `RemoteServer` starts it with `--port 0`, reads the port it bound from its log, waits for
 `/health` (failing fast, with the server's log, if the process exits), hands out `openai`
-clients with `max_retries=0`, reads `/metrics`, and stops the process. Nothing but loopback is
-used.
+clients with `max_retries=0`, reads `/metrics`, and stops the process. `HeldUpload` keeps a
+transcription in flight for as long as a test needs. Nothing but loopback is used.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Optional
@@ -76,6 +77,16 @@ class RemoteServer:
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
 
+    def requests_in_flight(self) -> float:
+        """HTTP requests being answered (every replica's, behind Ray Serve)."""
+        return sum(v for (name, _), v in self.metrics().items() if name == "encdec_http_requests_in_flight")
+
+    def wait_requests_in_flight(self, count: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while self.requests_in_flight() < count:
+            assert time.monotonic() < deadline, f"fewer than {count} requests in flight after {timeout} s"
+            time.sleep(0.1)
+
     def engine_load(self) -> dict[tuple[str, tuple], float]:
         """The non-zero gauges of requests in the engines and of KV blocks in use."""
         names = ("encdec_kv_blocks_in_use", "encdec_kv_swap_blocks_in_use", "encdec_num_requests_running",
@@ -109,3 +120,33 @@ class RemoteServer:
                 self.proc.wait()
         self.log.close()
         os.unlink(self.log.name)
+
+
+class HeldUpload:
+    """A transcription whose multipart upload stops short of its closing boundary until
+    `finish()`: the server has the request in flight, and nothing for its engine yet."""
+
+    BOUNDARY = "encdec-test-boundary"
+
+    def __init__(self, url: str, model: str, audio: Path):
+        self.url, self.model, self.audio = url, model, audio
+        self.release, self.response = threading.Event(), None
+        self.thread = threading.Thread(target=self._post, daemon=True)
+        self.thread.start()
+
+    def _body(self):
+        yield (f'--{self.BOUNDARY}\r\nContent-Disposition: form-data; name="model"\r\n\r\n{self.model}\r\n'
+               f'--{self.BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="{self.audio.name}"\r\n'
+               f'Content-Type: audio/wav\r\n\r\n').encode() + self.audio.read_bytes()
+        self.release.wait(timeout=120)
+        yield f"\r\n--{self.BOUNDARY}--\r\n".encode()
+
+    def _post(self) -> None:
+        self.response = httpx.post(f"{self.url}/v1/audio/transcriptions", content=self._body(), timeout=120,
+                                   headers={"Content-Type": f"multipart/form-data; boundary={self.BOUNDARY}"})
+
+    def finish(self, timeout: float = 120) -> Optional[httpx.Response]:
+        """Send the rest of the upload; the response (None if none came within `timeout`)."""
+        self.release.set()
+        self.thread.join(timeout)
+        return self.response

@@ -18,7 +18,7 @@ from encdec.entrypoints.openai.serving_completions import LogprobsBuilder
 from encdec.whisper.writers import write_srt, write_vtt
 from tests.audio_files import av_encoded
 from tests.entrypoints.conftest import SAMPLE
-from tests.entrypoints.remote_server import RemoteServer
+from tests.entrypoints.remote_server import HeldUpload, RemoteServer
 
 ARTICLES = ["The rain in spain falls mainly on the plain.",
             "Continuous batching lets new requests join while others are still being decoded."]
@@ -355,6 +355,23 @@ def test_metrics_time_to_first_token_and_prompt_tokens(server, bart, hello):
     assert count == 2 and 0 < seconds < 2 * (time.monotonic() - start)
     assert prompt >= 2 and prompt % 2 == 0  # the same windows twice
     assert audio_seconds == pytest.approx(2 * hello.duration)
+
+
+def test_metrics_show_the_requests_in_flight(server, hello):
+    """A transcription counts as in flight from its first byte to its response; /metrics itself
+    and /health do not count."""
+    assert server.requests_in_flight() == 0
+    held = HeldUpload(server.url, "tiny.en", SAMPLE)
+    try:
+        server.wait_requests_in_flight(1)
+        assert server.http().get("/health").status_code == 200 and server.requests_in_flight() == 1
+    finally:
+        response = held.finish()
+    assert response.status_code == 200 and response.json()["text"] == hello.text
+    deadline = time.monotonic() + 10  # counted off just after the response's last byte
+    while server.requests_in_flight():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
 
 
 def test_translation(server):

@@ -19,13 +19,13 @@ SMALL_CACHE = ["--num-gpu-blocks", "600", "--swap-space", "0.01"]  # per actor
 
 
 def init_ray(**options) -> None:
-    """`ray.init`, tried three times: on a loaded machine the raylet can miss Ray's fixed 30 s
-    start-up deadline."""
+    """`ray.init`, by default of a new local instance (not one a killed test left behind),
+    tried three times: on a loaded machine the raylet can miss Ray's fixed 30 s start-up deadline."""
     import ray
 
     for attempt in range(3):
         try:
-            ray.init(include_dashboard=False, log_to_driver=False, **options)
+            ray.init(**{"address": "local", **options}, include_dashboard=False, log_to_driver=False)
             return
         except Exception:
             ray.shutdown()

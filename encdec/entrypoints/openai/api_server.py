@@ -49,7 +49,7 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
               metrics: Optional[ServerMetrics] = None) -> FastAPI:
     """The server's app over `models`; `metrics` are its own unless given (Ray Serve's replicas
     render every replica's)."""
-    metrics = metrics or ServerMetrics(models)
+    metrics = metrics or ServerMetrics(models, state)
     completions = OpenAIServingCompletion(models, metrics)
     summarize = OpenAIServingSummarize(models, metrics)
     max_body_bytes = int(max_upload_mb * 1024 * 1024)

@@ -6,13 +6,16 @@ event loop while the engine thread runs; each read is one atomic length or count
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from encdec.entrypoints.openai.serving_models import ServedModels
 from encdec.outputs import RequestOutput
+
+if TYPE_CHECKING:
+    from encdec.entrypoints.openai.middleware import ServerState  # which imports this module
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 
@@ -57,8 +60,11 @@ class EngineCollector:
 class ServerMetrics:
     """The server's own registry (not the process-wide default one)."""
 
-    def __init__(self, models: ServedModels):
+    def __init__(self, models: ServedModels, state: ServerState):
         self.registry = CollectorRegistry()
+        Gauge("encdec_http_requests_in_flight", "HTTP requests being answered (not /health or "
+              "/metrics); a graceful shutdown waits for them.",
+              registry=self.registry).set_function(lambda: state.inflight)
         self.requests = Counter("encdec_http_requests", "HTTP requests by endpoint and status.",
                                 ["endpoint", "status"], registry=self.registry)
         self.latency = Histogram("encdec_http_request_duration_seconds",

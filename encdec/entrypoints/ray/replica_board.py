@@ -87,7 +87,7 @@ class ReplicaMetrics(ServerMetrics):
     board's drain to the replica's `state`."""
 
     def __init__(self, models: ServedModels, replica: str, state: ServerState):
-        super().__init__(models)
+        super().__init__(models, state)
         self.replica, self.state = replica, state
         self.board = ray.get_actor(BOARD_NAME, namespace=BOARD_NAMESPACE)
         threading.Thread(target=self._publish, name="encdec-replica-board", daemon=True).start()
