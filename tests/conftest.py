@@ -1,5 +1,5 @@
-"""Shared fixtures: seeded random BART checkpoints and the engine's free-block invariant; how
-pytest-xdist's workers share the machine."""
+"""Shared fixtures: seeded random BART checkpoints and the engine's free-block invariant; one
+thread for each pytest-xdist worker."""
 from __future__ import annotations
 
 import os
@@ -26,10 +26,3 @@ def assert_all_blocks_free(llm) -> None:
     assert bm.get_num_free_cpu_blocks() == bm.num_total_cpu_blocks
     assert not bm.block_tables and not bm.cross_block_tables
 
-
-def pytest_collection_modifyitems(config, items):
-    """With `--dist loadgroup` a worker runs whole modules (their fixtures are built once), and
-    one worker all of tests/ray (one local Ray instance at a time)."""
-    for item in items:
-        group = "ray" if item.nodeid.startswith("tests/ray/") else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))

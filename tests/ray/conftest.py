@@ -2,6 +2,7 @@
 them (the reference every Ray job must reproduce)."""
 from __future__ import annotations
 
+import fcntl
 import json
 import shutil
 import signal
@@ -31,6 +32,15 @@ def init_ray(**options) -> None:
             ray.shutdown()
             if attempt == 2:
                 raise
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_ray_module_at_a_time(tmp_path_factory):
+    """Modules run in two pytest-xdist workers: a Ray module waits for the other worker's to end
+    (two local Ray instances on two cores starve each other)."""
+    with open(tmp_path_factory.getbasetemp().parent / "ray.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture(autouse=True)
