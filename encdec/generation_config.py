@@ -29,14 +29,14 @@ from encdec.sampling.params import BUILTIN_DEFAULTS, SamplingParams
 logger = logging.getLogger(__name__)
 
 GENERATION_FIELDS = (
-    "do_sample", "num_beams", "temperature", "top_k", "top_p", "length_penalty", "early_stopping",
+    "do_sample", "num_beams", "temperature", "top_k", "top_p", "min_p", "length_penalty", "early_stopping",
     "no_repeat_ngram_size", "repetition_penalty", "min_length", "max_length", "min_new_tokens",
     "max_new_tokens", "forced_bos_token_id", "forced_eos_token_id", "bad_words_ids",
     "suppress_tokens", "begin_suppress_tokens",
 )
 # Hugging Face GenerationConfig defaults for the fields above; without max_length (or
 # max_new_tokens) `generate()` makes DEFAULT_NEW_TOKENS tokens after the decoder prompt.
-HF_DEFAULTS = dict(do_sample=False, num_beams=1, temperature=1.0, top_k=50, top_p=1.0,
+HF_DEFAULTS = dict(do_sample=False, num_beams=1, temperature=1.0, top_k=50, top_p=1.0, min_p=None,
                    length_penalty=1.0, early_stopping=False, no_repeat_ngram_size=0,
                    repetition_penalty=1.0, min_length=0, max_length=None, min_new_tokens=None,
                    max_new_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None,
@@ -86,7 +86,7 @@ class GenerationDefaults:
     def as_params(self, prompt_len: int, sample: Optional[bool] = None) -> dict[str, Any]:
         """SamplingParams values this config means for a decoder prompt of `prompt_len`;
         `sample` True or False overrides its `do_sample` (then a sampling request takes the
-        config's temperature, top_k and top_p only if the config samples too)."""
+        config's temperature, top_k, top_p and min_p only if the config samples too)."""
         values = dict(
             **self.lengths(prompt_len),
             length_penalty=float(self.get("length_penalty")), early_stopping=self.get("early_stopping"),
@@ -104,7 +104,7 @@ class GenerationDefaults:
             values.update(temperature=0.0)
         elif config_samples:  # Hugging Face's beam sampling has no equivalent here: it samples
             values.update(temperature=float(self.get("temperature")), top_k=self.get("top_k") or -1,
-                          top_p=float(self.get("top_p")))
+                          top_p=float(self.get("top_p")), min_p=float(self.get("min_p") or 0.0))
         return values
 
 
@@ -142,7 +142,8 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
               for name, builtin in BUILTIN_DEFAULTS.items()}
     if params.is_beam_search or (params.use_beam_search is None and values["use_beam_search"]):
         values.update(use_beam_search=True, temperature=_own_or(params.temperature, 0.0),
-                      top_k=_own_or(params.top_k, -1), top_p=_own_or(params.top_p, 1.0))
+                      top_k=_own_or(params.top_k, -1), top_p=_own_or(params.top_p, 1.0),
+                      min_p=_own_or(params.min_p, 0.0))
     else:
         values.update(use_beam_search=False, beam_width=1)
     room = decoder_room(max_decoder_len, prompt_len)

@@ -1,7 +1,7 @@
 """Built-in logits processors, each a small function over many rows of a batch at once.
 
-`apply_logits_processors` runs them in Hugging Face's order (repetition penalty, no-repeat
-n-gram, bad words, min tokens, forced BOS, forced EOS, suppressed tokens, suppressed at the
+`apply_logits_processors` runs them in Hugging Face's order (repetition penalty, then vLLM's
+presence and frequency penalties, no-repeat n-gram, bad words, min tokens, forced BOS, forced EOS, suppressed tokens, suppressed at the
 beginning), then each request's own processors (row by row, or together where their class can).
 A row's history is its decoder prompt plus its output, as Hugging Face's `input_ids` in
 `generate()`. The scores are logits for greedy and sampled rows and log-probabilities for beam
@@ -28,6 +28,11 @@ def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
     if penalized:
         repetition_penalty(scores, penalized, _histories(rows, penalized),
                            [rows[i][1].repetition_penalty for i in penalized])
+    penalized = [i for i, (_, p) in enumerate(rows) if p.presence_penalty or p.frequency_penalty]
+    if penalized:
+        presence_frequency_penalties(scores, penalized, [rows[i][0].output_token_ids for i in penalized],
+                                     [rows[i][1].presence_penalty for i in penalized],
+                                     [rows[i][1].frequency_penalty for i in penalized])
     for size in sorted({p.no_repeat_ngram_size for _, p in rows if p.no_repeat_ngram_size}):
         picked = [i for i, (_, p) in enumerate(rows) if p.no_repeat_ngram_size == size]
         ban_repeated_ngrams(scores, picked, _histories(rows, picked), size)
@@ -94,6 +99,21 @@ def repetition_penalty(scores: torch.Tensor, rows: list[int], histories: list[li
     penalty = torch.tensor(penalties, dtype=scores.dtype, device=scores.device)[:, None]
     penalized = torch.where(picked < 0, picked * penalty, picked / penalty)
     scores[rows] = torch.where(seen[:, :vocab].to(scores.device), penalized, picked)
+
+
+def presence_frequency_penalties(scores: torch.Tensor, rows: list[int], outputs: list[list[int]],
+                                 presence: list[float], frequency: list[float]) -> None:
+    """OpenAI's penalties: the score of a token a row has generated c times drops by its
+    presence penalty plus c times its frequency penalty (only generated tokens count, as in
+    vLLM; not the prompt)."""
+    vocab = scores.shape[-1]
+    index = _pad(outputs, vocab)
+    counts = torch.zeros(len(rows), vocab + 1, dtype=scores.dtype)
+    counts.scatter_add_(1, index, torch.ones(index.shape, dtype=scores.dtype))
+    counts = counts[:, :vocab].to(scores.device)
+    presence_t = torch.tensor(presence, dtype=scores.dtype, device=scores.device)[:, None]
+    frequency_t = torch.tensor(frequency, dtype=scores.dtype, device=scores.device)[:, None]
+    scores[rows] -= presence_t * (counts > 0) + frequency_t * counts
 
 
 def ban_repeated_ngrams(scores: torch.Tensor, rows: list[int], histories: list[list[int]],

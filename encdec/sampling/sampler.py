@@ -2,9 +2,9 @@
 
 Beam rows first become log-probabilities, as Hugging Face's beam search processes them; then
 the logits processors run over the whole batch (`logits_processors.py`). Greedy rows take the
-argmax, sampled rows draw with temperature / top-k / top-p, both with log-probabilities of the
-processed logits. Seeded requests draw from their own generator, so their samples do not depend
-on the rest of the batch. A group in its first step with n > 1 draws n samples from its one
+argmax, sampled rows draw with temperature / top-k / top-p / min-p, both with log-probabilities
+of the processed logits. Seeded requests draw from their own generator, so their samples do not
+depend on the rest of the batch. A group in its first step with n > 1 draws n samples from its one
 prompt row (the engine forks them); a group prefilled again after preemption by recompute
 draws one per row. A beam group returns its ranked candidates
 (`beam_search.top_candidates`), each with its running score, for the engine's `BeamSearch`.
@@ -157,7 +157,16 @@ def _num_samples(g: SequenceGroupMetadata) -> int:
 
 def _sample(logits: torch.Tensor, params: SamplingParams, num_samples: int,
             generator: Optional[torch.Generator]) -> torch.Tensor:
-    """[rows, num_samples] token ids drawn from temperature / top-k / top-p filtered logits."""
+    """[rows, num_samples] token ids drawn from the `sampling_logits`."""
+    probs = sampling_logits(logits, params).softmax(dim=-1)
+    probs = probs.repeat_interleave(num_samples, dim=0)
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
+    return (probs / exponential_like(probs, generator)).argmax(dim=-1).view(-1, num_samples)
+
+
+def sampling_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """`logits` [rows, vocab] divided by the temperature, with -inf for the tokens top-k, then
+    top-p, then min-p leave out (Hugging Face's warpers, in `generate()`'s order)."""
     logits = logits / params.temperature
     if params.top_k > 0 and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[:, -1:]
@@ -167,10 +176,10 @@ def _sample(logits: torch.Tensor, params: SamplingParams, num_samples: int,
         sorted_probs = sorted_logits.softmax(dim=-1)
         remove = sorted_probs.cumsum(dim=-1) - sorted_probs >= params.top_p  # keep the one crossing p
         logits = logits.masked_fill(torch.zeros_like(remove).scatter(-1, order, remove), -float("inf"))
-    probs = logits.softmax(dim=-1)
-    probs = probs.repeat_interleave(num_samples, dim=0)
-    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
-    return (probs / exponential_like(probs, generator)).argmax(dim=-1).view(-1, num_samples)
+    if params.min_p > 0.0:
+        probs = logits.softmax(dim=-1)
+        logits = logits.masked_fill(probs < params.min_p * probs.amax(dim=-1, keepdim=True), -float("inf"))
+    return logits
 
 
 def exponential_like(probs: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:

@@ -146,6 +146,18 @@ def test_an_explicit_temperature_0_keeps_the_generation_config(server):
     assert summaries[0]["usage"] == summaries[1]["usage"]
 
 
+def test_completions_penalties_and_min_p(server, bart):
+    penalties = dict(presence_penalty=0.8, frequency_penalty=1.2)
+    result = server.client().completions.create(model="bart", prompt=[*ARTICLES], max_tokens=16,
+                                                temperature=0.0, **penalties)
+    expected = offline_texts(bart, ARTICLES, SamplingParams(temperature=0.0, max_tokens=16, **penalties))
+    assert [c.text for c in result.choices] == expected
+    sampled = server.client().completions.create(model="bart", prompt=ARTICLES[0], n=2, seed=3, temperature=1.0,
+                                                 max_tokens=10, extra_body={"min_p": 0.2})
+    expected = offline_texts(bart, ARTICLES[0], SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=10, min_p=0.2))
+    assert [c.text for c in sampled.choices] == expected
+
+
 def test_completions_streamed_with_usage(server, bart):
     chunks = list(server.client().completions.create(
         model="bart", prompt=ARTICLES, max_tokens=12, temperature=0.0, stream=True,

@@ -59,7 +59,10 @@ def test_setting_temperature_asks_for_plain_vllm_decoding():
 
 def test_other_configs():
     sample = resolve(SamplingParams(), dict(do_sample=True, temperature=0.7, top_p=0.9))
-    assert (sample.temperature, sample.top_k, sample.top_p) == (0.7, 50, 0.9)
+    assert (sample.temperature, sample.top_k, sample.top_p, sample.min_p) == (0.7, 50, 0.9, 0.0)
+    min_p = resolve(SamplingParams(), dict(do_sample=True, min_p=0.05))
+    assert (min_p.temperature, min_p.min_p) == (1.0, 0.05)
+    assert resolve(SamplingParams(), dict(min_p=0.05)).min_p == 0.0  # greedy: no sampling fields
     assert not sample.use_beam_search
     beams_over_sampling = resolve(SamplingParams(use_beam_search=True),
                                   dict(do_sample=True, num_beams=3))

@@ -75,7 +75,7 @@ class StreamOptions(JSONRequest):
 
 class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
-    `decoder_prompt`, `top_k`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
+    `decoder_prompt`, `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
     `include_stop_str_in_output`."""
 
     model: str
@@ -94,10 +94,11 @@ class CompletionRequest(JSONRequest):
     stream_options: Optional[StreamOptions] = None
     echo: bool = False
     suffix: Optional[str] = None
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     user: Optional[str] = None
     top_k: Optional[int] = None
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     min_tokens: Optional[int] = Field(None, ge=0)
     repetition_penalty: Optional[float] = Field(None, gt=0.0)
     stop_token_ids: list[int] = Field(default_factory=list)

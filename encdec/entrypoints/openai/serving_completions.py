@@ -44,9 +44,7 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
     """The engine's settings for every prompt of `body` (each unset one: the checkpoint's config;
     several completions of a prompt are samples at OpenAI's default temperature, 1, when neither
     the request nor a sampling config sets one)."""
-    for name, unsupported in (("echo", body.echo), ("suffix", body.suffix is not None),
-                              ("frequency_penalty", body.frequency_penalty != 0.0),
-                              ("presence_penalty", body.presence_penalty != 0.0)):
+    for name, unsupported in (("echo", body.echo), ("suffix", body.suffix is not None)):
         if unsupported:
             raise bad_request(f"{name} is not supported by encoder/decoder completions", name)
     if body.stream_options is not None and not body.stream:
@@ -71,7 +69,8 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
     with bad_input(CompletionRequest, ENGINE_NAMES, None):
         return SamplingParams(
             n=best_of, max_tokens=body.max_tokens, min_tokens=body.min_tokens,
-            temperature=temperature, top_p=body.top_p, top_k=body.top_k, seed=body.seed,
+            temperature=temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,
+            presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             logprobs=body.logprobs, stop=body.stop, include_stop_str_in_output=body.include_stop_str_in_output,
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
             logits_processors=processors, output_kind=RequestOutputKind.DELTA, config_per_field=True)
