@@ -1,8 +1,9 @@
 """Built-in logits processors, each a small function over many rows of a batch at once.
 
 `apply_logits_processors` runs them in Hugging Face's order (repetition penalty, then vLLM's
-presence and frequency penalties, no-repeat n-gram, bad words, min tokens, forced BOS, forced EOS, suppressed tokens, suppressed at the
-beginning), then each request's own processors (row by row, or together where their class can).
+presence and frequency penalties, no-repeat n-gram, bad words, min tokens, forced BOS, forced
+EOS, suppressed tokens, suppressed at the beginning), then each request's own processors (row by
+row, or together where their class can).
 A row's history is its decoder prompt plus its output, as Hugging Face's `input_ids` in
 `generate()`. The scores are logits for greedy and sampled rows and log-probabilities for beam
 rows, exactly where Hugging Face applies them. Every function modifies `scores` in place.
