@@ -10,6 +10,8 @@ Beam search gives its best `n` hypotheses once, when the search is over. As in v
 token that ends a completion (EOS or one of `stop_token_ids`) is in its token ids, not its text,
 and `stop_reason` names it (None for EOS).
 
+A request with `detokenize=False` gets empty texts: nothing is decoded.
+
 Stop strings (`encdec.engine.stop_strings`) are looked for here, in each completion's text as
 it is detokenized after every step (also for FINAL_ONLY requests that have some): a completion
 that meets one is finished here and its blocks freed (`free_seq`), as vLLM's output processor
@@ -79,7 +81,7 @@ class OutputProcessor:
         self.states.pop(request_id, None)
 
     def _text(self, ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> str:
-        if self.tokenizer is None:
+        if self.tokenizer is None or not params.detokenize:
             return ""
         return decode(self.tokenizer, self._shown(ids, finish_reason, params), params.skip_special_tokens)
 
@@ -103,7 +105,7 @@ class OutputProcessor:
             state = states[seq.seq_id] = CompletionState(
                 IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
                 StopStrings(params) if params.stop else None)
-        if self.tokenizer is None or state.done:
+        if self.tokenizer is None or not params.detokenize or state.done:
             return
         ids = seq.data.output_token_ids
         finished = seq.is_finished()

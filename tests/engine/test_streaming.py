@@ -1,6 +1,7 @@
 """`LLMEngine.step()` streams: an output per advancing request, as its `output_kind` asks."""
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -80,3 +81,24 @@ def test_outputs_carry_arrival_and_first_token_times(llm):
         assert len(times) == 1
         ((arrival, first),) = times
         assert before <= arrival <= first <= after
+
+
+def test_detokenize_false_gives_the_same_ids_and_no_text(llm):
+    """vLLM's `detokenize=False`, for every output kind and for beam search: the token ids,
+    finish reasons and log-probabilities of the detokenized run, every text empty."""
+    base = dict(temperature=1.0, seed=3, max_tokens=10, n=2, logprobs=1)
+    requests = {kind.name: SamplingParams(**base, output_kind=kind) for kind in RequestOutputKind}
+    requests["beam"] = SamplingParams(use_beam_search=True, beam_width=3, temperature=0.0, max_tokens=10)
+    plain = run(llm, requests)
+    bare = run(llm, {name: dataclasses.replace(p, detokenize=False) for name, p in requests.items()})
+    assert plain.keys() == bare.keys()
+    for name in requests:
+        assert len(bare[name]) == len(plain[name])
+        for with_text, without in zip(plain[name], bare[name]):
+            fields = [[(c.index, c.token_ids, c.finish_reason, c.logprobs) for c in out.outputs]
+                      for out in (with_text, without)]
+            assert fields[0] == fields[1]
+            assert all(c.text == "" for c in without.outputs)
+    assert any(c.text for out in plain["CUMULATIVE"] for c in out.outputs)
+    with pytest.raises(ValueError, match="stop needs detokenize=True"):
+        SamplingParams(stop=".", detokenize=False)
