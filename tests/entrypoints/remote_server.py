@@ -82,10 +82,12 @@ class RemoteServer:
         return sum(v for (name, _), v in self.metrics().items() if name == "encdec_http_requests_in_flight")
 
     def wait_requests_in_flight(self, count: int, timeout: float = 60) -> None:
+        """Until `count` requests are in flight (0: once the last one is counted off, just after
+        its response's last byte)."""
         deadline = time.monotonic() + timeout
-        while self.requests_in_flight() < count:
-            assert time.monotonic() < deadline, f"fewer than {count} requests in flight after {timeout} s"
-            time.sleep(0.1)
+        while (now := self.requests_in_flight()) != count:
+            assert time.monotonic() < deadline, f"{now} requests in flight after {timeout} s, not {count}"
+            time.sleep(0.05)
 
     def engine_load(self) -> dict[tuple[str, tuple], float]:
         """The non-zero gauges of requests in the engines and of KV blocks in use."""

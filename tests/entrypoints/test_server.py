@@ -380,10 +380,7 @@ def test_metrics_show_the_requests_in_flight(server, hello):
     finally:
         response = held.finish()
     assert response.status_code == 200 and response.json()["text"] == hello.text
-    deadline = time.monotonic() + 10  # counted off just after the response's last byte
-    while server.requests_in_flight():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    server.wait_requests_in_flight(0, timeout=10)
 
 
 def test_translation(server):
