@@ -8,10 +8,13 @@ depend on the rest of the batch. A group in its first step with n > 1 draws n sa
 prompt row (the engine forks them); a group prefilled again after preemption by recompute
 draws one per row. A beam group returns its ranked candidates
 (`beam_search.top_candidates`), each with its running score, for the engine's `BeamSearch`.
+A group whose processed logits leave no token to choose fails alone (`unusable_rows`), where
+Hugging Face's greedy search would take token 0 and its sampling would raise for the batch.
 All SamplingParams here are resolved (`encdec.generation_config.resolve_sampling_params`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -75,6 +78,8 @@ class Sampler:
             scores[rows] = torch.log_softmax(scores[rows], dim=-1)
         failed = apply_logits_processors(scores, [(data, g.sampling_params) for g in meta.groups
                                                   for data in g.seq_data.values()], self.eos_token_id)
+        for row, error in unusable_rows(scores, meta, beam).items():
+            failed.setdefault(row, error)
         for rows in _runs(whisper, meta.row_slices):
             scores[rows] = torch.log_softmax(scores[rows], dim=-1)
         # log-probability = score - log_normalizer; beam rows already hold log-probabilities.
@@ -126,6 +131,30 @@ class Sampler:
                     SequenceOutput(seq_ids[row], token, logprob, beam_score=value)
                     for value, row, token, logprob in zip(values, rows, tokens, logprobs)])
         return outputs
+
+
+def unusable_rows(scores: torch.Tensor, meta: SamplingMetadata, beam: list[bool]) -> dict[int, Exception]:
+    """A row of each group that cannot go on, with its error: a row holding NaN or +inf (a
+    RuntimeError: the model's numbers overflowed, or a logits processor wrote them), or a row
+    where every token is -inf (a ValueError: the request's own rules ban every token). A beam
+    group goes on while one of its beams has a token left, as in Hugging Face's beam search."""
+    maxima = scores.amax(dim=-1).tolist()  # NaN where a row holds one
+    failed: dict[int, Exception] = {}
+    for g, rows, is_beam in zip(meta.groups, meta.row_slices, beam):
+        step = len(next(iter(g.seq_data.values())).output_token_ids)
+        nan = [i for i in range(rows.start, rows.stop) if not maxima[i] < math.inf]
+        banned = [i for i in range(rows.start, rows.stop) if maxima[i] == -math.inf]
+        if nan:
+            failed[nan[0]] = RuntimeError(
+                f"request {g.request_id}: the logits for output token {step} hold NaN or inf, so no "
+                f"token can be chosen (the model's numbers overflowed: a float16 or bfloat16 model "
+                f"may need float32; or a logits processor wrote them)")
+        elif banned and (not is_beam or len(banned) == rows.stop - rows.start):
+            failed[banned[0]] = ValueError(
+                f"request {g.request_id}: every token is banned at output token {step} (by "
+                f"suppress_tokens, bad_words_ids, min_tokens, the stop tokens or a logits "
+                f"processor), so no token can be chosen")
+    return failed
 
 
 def _stacked(scores: torch.Tensor, slices: list[slice]) -> torch.Tensor:

@@ -156,6 +156,34 @@ def test_a_failing_logits_processor_fails_its_request_alone(tiny_bart_dir):
     engine_blocks_free(engine.engine)
 
 
+def test_a_request_with_no_token_left_fails_alone(tiny_bart_dir):
+    """All tokens banned (ValueError) or NaN logits (RuntimeError) end that request alone."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
+    good = [SamplingParams(temperature=0, max_tokens=12), SamplingParams(beam_width=2, max_tokens=12)]
+    expected = [o.outputs[0].token_ids for o in LLM(model=str(tiny_bart_dir), num_gpu_blocks=200).generate(
+        ["The rain in spain", "Paged attention"], good, use_tqdm=False)]
+    banned = SamplingParams(beam_width=2, max_tokens=12, min_tokens=2,
+                            suppress_tokens=[t for t in range(1000) if t != 2])  # EOS is 2
+    nan = SamplingParams(temperature=0, max_tokens=12,
+                         logits_processors=[lambda ids, row: row if len(ids) < 4 else row * float("nan")])
+
+    async def final(prompt, params):
+        return [out async for out in engine.generate(prompt, params)][-1].outputs[0].token_ids
+
+    async def main():
+        results = await asyncio.gather(final("The rain in spain", good[0]), final("Hello", banned),
+                                       final("Paged attention", good[1]), final("Hello", nan),
+                                       return_exceptions=True)
+        assert results[0::2] == expected
+        assert isinstance(results[1], ValueError) and "every token is banned at output token 0" in str(results[1])
+        assert isinstance(results[3], RuntimeError) and "output token 4 hold NaN" in str(results[3])
+        assert engine.is_healthy()
+        await engine.shutdown()
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
 def test_a_failing_forward_pass_fails_every_request_and_kills_the_engine(tiny_bart_dir):
     engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
     runner = engine.engine.model_runner

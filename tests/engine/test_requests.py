@@ -191,6 +191,56 @@ def test_a_failing_logits_processor_raises_from_generate_and_leaves_nothing(llm)
     assert len(llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)[0].outputs[0].token_ids) == 5
 
 
+BAN_ALL_BUT_EOS = dict(max_tokens=8, suppress_tokens=[t for t in range(1000) if t != 2])  # EOS is 2
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=0.0), dict(temperature=1.0, seed=4), dict(beam_width=2)],
+                         ids=["greedy", "sampled", "beam"])
+def test_a_request_that_bans_every_token_fails_alone(llm, kwargs):
+    """suppress_tokens bans all but EOS, min_tokens bans EOS: no token is left at the first
+    step, and the request fails with an error that says so (Hugging Face's greedy search would
+    emit token 0). Without min_tokens, EOS is the one token left."""
+    with pytest.raises(ValueError, match="every token is banned at output token 0"):
+        llm.generate([TEXT, TEXT], [SamplingParams(temperature=0.0, max_tokens=5),
+                                    SamplingParams(**kwargs, **BAN_ALL_BUT_EOS, min_tokens=3)], use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests() and not llm.llm_engine.take_failures()
+    assert_all_blocks_free(llm)
+    only_eos = llm.generate(TEXT, SamplingParams(**kwargs, **BAN_ALL_BUT_EOS), use_tqdm=False)[0].outputs[0]
+    assert (only_eos.token_ids, only_eos.finish_reason) == ([2], "stop")
+    assert_all_blocks_free(llm)
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=0.0), dict(beam_width=2)], ids=["greedy", "beam"])
+def test_nan_logits_fail_the_request_instead_of_sampling_token_0(llm, kwargs):
+    def overflows_at_step_two(output_ids, row):
+        return row * float("nan") if len(output_ids) == 2 else row
+
+    with pytest.raises(RuntimeError, match="the logits for output token 2 hold NaN or inf"):
+        llm.generate([TEXT, TEXT], [SamplingParams(temperature=0.0, max_tokens=5),
+                                    SamplingParams(**kwargs, max_tokens=5, logits_processors=[overflows_at_step_two])],
+                     use_tqdm=False)
+    assert not llm.llm_engine.has_unfinished_requests() and not llm.llm_engine.take_failures()
+    assert_all_blocks_free(llm)
+
+
+def test_a_beam_search_goes_on_while_one_beam_has_a_token_left(llm):
+    """As Hugging Face's beam search: a beam whose every token is banned drops out, and the
+    candidates come from the other beam."""
+    banned: list[list[int]] = []
+
+    def bans_the_first_beam_it_sees_at_step_two(output_ids, row):
+        if len(output_ids) == 2 and not banned:
+            banned.append(list(output_ids))
+            return torch.full_like(row, -float("inf"))
+        return row
+
+    out = llm.generate(TEXT, SamplingParams(beam_width=2, max_tokens=8, min_tokens=6,
+                                            logits_processors=[bans_the_first_beam_it_sees_at_step_two]),
+                       use_tqdm=False)[0].outputs[0]
+    assert len(banned) == 1 and len(out.token_ids) >= 6 and out.token_ids[:2] != banned[0]
+    assert_all_blocks_free(llm)
+
+
 def test_abort_frees_self_and_cross_blocks(llm):
     engine = llm.llm_engine
     engine.add_request("a", TEXT, SamplingParams(temperature=0.0, max_tokens=50))
