@@ -41,3 +41,6 @@ class RequestOutput:
     # temperature fallback: `CrossKVPrompt`).
     cross_kv: Optional[list[tuple[Any, Any]]] = None
     metrics: Optional[RequestMetrics] = None
+    # vLLM's: per decoder prompt token (None for the first), the top `prompt_logprobs` tokens and
+    # itself with their log-probabilities; a DELTA request gets them in its first output only.
+    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None

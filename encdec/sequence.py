@@ -153,6 +153,7 @@ class SequenceGroup:
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
         self.first_token_time: Optional[float] = None  # time.monotonic() of its first sample
+        self.prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None  # when asked for
         self.encoder_seq = encoder_seq
         self.encoder_features = encoder_features
         self.prompt_cross_kv = prompt_cross_kv  # given in place of the encoder's work (kept for recompute)

@@ -182,8 +182,10 @@ class LLMEngine:
             unknown = next((t for t in ids if t >= vocab), None)
             if unknown is not None:
                 raise ValueError(f"{name}: {unknown} is not a token id of this model (vocab_size={vocab})")
-        if params.logprobs is not None and params.logprobs > vocab:
-            raise ValueError(f"logprobs={params.logprobs} is more than the vocabulary (vocab_size={vocab})")
+        for name in ("logprobs", "prompt_logprobs"):
+            count = getattr(params, name)
+            if count is not None and count > vocab:
+                raise ValueError(f"{name}={count} is more than the vocabulary (vocab_size={vocab})")
 
     def _check_fits(self, decoder_ids: list[int], encoder_ids: list[int], params: SamplingParams) -> None:
         if params.n > 1 and params.is_greedy and not params.use_beam_search:
@@ -278,6 +280,8 @@ class LLMEngine:
             if output.error is not None:
                 failed[group.request_id] = output.error
                 continue
+            if output.prompt_logprobs is not None:
+                group.prompt_logprobs = output.prompt_logprobs
             samples = output.samples
             if samples and group.first_token_time is None:
                 group.first_token_time = now

@@ -72,10 +72,14 @@ class OutputProcessor:
                        for index, seq in enumerate(group.get_seqs())]
             outputs = [o for o in outputs if o is not None]
         first = next(iter(group.seqs.values()))
+        prompt_logprobs = group.prompt_logprobs
+        if kind is RequestOutputKind.DELTA:
+            group.prompt_logprobs = None  # given once
         return RequestOutput(group.request_id, first.prompt, list(first.data.prompt_token_ids),
                              group.encoder_seq.prompt, list(group.encoder_seq.data.prompt_token_ids),
                              outputs, finished,
-                             metrics=RequestMetrics(group.arrival_time, group.first_token_time))
+                             metrics=RequestMetrics(group.arrival_time, group.first_token_time),
+                             prompt_logprobs=prompt_logprobs)
 
     def abort(self, request_id: str) -> None:
         self.states.pop(request_id, None)

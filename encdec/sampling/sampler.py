@@ -23,6 +23,7 @@ import torch
 from encdec.sampling.beam_search import num_candidates, top_candidates
 from encdec.sampling.logits_processors import apply_logits_processors
 from encdec.sampling.params import SamplingParams
+from encdec.sampling.prompt_logprobs import PromptLogprobs
 from encdec.sequence import SequenceGroupMetadata
 
 
@@ -40,6 +41,7 @@ class GroupOutput:
     request_id: str
     samples: list[SequenceOutput]
     error: Optional[Exception] = None  # one of its logits processors failed: no samples
+    prompt_logprobs: Optional[PromptLogprobs] = None  # its first prefill's, when asked for
 
 
 SamplerOutput = list[GroupOutput]

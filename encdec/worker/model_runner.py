@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from encdec.attention.metadata import AttentionMetadata
+from encdec.sampling.prompt_logprobs import PromptRows, prompt_logprobs
 from encdec.sampling.sampler import Sampler, SamplerOutput, SamplingMetadata
 from encdec.sequence import SequenceData, SequenceGroupMetadata
 from encdec.worker.input_layout import pad_block_tables, slot_mapping, token_layout
@@ -48,6 +49,7 @@ class ModelInput:
     cross_kv: Optional[list[tuple[torch.Tensor, torch.Tensor]]]  # per layer, [tokens, heads * head_size]
     logits_indices: torch.Tensor
     sampling_metadata: SamplingMetadata
+    prompt_rows: list[PromptRows]  # the prefills that ask for prompt_logprobs
 
 
 class EncoderDecoderModelRunner:
@@ -58,6 +60,7 @@ class EncoderDecoderModelRunner:
         self.device = device
         sdpa_without_cudnn(device)
         self.sampler = Sampler(eos_token_id, vocab_size)
+        self.vocab_size = vocab_size
         self.num_encoder_runs = 0
         n = max_num_batched_tokens
         self._input_ids = CpuBuffer(n, torch.int64)
@@ -140,6 +143,7 @@ class EncoderDecoderModelRunner:
             cross_kv=cross_kv,
             logits_indices=self._to_device(torch.from_numpy(layout.query_start_loc[1:] - 1)),
             sampling_metadata=SamplingMetadata.from_groups(groups),
+            prompt_rows=_prompt_rows(rows[:num_prefills], layout.query_start_loc.tolist()),
         )
 
     @torch.inference_mode()
@@ -157,7 +161,23 @@ class EncoderDecoderModelRunner:
         hidden = self.model(model_input.input_ids, model_input.positions, kv_caches,
                             model_input.attn_metadata, **kwargs)
         logits = self.model.compute_logits(hidden[model_input.logits_indices])
-        return self.sampler(logits.float(), model_input.sampling_metadata)
+        outputs = self.sampler(logits.float(), model_input.sampling_metadata)
+        if model_input.prompt_rows:
+            self._add_prompt_logprobs(hidden, model_input.prompt_rows, outputs)
+        return outputs
+
+    def _add_prompt_logprobs(self, hidden: torch.Tensor, prompts: list[PromptRows],
+                             outputs: SamplerOutput) -> None:
+        """Each prompt's log-probabilities on its group's output, from one logits call."""
+        logits = self.model.compute_logits(hidden[torch.cat([
+            torch.arange(p.rows.start, p.rows.stop) for p in prompts]).to(hidden.device)])[:, :self.vocab_size]
+        by_id = {o.request_id: o for o in outputs}
+        start = 0
+        for p in prompts:
+            count = p.rows.stop - p.rows.start
+            by_id[p.request_id].prompt_logprobs = prompt_logprobs(
+                logits[start:start + count], p.next_token_ids, p.num_top)
+            start += count
 
 
 def sdpa_without_cudnn(device: torch.device) -> None:
@@ -168,6 +188,16 @@ def sdpa_without_cudnn(device: torch.device) -> None:
     process-wide flags on entry and exit, which engine threads running at once would undo."""
     if device.type == "cuda":
         torch.backends.cuda.enable_cudnn_sdp(False)
+
+
+def _prompt_rows(prefills: list[tuple[SequenceGroupMetadata, int, SequenceData]],
+                 query_start_loc: list[int]) -> list[PromptRows]:
+    """The prefills whose prompt_logprobs are asked for and not given yet (a prefill again after
+    preemption by recompute has its outputs): all their rows but the last."""
+    return [PromptRows(g.request_id, slice(start, stop - 1), data.get_token_ids()[1:],
+                       g.sampling_params.prompt_logprobs)
+            for (g, _, data), start, stop in zip(prefills, query_start_loc, query_start_loc[1:])
+            if g.sampling_params.prompt_logprobs is not None and not data.output_token_ids]
 
 
 def _joined_cross_kv(groups: list[SequenceGroupMetadata]) -> list[tuple[torch.Tensor, torch.Tensor]]:

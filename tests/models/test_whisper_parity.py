@@ -225,3 +225,24 @@ def test_audio_features_decode_as_their_audio(whisper_dir, clip_paths):
                                   for a in audios], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in from_features] == [o.outputs[0].token_ids for o in from_audio]
     assert_all_blocks_free(llm)
+
+
+def test_prompt_logprobs_score_a_transcript_like_hugging_face(whisper_dir, clip_paths, hf_model):
+    """vLLM's prompt_logprobs with a transcript as the decoder prompt: each of its tokens'
+    log-probabilities given the audio and the tokens before, as HF's forward pass gives them."""
+    llm = LLM(model=str(whisper_dir), num_gpu_blocks=256, swap_space=0.05)
+    tokens = PREFIX + llm.get_tokenizer().encode(" " + CLIPS[0][2], add_special_tokens=False)
+    audio = read_clip(clip_paths[0])
+    out = llm.generate({"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": audio}},
+                        "decoder_prompt": {"prompt_token_ids": tokens}},
+                       SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=1), use_tqdm=False)[0]
+    with torch.inference_mode():
+        features = whisper_features(load_audio(audio), 80, "whisper")[None]
+        expected = hf_model(input_features=features, decoder_input_ids=torch.tensor([tokens])).logits[0].log_softmax(-1)
+    assert len(out.prompt_logprobs) == len(tokens) and out.prompt_logprobs[0] is None
+    for place, (token, entry) in enumerate(zip(tokens[1:], out.prompt_logprobs[1:])):
+        assert token in entry and len(entry) <= 2  # the likeliest token (the same at a near tie)
+        for candidate, logprob in entry.items():
+            assert logprob == pytest.approx(expected[place, candidate].item(), rel=2e-4, abs=1e-3)
+        assert max(entry.values()) == pytest.approx(expected[place].max().item(), rel=2e-4, abs=1e-3)
+    assert_all_blocks_free(llm)
