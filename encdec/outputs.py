@@ -6,6 +6,19 @@ from typing import Any, Optional, Union
 
 
 @dataclass
+class Logprob:
+    """vLLM's: a token's log-probability, its rank among all tokens (1: the likeliest) and its
+    text alone (`tokenizer.decode([id])`; None without a tokenizer or with `detokenize=False`)."""
+
+    logprob: float
+    rank: int
+    decoded_token: Optional[str] = None
+
+
+PromptLogprobs = list[Optional[dict[int, Logprob]]]
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
@@ -42,5 +55,5 @@ class RequestOutput:
     cross_kv: Optional[list[tuple[Any, Any]]] = None
     metrics: Optional[RequestMetrics] = None
     # vLLM's: per decoder prompt token (None for the first), the top `prompt_logprobs` tokens and
-    # itself with their log-probabilities; a DELTA request gets them in its first output only.
-    prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None
+    # itself; a DELTA request gets them in its first output only.
+    prompt_logprobs: Optional[PromptLogprobs] = None

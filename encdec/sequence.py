@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
+    from encdec.outputs import PromptLogprobs
     from encdec.sampling.params import SamplingParams
 
 
@@ -153,7 +154,7 @@ class SequenceGroup:
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
         self.first_token_time: Optional[float] = None  # time.monotonic() of its first sample
-        self.prompt_logprobs: Optional[list[Optional[dict[int, float]]]] = None  # when asked for
+        self.prompt_logprobs: Optional[PromptLogprobs] = None  # when asked for
         self.encoder_seq = encoder_seq
         self.encoder_features = encoder_features
         self.prompt_cross_kv = prompt_cross_kv  # given in place of the encoder's work (kept for recompute)

@@ -281,7 +281,8 @@ class LLMEngine:
                 failed[group.request_id] = output.error
                 continue
             if output.prompt_logprobs is not None:
-                group.prompt_logprobs = output.prompt_logprobs
+                group.prompt_logprobs = self.output_processor.name_prompt_tokens(
+                    output.prompt_logprobs, group.sampling_params)
             samples = output.samples
             if samples and group.first_token_time is None:
                 group.first_token_time = now

@@ -10,7 +10,8 @@ Beam search gives its best `n` hypotheses once, when the search is over. As in v
 token that ends a completion (EOS or one of `stop_token_ids`) is in its token ids, not its text,
 and `stop_reason` names it (None for EOS).
 
-A request with `detokenize=False` gets empty texts: nothing is decoded.
+A request with `detokenize=False` gets empty texts: nothing is decoded. Otherwise each entry of
+its `prompt_logprobs` gets its token's text alone, special tokens included (vLLM's `decoded_token`).
 
 Stop strings (`encdec.engine.stop_strings`) are looked for here, in each completion's text as
 it is detokenized after every step (also for FINAL_ONLY requests that have some): a completion
@@ -24,7 +25,7 @@ from typing import Any, Callable, Optional
 
 from encdec.engine.detokenizer import IncrementalDetokenizer, decode
 from encdec.engine.stop_strings import StopStrings
-from encdec.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from encdec.outputs import CompletionOutput, PromptLogprobs, RequestMetrics, RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -83,6 +84,14 @@ class OutputProcessor:
 
     def abort(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+
+    def name_prompt_tokens(self, prompt_logprobs: PromptLogprobs, params: SamplingParams) -> PromptLogprobs:
+        """Set each entry's `decoded_token` (in place), unless nothing is to be decoded."""
+        if self.tokenizer is not None and params.detokenize:
+            for entry in filter(None, prompt_logprobs):
+                for token, logprob in entry.items():
+                    logprob.decoded_token = decode(self.tokenizer, [token], skip_special_tokens=False)
+        return prompt_logprobs
 
     def _text(self, ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> str:
         if self.tokenizer is None or not params.detokenize:

@@ -20,10 +20,10 @@ from typing import Any, Optional
 
 import torch
 
+from encdec.outputs import PromptLogprobs
 from encdec.sampling.beam_search import num_candidates, top_candidates
 from encdec.sampling.logits_processors import apply_logits_processors
 from encdec.sampling.params import SamplingParams
-from encdec.sampling.prompt_logprobs import PromptLogprobs
 from encdec.sequence import SequenceGroupMetadata
 
 

@@ -14,7 +14,8 @@ import pytest
 import soundfile
 
 from encdec import LLM, SamplingParams
-from encdec.entrypoints.openai.serving_completions import LogprobsBuilder
+from encdec.entrypoints.openai.serving_completions import LogprobsBuilder, json_prompt_logprobs
+from encdec.outputs import Logprob
 from encdec.whisper.writers import write_srt, write_vtt
 from tests.audio_files import av_encoded
 from tests.entrypoints.conftest import SAMPLE
@@ -130,6 +131,12 @@ def test_a_ruled_out_alternative_gets_vllms_lowest_logprob(bart):
     json.dumps(result.model_dump(), allow_nan=False)
 
 
+def test_a_prompt_token_ruled_out_gets_vllms_lowest_logprob():
+    sent = json_prompt_logprobs([None, {7: Logprob(float("-inf"), 1000, "x")}])
+    text = json.dumps([None if e is None else {t: v.model_dump() for t, v in e.items()} for e in sent], allow_nan=False)
+    assert json.loads(text) == [None, {"7": {"logprob": -9999.0, "rank": 1000, "decoded_token": "x"}}]
+
+
 def test_an_explicit_temperature_0_keeps_the_generation_config(server):
     """OpenAI clients send temperature=0: it decodes as leaving it unset does, with the
     checkpoint's config (here EOS forced at the last step), as vLLM's server and Hugging Face's
@@ -156,6 +163,34 @@ def test_completions_penalties_and_min_p(server, bart):
                                                  max_tokens=10, extra_body={"min_p": 0.2})
     expected = offline_texts(bart, ARTICLES[0], SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=10, min_p=0.2))
     assert [c.text for c in sampled.choices] == expected
+
+
+def test_completions_prompt_logprobs_equal_the_offline_ones(server, bart):
+    """vLLM's extra `prompt_logprobs` scores the decoder prompt given each article: every choice
+    of a prompt carries them, with vLLM's ranks and decoded tokens, as the offline LLM gives them."""
+    decoder = bart.get_tokenizer()(" The rain falls", add_special_tokens=False)["input_ids"]
+    decoder = [bart.llm_engine.model_config.decoder_start_token_id, 0, *decoder]
+    result = server.client().completions.create(model="bart", prompt=[*ARTICLES], n=2, seed=5, temperature=1.0,
+                                                max_tokens=3, extra_body={"decoder_prompt": decoder,
+                                                                          "prompt_logprobs": 2})
+    offline = bart.generate([{"encoder_prompt": article, "decoder_prompt": {"prompt_token_ids": decoder}}
+                             for article in ARTICLES],
+                            SamplingParams(n=2, seed=5, temperature=1.0, max_tokens=3, prompt_logprobs=2,
+                                           config_per_field=True), use_tqdm=False)
+    choices = result.model_dump()["choices"]
+    assert len(choices) == 4
+    for choice, out in zip(choices, [out for out in offline for _ in range(2)]):
+        sent, expected = choice["prompt_logprobs"], out.prompt_logprobs
+        assert len(sent) == len(decoder) and sent[0] is None
+        for entry, wanted in zip(sent[1:], expected[1:]):
+            assert list(entry) == [str(token) for token in wanted]
+            assert [e["logprob"] for e in entry.values()] == pytest.approx([w.logprob for w in wanted.values()],
+                                                                           abs=1e-5)
+            assert [(e["rank"], e["decoded_token"]) for e in entry.values()] == [(w.rank, w.decoded_token)
+                                                                                 for w in wanted.values()]
+    assert [c["text"] for c in choices] == [c.text for out in offline for c in out.outputs]
+    plain = server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=2)
+    assert "prompt_logprobs" not in plain.model_dump()["choices"][0]  # only when asked for
 
 
 def test_completions_streamed_with_usage(server, bart):

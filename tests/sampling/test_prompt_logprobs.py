@@ -1,6 +1,6 @@
 """vLLM's prompt_logprobs: each decoder prompt token's log-probability given the ones before it
-(and the likeliest alternatives) equals Hugging Face's model output, in a mixed batch, streamed
-and after preemption by recompute."""
+(and the likeliest alternatives) equals Hugging Face's model output, with vLLM's ranks and
+decoded tokens, in a mixed batch, streamed and after preemption by recompute."""
 from __future__ import annotations
 
 import pytest
@@ -29,15 +29,20 @@ def hf_log_probs(model_dir, encoder_ids: list[int], decoder_ids: list[int]) -> t
     return logits[0].float().log_softmax(-1)
 
 
-def assert_like_hf(got, model_dir, encoder_ids: list[int], decoder_ids: list[int], num_top: int) -> None:
+def assert_like_hf(got, model_dir, encoder_ids: list[int], decoder_ids: list[int], num_top: int,
+                   tokenizer) -> None:
     expected = hf_log_probs(model_dir, encoder_ids, decoder_ids)
     assert len(got) == len(decoder_ids) and got[0] is None
     for place, (token, entry) in enumerate(zip(decoder_ids[1:], got[1:])):
         row = expected[place]
         top = row.topk(num_top)
         assert set(entry) == set(top.indices.tolist()) | {token}
-        assert entry[token] == pytest.approx(row[token].item(), abs=1e-4)
-        assert [entry[t] for t in top.indices.tolist()] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert entry[token].logprob == pytest.approx(row[token].item(), abs=1e-4)
+        assert entry[token].rank == int((row > row[token]).sum()) + 1
+        assert [entry[t].logprob for t in top.indices.tolist()] == pytest.approx(top.values.tolist(), abs=1e-4)
+        assert [entry[t].rank for t in top.indices.tolist() if t != token] == [
+            rank for rank, t in enumerate(top.indices.tolist(), start=1) if t != token]
+        assert {t: e.decoded_token for t, e in entry.items()} == {t: tokenizer.decode([t]) for t in entry}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +65,8 @@ def test_prompt_logprobs_equal_hugging_face_in_a_mixed_batch(model, tiny_bart_di
               SamplingParams(temperature=0.0, max_tokens=4)]
     outputs = llm.generate([*prompts, prompts[0]], params, use_tqdm=False)
     for i, num_top in enumerate([3, 0, 1]):
-        assert_like_hf(outputs[i].prompt_logprobs, model_dir, ENCODER_IDS[i], decoders[i], num_top)
+        assert_like_hf(outputs[i].prompt_logprobs, model_dir, ENCODER_IDS[i], decoders[i], num_top,
+                       llm.get_tokenizer())
     assert outputs[2].prompt_logprobs == [None]  # a one-token decoder prompt
     assert outputs[3].prompt_logprobs is None
     assert outputs[3].outputs[0].token_ids == outputs[0].outputs[0].token_ids  # asking changes nothing
@@ -84,6 +90,17 @@ def test_a_stream_gets_them_once_and_a_cumulative_request_every_time(tiny_bart_d
     assert_all_blocks_free(llm)
 
 
+def test_detokenize_false_leaves_the_tokens_unnamed(tiny_bart_dir):
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=32)
+    params = [SamplingParams(max_tokens=2, prompt_logprobs=1, detokenize=detokenize) for detokenize in (True, False)]
+    named, unnamed = llm.generate([prompt(0)] * 2, params, use_tqdm=False)
+    assert all(e.decoded_token is None for entry in unnamed.prompt_logprobs[1:] for e in entry.values())
+    assert all(e.decoded_token is not None for entry in named.prompt_logprobs[1:] for e in entry.values())
+    assert [{t: (e.logprob, e.rank) for t, e in entry.items()} for entry in unnamed.prompt_logprobs[1:]] == [
+        {t: (e.logprob, e.rank) for t, e in entry.items()} for entry in named.prompt_logprobs[1:]]
+    assert_all_blocks_free(llm)
+
+
 def test_preemption_by_recompute_keeps_the_first_prefills(tiny_bart_dir):
     params = SamplingParams(temperature=0.0, max_tokens=40, min_tokens=40, prompt_logprobs=2)
     prompts = [prompt(i % 2) for i in range(8)]
@@ -95,7 +112,9 @@ def test_preemption_by_recompute_keeps_the_first_prefills(tiny_bart_dir):
         expected = alone[i % 2].prompt_logprobs
         assert len(out.prompt_logprobs) == len(expected) and out.prompt_logprobs[0] is None
         for entry, wanted in zip(out.prompt_logprobs[1:], expected[1:]):
-            assert entry == pytest.approx(wanted, abs=1e-5)
+            assert entry.keys() == wanted.keys()
+            assert [e.logprob for e in entry.values()] == pytest.approx([w.logprob for w in wanted.values()], abs=1e-5)
+            assert [e.rank for e in entry.values()] == [w.rank for w in wanted.values()]
         assert out.outputs[0].token_ids == alone[i % 2].outputs[0].token_ids
     assert_all_blocks_free(llm)
 

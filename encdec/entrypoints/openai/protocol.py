@@ -76,7 +76,7 @@ class StreamOptions(JSONRequest):
 class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
     `decoder_prompt`, `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
-    `include_stop_str_in_output`."""
+    `include_stop_str_in_output`, `prompt_logprobs` (of the decoder prompt)."""
 
     model: str
     prompt: Union[list[int], list[list[int]], str, list[str]]
@@ -103,6 +103,7 @@ class CompletionRequest(JSONRequest):
     repetition_penalty: Optional[float] = Field(None, gt=0.0)
     stop_token_ids: list[int] = Field(default_factory=list)
     include_stop_str_in_output: bool = False
+    prompt_logprobs: Optional[int] = Field(None, ge=0)
 
 
 class CompletionLogProbs(BaseModel):
@@ -112,17 +113,30 @@ class CompletionLogProbs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's `Logprob` in JSON."""
+
+    logprob: float
+    rank: int
+    decoded_token: Optional[str] = None
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: Optional[CompletionLogProbs] = None
     finish_reason: Optional[str] = None
+    prompt_logprobs: Optional[list[Optional[dict[int, PromptLogprob]]]] = None  # vLLM's, when asked for
 
     @model_serializer(mode="wrap")
     def _with_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Every field, null ones too (OpenAI's schema requires them all)."""
+        """OpenAI's fields, null ones too (its schema requires them all), and vLLM's
+        `prompt_logprobs` when asked for."""
         data = handler(self)
-        return {name: data.get(name) for name in type(self).model_fields}
+        shown = {name: data.get(name) for name in ("index", "text", "logprobs", "finish_reason")}
+        if self.prompt_logprobs is not None:
+            shown["prompt_logprobs"] = data["prompt_logprobs"]
+        return shown
 
 
 class CompletionResponse(BaseModel):

@@ -8,13 +8,15 @@ also when `temperature` is set (which then only decides whether to sample), exce
 completions of a prompt are sampled at OpenAI's default temperature, 1, when the config does
 not sample. Stop strings are cut out of the text (the request is aborted once
 every completion has met one); a streamed completion holds back text that could start one.
+vLLM's `prompt_logprobs` scores the decoder prompt; each choice of the prompt carries them, and,
+as in vLLM, they are not streamed.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import copy
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -24,14 +26,15 @@ from encdec.engine.detokenizer import IncrementalDetokenizer
 from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
-                                                CompletionRequest, CompletionResponse, unix_time)
+                                                CompletionRequest, CompletionResponse, PromptLogprob,
+                                                unix_time)
 from encdec.entrypoints.openai.sampling_extras import LogitBias, logit_bias
 from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, bad_input, random_id
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
 from encdec.generation_config import GenerationDefaults
-from encdec.outputs import CompletionOutput, RequestOutput
+from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 ENGINE_NAMES = {"encoder_prompt": "prompt", "beam_width": "n"}
@@ -49,6 +52,8 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
             raise bad_request(f"{name} is not supported by encoder/decoder completions", name)
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only for stream=true", "stream_options")
+    if body.stream and body.prompt_logprobs is not None:
+        raise bad_request("prompt_logprobs are not available with stream=true", "prompt_logprobs")
     best_of = body.best_of or body.n
     if best_of < body.n:
         raise bad_request(f"best_of={best_of} must be >= n={body.n}", "best_of")
@@ -71,7 +76,8 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
             n=best_of, max_tokens=body.max_tokens, min_tokens=body.min_tokens,
             temperature=temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-            logprobs=body.logprobs, stop=body.stop, include_stop_str_in_output=body.include_stop_str_in_output,
+            logprobs=body.logprobs, prompt_logprobs=body.prompt_logprobs,
+            stop=body.stop, include_stop_str_in_output=body.include_stop_str_in_output,
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
             logits_processors=processors, output_kind=RequestOutputKind.DELTA, config_per_field=True)
 
@@ -95,10 +101,11 @@ class OpenAIServingCompletion:
         with bad_input(CompletionRequest, ENGINE_NAMES, "prompt"):
             if body.stream:
                 return await event_stream(request, self._chunks(served, body, response_id, merged, counter))
-            choices = await cancel_on_disconnect(request, self._collect(merged, counter, len(prompts), params.n))
+            choices, prompt_logprobs = await cancel_on_disconnect(
+                request, self._collect(merged, counter, len(prompts), params.n))
         return JSONResponse(CompletionResponse(
             id=response_id, model=body.model,
-            choices=self._choices(served, body, choices),
+            choices=self._choices(served, body, choices, prompt_logprobs),
             usage=counter.usage()).model_dump(exclude_none=True))
 
     @staticmethod
@@ -110,26 +117,32 @@ class OpenAIServingCompletion:
                 yield out, out.outputs
 
     @staticmethod
-    async def _collect(merged, counter: OutputCounter, num_prompts: int, n: int) -> list[list[Generated]]:
+    async def _collect(merged, counter: OutputCounter, num_prompts: int,
+                       n: int) -> tuple[list[list[Generated]], list[Optional[PromptLogprobs]]]:
+        """Each prompt's completions, and its prompt_logprobs when asked for."""
         generated = [[Generated() for _ in range(n)] for _ in range(num_prompts)]
+        prompt_logprobs: list[Optional[PromptLogprobs]] = [None] * num_prompts
         async for i, (out, deltas) in merged:
             counter.count(out, deltas)
+            if out.prompt_logprobs is not None:
+                prompt_logprobs[i] = out.prompt_logprobs
             for delta in deltas:
                 generated[i][delta.index].add(delta)
-        return generated
+        return generated, prompt_logprobs
 
     @staticmethod
-    def _choices(served: ServedModel, body: CompletionRequest,
-                 generated: list[list[Generated]]) -> list[CompletionChoice]:
+    def _choices(served: ServedModel, body: CompletionRequest, generated: list[list[Generated]],
+                 prompt_logprobs: list[Optional[PromptLogprobs]]) -> list[CompletionChoice]:
         choices = []
-        for completions in generated:
+        for completions, scored in zip(generated, prompt_logprobs):
             if len(completions) > body.n:  # best_of: the likeliest n
                 completions = sorted(completions, key=lambda g: g.cumulative_logprob, reverse=True)[:body.n]
             for g in completions:
                 logprobs = (None if body.logprobs is None else LogprobsBuilder(
                     served.engine.tokenizer, body.logprobs).add(g.token_ids, g.logprobs, finished=True))
-                choices.append(CompletionChoice(index=len(choices), text=g.text, logprobs=logprobs,
-                                                finish_reason=g.finish_reason))
+                choices.append(CompletionChoice(
+                    index=len(choices), text=g.text, logprobs=logprobs, finish_reason=g.finish_reason,
+                    prompt_logprobs=None if scored is None else json_prompt_logprobs(scored)))
         return choices
 
     @staticmethod
@@ -184,6 +197,14 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
         prompts.append(tokens if body.decoder_prompt is None else
                        {"encoder_prompt": tokens, "decoder_prompt": decoder_prompt(body.decoder_prompt)})
     return prompts
+
+
+def json_prompt_logprobs(scored: PromptLogprobs) -> list[Optional[dict[int, PromptLogprob]]]:
+    """vLLM's prompt_logprobs in JSON (which has no -inf: LOWEST_LOGPROB)."""
+    return [None if entry is None else
+            {token: PromptLogprob(logprob=max(e.logprob, LOWEST_LOGPROB), rank=e.rank, decoded_token=e.decoded_token)
+             for token, e in entry.items()}
+            for entry in scored]
 
 
 def decoder_prompt(prompt: Any) -> Any:
