@@ -9,6 +9,9 @@ runs the serial loop, and loads Numba only for the parallel one (big batches on 
 threads). Without the module (no `encdec warmup` yet, or no C compiler) the serial loop is
 Numba's, compiled on first use.
 
+The module is built for the processor's x86-64 level as LLVM finds it (`target_cpu`), not for
+Numba's "host": that names the model (znver4, say) and with it all the model's instructions,
+AVX-512 included, also in a virtual machine that hides some, where the build dies of SIGILL.
 The module's name carries a hash of the loops' source, the NumPy version and the processor's
 features, so a changed kernel, NumPy or machine never loads a stale build. It lives where Numba
 keeps its cache: `$NUMBA_CACHE_DIR` when set, else the package's `__pycache__`.
@@ -32,6 +35,10 @@ import numpy as np
 LOOPS_SOURCE = Path(__file__).with_name("cpu_decode_loops.py")
 # Exported functions, by cache element type; every array is C-contiguous.
 _EXPORTS = {"decode_float32": "float32", "decode_bfloat16": "uint16"}
+# The x86-64 levels (LLVM's CPU names), each with what it adds to the one before.
+_X86_LEVELS = (("x86-64-v2", ("cx16", "popcnt", "sse4.2", "ssse3")),
+               ("x86-64-v3", ("avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")),
+               ("x86-64-v4", ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl")))
 
 
 def processor() -> str:
@@ -50,6 +57,22 @@ def module_name() -> str:
     for part in (LOOPS_SOURCE.read_bytes(), np.__version__.encode(), processor().encode()):
         digest.update(part)
     return f"encdec_decode_{digest.hexdigest()[:16]}"
+
+
+def target_cpu() -> str:
+    """The CPU to compile for: on x86-64 the highest level whose features LLVM finds here,
+    elsewhere the host."""
+    import llvmlite.binding as llvm
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return "host"
+    found = {name for name, present in llvm.get_host_cpu_features().items() if present}
+    level = "x86-64"
+    for name, needs in _X86_LEVELS:
+        if not found.issuperset(needs):
+            break
+        level = name
+    return level
 
 
 def cache_folder() -> Path:
@@ -97,7 +120,7 @@ def build() -> Path:
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
         compiler = CC(module_name())
         compiler.output_dir = scratch
-        compiler.target_cpu = "host"
+        compiler.target_cpu = target_cpu()
         for export, cache in _EXPORTS.items():
             signature = (f"void(float32[:,:,::1], {cache}[:,:,::1], {cache}[:,:,::1], int32[:,::1], "
                          f"int64[::1], int64, float32, float32[:,::1], float32[:,:,::1])")

@@ -72,3 +72,22 @@ def test_paged_decode_attention_runs_it(built, monkeypatch, tmp_path):
         cpu_decode_aot.module_name.cache_clear()
     assert calls == [1]
     torch.testing.assert_close(again, out, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("present, level", [
+    ({"cx16", "popcnt", "sse4.2", "ssse3"}, "x86-64-v2"),
+    # a Zen 4 in a virtual machine that hides AVX-512: Numba's "host" would still emit it
+    ({"cx16", "popcnt", "sse4.2", "ssse3", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave"},
+     "x86-64-v3"),
+    ({"cx16", "popcnt", "sse4.2", "ssse3", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave",
+      "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}, "x86-64-v4"),
+    ({"avx2", "avx512f"}, "x86-64"),  # a level needs all of its own and the ones below
+])
+def test_built_for_the_level_the_processor_has(monkeypatch, present, level):
+    import llvmlite.binding
+
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    everything = {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx2", "sse4.2", "amx-tile"}
+    monkeypatch.setattr(llvmlite.binding, "get_host_cpu_features",
+                        lambda: {name: name in present for name in everything | present})
+    assert cpu_decode_aot.target_cpu() == level

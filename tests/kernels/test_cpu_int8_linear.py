@@ -5,7 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from encdec.kernels.cpu_int8_linear import Int8Linear, int8_linear_supported, quantize_weight
+from encdec.kernels.cpu_int8_linear import (INPUT_RANGES, Int8Linear, input_range, int8_linear_supported,
+                                            quantize_rows, quantize_weight)
 from encdec.models.layers import get_activation
 
 pytestmark = pytest.mark.skipif(not int8_linear_supported(torch.device("cpu")),
@@ -62,6 +63,21 @@ def test_a_rows_result_does_not_depend_on_the_other_rows(activation):
     act = (lambda t: t) if activation == "none" else get_activation(activation)
     exact = act(F.linear(x[:7], weight, bias))
     assert float((together[:7] - exact).abs().max()) <= 0.02 * float(exact.abs().max())
+
+
+def test_the_input_range_is_the_widest_that_gets_a_large_case_right():
+    """Inputs near the top of the uint8 range and weights near 127 overflow oneDNN's int16 sums
+    without VNNI; the range in use does not, and the 7-bit range is right everywhere."""
+    torch.manual_seed(3)
+    weight = torch.randn(64, 256).sign() * 0.1  # every weight at +-127
+    x = torch.rand(5, 256) + 1.0  # every input in the top half of the range
+    expected = F.linear(x, weight)
+    for top in (input_range(), 127):
+        got = Int8Linear(weight, None, input_top=top)(x)
+        assert float((got - expected).abs().max()) <= 0.02 * float(expected.abs().max())
+    assert input_range() in INPUT_RANGES
+    quantized, scales, zero_points = quantize_rows(x, 127)
+    assert int(quantized.max()) == 127 and torch.all(zero_points == 0)
 
 
 def test_unknown_activation_is_refused():
