@@ -21,7 +21,8 @@ a level sends a bounded number of requests (6, 24, 64 at 1, 8, 32 clients). Repo
 requests/s over the level's wall time and p50 / p95 latency.
 
     python -m benchmarks.bench_serve [--threads 2] [--tasks summarize,transcribe]
-        [--compute-type float32|bfloat16|int8] [--beam-size 1] [--out benchmarks/results/serve.json]
+        [--compute-type float32|bfloat16|int8] [--beam-size 1] [--max-running-requests auto]
+        [--out benchmarks/results/serve.json]
 """
 from __future__ import annotations
 
@@ -242,6 +243,8 @@ def main() -> None:
     parser.add_argument("--beam-size", type=POSITIVE, default=1,
                         help="the transcription servers' beam size (1: greedy, as OpenAI's API; "
                              "5: faster-whisper's default)")
+    parser.add_argument("--max-running-requests", default="auto",
+                        help="encdec serve's --max-running-requests (default: auto, as encdec serve)")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.json")
     parser.add_argument("--serve-baseline", choices=["hf", "fw"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
@@ -274,7 +277,8 @@ def main() -> None:
         compute = args.compute_type if task == "transcribe" else "float32"
         port = free_port()
         rows += measure("encdec", compute, [sys.executable, "-m", "encdec", "serve", "--model", model,
-                                            *options, "--port", str(port), "--log-level", "warning"],
+                                            *options, "--max-running-requests", args.max_running_requests,
+                                            "--port", str(port), "--log-level", "warning"],
                         port, task, items, body, args.threads, print)
         port = free_port()
         baseline_model = model if baseline == "hf" else tiny_en_dir()

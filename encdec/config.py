@@ -90,19 +90,41 @@ class CacheConfig:
 
 @dataclass
 class SchedulerConfig:
-    """Batching budgets and the preemption mode ("swap" or "recompute")."""
+    """Batching budgets and the preemption mode ("swap" or "recompute").
+
+    `max_running_requests` (SGLang's name) stops admitting waiting requests while that many
+    run; the rest wait in arrival order. None: only the sequence and token budgets bound it.
+    """
 
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 16384
     preemption_mode: Optional[str] = None
+    max_running_requests: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.max_running_requests is not None and self.max_running_requests < 1:
+            raise ValueError(f"max_running_requests must be >= 1 or None, got {self.max_running_requests}")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
         if self.preemption_mode not in (None, "swap", "recompute"):
             raise ValueError(f"preemption_mode must be 'swap' or 'recompute', got {self.preemption_mode!r}")
+
+
+SPEECH_RUNNING_REQUESTS_ON_CPU = 16  # benchmarks/RESULTS.md, "Fewer Whisper requests at once"
+
+
+def resolve_max_running_requests(value: Any, speech: bool, device: torch.device) -> Optional[int]:
+    """`max_running_requests`: an int, None (no limit) or "auto": 16 for a speech model on the
+    CPU, else no limit. There each request's prefill is a 30 s encoder window, most of the
+    work, so decoding more requests at once adds little throughput while every window
+    admitted stalls all running ones: beyond that, requests wait their turn instead."""
+    if value == "auto":
+        return SPEECH_RUNNING_REQUESTS_ON_CPU if speech and device.type == "cpu" else None
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ValueError(f"max_running_requests must be an int, None or 'auto', got {value!r}")
+    return value
 
 
 @dataclass

@@ -27,7 +27,9 @@ class LLM:
     (CPU, float32) runs the layers' linears on int8 weights, as faster-whisper's
     `compute_type="int8"` (`encdec.models.quantization`); `dtype="bfloat16"` runs weights,
     activations and the KV cache in bfloat16. `compute_type` takes faster-whisper's names for
-    the two ("float32", "bfloat16", "int8", ...) instead.
+    the two ("float32", "bfloat16", "int8", ...) instead. `max_running_requests` bounds the
+    requests decoded at once (the rest wait their turn): None, an int, or "auto", which is what
+    `encdec serve` uses (`encdec.config.resolve_max_running_requests`).
     """
 
     def __init__(self, model: str, dtype: str = "auto", device: Optional[str] = None,
@@ -35,13 +37,15 @@ class LLM:
                  kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
                  seed: int = 0, attention_backend: Optional[str] = None, tune_malloc: bool = False,
-                 quantization: Optional[str] = None, compute_type: Optional[str] = None):
+                 quantization: Optional[str] = None, compute_type: Optional[str] = None,
+                 max_running_requests: Union[int, str, None] = None):
         self.llm_engine = LLMEngine.from_model(
             model, dtype=dtype, device=device, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
             kv_cache_space=kv_cache_space, swap_space=swap_space, max_num_seqs=max_num_seqs,
             max_num_batched_tokens=max_num_batched_tokens, preemption_mode=preemption_mode,
             seed=seed, attention_backend=attention_backend, tune_malloc=tune_malloc,
-            quantization=quantization, compute_type=compute_type)
+            quantization=quantization, compute_type=compute_type,
+            max_running_requests=max_running_requests)
         self._request_counter = itertools.count()
 
     def get_tokenizer(self):

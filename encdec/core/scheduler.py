@@ -3,7 +3,8 @@
 Each step: running groups get a slot for their next token, preempting the most recently
 admitted groups when blocks run out (by recompute for single-sequence groups, by swap
 otherwise, or as `preemption_mode` says); when nothing was preempted, swapped groups come back
-and waiting groups are admitted within the budgets. Prefills and decodes share one step.
+and waiting groups are admitted in arrival order within the budgets (and while fewer than
+`max_running_requests` run). Prefills and decodes share one step.
 Preemption by recompute frees both the self and the cross blocks, so the encoder runs again.
 """
 from __future__ import annotations
@@ -166,7 +167,8 @@ class Scheduler:
     def _schedule_prefills(self, out: SchedulerOutputs, budget_seqs: int,
                            budget_tokens: int) -> list[SequenceGroup]:
         scheduled = []
-        while self.waiting:
+        cap = self.config.max_running_requests
+        while self.waiting and (cap is None or len(self.running) < cap):
             group = self.waiting[0]
             (seq,) = group.get_seqs(SequenceStatus.WAITING)
             num_tokens = len(seq) + len(group.encoder_seq)

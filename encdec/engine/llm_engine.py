@@ -16,7 +16,8 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from encdec.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, resolve_dtype
+from encdec.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, resolve_dtype,
+                           resolve_max_running_requests)
 from encdec.core.scheduler import Scheduler
 from encdec.generation_config import GenerationDefaults, load_generation_defaults, resolve_sampling_params
 from encdec.inputs.data import is_explicit_encoder_decoder_prompt
@@ -86,7 +87,8 @@ class LLMEngine:
                    max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
                    seed: int = 0, attention_backend: Optional[str] = None,
                    tune_malloc: bool = False, quantization: Optional[str] = None,
-                   compute_type: Optional[str] = None) -> "LLMEngine":
+                   compute_type: Optional[str] = None,
+                   max_running_requests: Union[int, str, None] = None) -> "LLMEngine":
         """Load `model` (a local checkpoint directory or a Whisper alias) and size the engine;
         the options are `LLM`'s."""
         dtype, quantization = resolve_compute_type(compute_type, dtype, quantization)
@@ -99,9 +101,11 @@ class LLMEngine:
                             quantization)
         cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                    kv_cache_space=kv_cache_space, swap_space=swap_space)
+        running = resolve_max_running_requests(max_running_requests, loaded.audio_processor is not None,
+                                               device_config.device)
         scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                            max_num_batched_tokens=max_num_batched_tokens,
-                                           preemption_mode=preemption_mode)
+                                           preemption_mode=preemption_mode, max_running_requests=running)
         needed = loaded.model_config.max_encoder_len + loaded.model_config.max_decoder_len
         if max_num_batched_tokens < needed:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "

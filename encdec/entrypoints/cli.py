@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -435,6 +435,16 @@ def add_transcribe(subparsers) -> None:
     p.set_defaults(handler=run_transcribe)
 
 
+def positive_int_or_auto(value: str) -> Union[int, str]:
+    """An argparse type: "auto" or an integer >= 1."""
+    if value == "auto":
+        return value
+    try:
+        return positive_int(value)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 1, got {value!r}") from None
+
+
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     """`LLM`'s engine options, for `encdec serve` (each model gets its own engine and cache)."""
     add_model_options(p)
@@ -450,6 +460,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help="sequences decoded at once per model (default: 256)")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=16384,
                    help="tokens in one forward pass (default: 16384)")
+    p.add_argument("--max-running-requests", type=positive_int_or_auto, default="auto",
+                   help="requests decoded at once per model; the rest wait in arrival order. "
+                        "auto: 16 for Whisper on the CPU, where more adds little throughput "
+                        "and much latency; no limit otherwise (default: auto)")
     p.add_argument("--preemption-mode", choices=["swap", "recompute"], default=None,
                    help="how to make room when the cache is full (default: the engine's choice)")
     p.add_argument("--seed", type=int, default=0, help="seed of the engines' shared generator (default: 0)")

@@ -21,10 +21,11 @@ def make_group(request_id: str, encoder_len: int = 4, decoder_len: int = 4,
 
 
 def make_scheduler(num_gpu_blocks: int, num_cpu_blocks: int = 0, max_num_seqs: int = 256,
-                   max_num_batched_tokens: int = 1024, preemption_mode=None) -> Scheduler:
+                   max_num_batched_tokens: int = 1024, preemption_mode=None,
+                   max_running_requests=None) -> Scheduler:
     config = SchedulerConfig(max_num_seqs=max_num_seqs,
                              max_num_batched_tokens=max_num_batched_tokens,
-                             preemption_mode=preemption_mode)
+                             preemption_mode=preemption_mode, max_running_requests=max_running_requests)
     cache = CacheConfig(block_size=BLOCK_SIZE, num_gpu_blocks=num_gpu_blocks, watermark=0.0)
     return Scheduler(config, cache, num_gpu_blocks, num_cpu_blocks)
 
@@ -82,6 +83,23 @@ def test_admission_under_the_sequence_budget_in_fcfs_order():
     finish(s, a)
     out = step(s)
     assert ids(out.scheduled_seq_groups) == ["b"] and ids(s.waiting) == ["c"]
+
+
+def test_admission_stops_while_max_running_requests_run():
+    s = make_scheduler(num_gpu_blocks=64, max_running_requests=2)
+    a, b, c, d = make_group("a"), make_group("b", n=3), make_group("c"), make_group("d")
+    add(s, a, b, c, d)
+    assert ids(step(s).scheduled_seq_groups) == ["a", "b"]  # b's three sequences are one request
+    assert ids(step(s).scheduled_seq_groups) == ["a", "b"] and ids(s.waiting) == ["c", "d"]
+    finish(s, a)
+    out = step(s)
+    assert ids(out.scheduled_seq_groups) == ["c", "b"] and out.num_prefill_groups == 1
+    assert ids(s.waiting) == ["d"]
+    finish(s, b)
+    finish(s, c)
+    assert ids(step(s).scheduled_seq_groups) == ["d"]
+    finish(s, d)
+    assert_all_free(s)
 
 
 def test_admission_under_the_token_budget():

@@ -307,7 +307,8 @@ def test_serve_help_lists_every_option(capsys):
     out = capsys.readouterr().out
     for option in ("--model", "--served-model-name", "--host", "--port", "--api-key", "--max-upload-mb",
                    "--max-audio-seconds", "--max-waiting-requests", "--shutdown-timeout",
-                   "--kv-cache-space", "--num-gpu-blocks", "--max-num-seqs", "--dtype", "--device"):
+                   "--kv-cache-space", "--num-gpu-blocks", "--max-num-seqs", "--max-running-requests", "--dtype",
+                   "--device"):
         assert option in out
 
 

@@ -34,3 +34,23 @@ def test_each_engine_gets_its_own_number_of_blocks(tiny_bart_dir):
     blocks = {m.name: m.engine.engine.block_manager.num_total_gpu_blocks for m in served}
     assert blocks == {"big": 48, "small": 24}
     assert served[0].engine.engine.block_manager is not served[1].engine.engine.block_manager
+
+
+def test_every_engine_option_of_llm_is_a_serve_flag_that_ray_replicas_pass_on():
+    import inspect
+
+    from encdec import LLM
+    from encdec.entrypoints.ray.serve import ENGINE_OPTIONS
+
+    options = set(inspect.signature(LLM).parameters) - {"model", "compute_type"}  # --quantization, --dtype
+    assert options <= set(vars(serve_args()))
+    assert options == set(ENGINE_OPTIONS)
+
+
+def test_max_running_requests_defaults_to_auto_and_reaches_each_engine(tiny_bart_dir):
+    assert serve_args().max_running_requests == "auto"
+    assert serve_args("--max-running-requests", "3").max_running_requests == 3
+    for value, expected in ((3, 3), ("auto", None)):  # auto: no limit for a text model
+        (served,) = load_models([str(tiny_bart_dir)], ["bart"], None,
+                                {"num_gpu_blocks": [16], "max_running_requests": value})
+        assert served.engine.engine.scheduler_config.max_running_requests == expected

@@ -186,7 +186,8 @@ def run_server(args: argparse.Namespace) -> int:
                           max_num_batched_tokens=args.max_num_batched_tokens,
                           preemption_mode=args.preemption_mode, seed=args.seed,
                           attention_backend=args.attention_backend, tune_malloc=args.tune_malloc,
-                          quantization=args.quantization)
+                          quantization=args.quantization,
+                          max_running_requests=args.max_running_requests)
     served = ServedModels(load_models(args.models, args.served_model_names,
                                       args.max_waiting_requests, engine_options))
     state = ServerState()

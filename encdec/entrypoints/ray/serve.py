@@ -24,7 +24,7 @@ REPLICAS, CPUS_PER_REPLICA = 1, 1.0  # the defaults of --replicas and --cpus-per
 TARGET_ONGOING_REQUESTS = 16  # per replica under --autoscale: where a CPU engine's throughput levels off
 ENGINE_OPTIONS = ("dtype", "device", "block_size", "num_gpu_blocks", "kv_cache_space", "swap_space",
                   "max_num_seqs", "max_num_batched_tokens", "preemption_mode", "seed",
-                  "attention_backend", "tune_malloc", "quantization")  # what goes to each engine
+                  "attention_backend", "tune_malloc", "quantization", "max_running_requests")  # what goes to each engine
 
 
 class EncdecReplica:
