@@ -40,7 +40,7 @@ def test_every_engine_option_of_llm_is_a_serve_flag_that_ray_replicas_pass_on():
     import inspect
 
     from encdec import LLM
-    from encdec.entrypoints.ray.serve import ENGINE_OPTIONS
+    from encdec.entrypoints.openai.serving_models import ENGINE_OPTIONS
 
     options = set(inspect.signature(LLM).parameters) - {"model", "compute_type"}  # --quantization, --dtype
     assert options <= set(vars(serve_args()))

@@ -29,7 +29,7 @@ from encdec.entrypoints.openai.middleware import ServerState, ServingMiddleware
 from encdec.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse, ModelCard,
                                                 ModelList, SummarizeRequest, SummarizeResponse)
 from encdec.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from encdec.entrypoints.openai.serving_models import ServedModels, load_models
+from encdec.entrypoints.openai.serving_models import ServedModels, engine_options, load_models
 from encdec.entrypoints.openai.serving_summarize import OpenAIServingSummarize
 from encdec.entrypoints.openai.serving_transcription import OpenAIServingTranscription
 from encdec.worker.cpu_memory import use_one_arena
@@ -180,16 +180,8 @@ def run_server(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sock = listening_socket(args.host, args.port)
     use_one_arena()  # before the engines' and uploads' threads start
-    engine_options = dict(dtype=args.dtype, device=args.device, block_size=args.block_size,
-                          num_gpu_blocks=args.num_gpu_blocks, kv_cache_space=args.kv_cache_space,
-                          swap_space=args.swap_space, max_num_seqs=args.max_num_seqs,
-                          max_num_batched_tokens=args.max_num_batched_tokens,
-                          preemption_mode=args.preemption_mode, seed=args.seed,
-                          attention_backend=args.attention_backend, tune_malloc=args.tune_malloc,
-                          quantization=args.quantization,
-                          max_running_requests=args.max_running_requests)
     served = ServedModels(load_models(args.models, args.served_model_names,
-                                      args.max_waiting_requests, engine_options))
+                                      args.max_waiting_requests, engine_options(args)))
     state = ServerState()
     app = build_app(served, state, args.api_key, args.max_upload_mb, args.max_audio_seconds)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,

@@ -10,8 +10,17 @@ from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 from encdec.entrypoints.openai.protocol import ModelCard, ModelList, unix_time
 
 logger = logging.getLogger("encdec.server")
+# `encdec serve`'s flags that go to each model's engine: `LLM`'s options, by their names.
+ENGINE_OPTIONS = ("dtype", "device", "block_size", "num_gpu_blocks", "kv_cache_space", "swap_space",
+                  "max_num_seqs", "max_num_batched_tokens", "max_running_requests", "preemption_mode",
+                  "seed", "attention_backend", "tune_malloc", "quantization")
 # Cache budgets: given once for every model, or once per --model in their order.
 CACHE_OPTIONS = ("num_gpu_blocks", "kv_cache_space", "swap_space")
+
+
+def engine_options(args: Any) -> dict[str, Any]:
+    """The `ENGINE_OPTIONS` of parsed `encdec serve` arguments (for `per_model_options`)."""
+    return {name: getattr(args, name) for name in ENGINE_OPTIONS}
 
 
 class ModelLoadError(RuntimeError):

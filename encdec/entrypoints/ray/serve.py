@@ -22,9 +22,6 @@ import torch
 APP_NAME = "encdec"
 REPLICAS, CPUS_PER_REPLICA = 1, 1.0  # the defaults of --replicas and --cpus-per-replica
 TARGET_ONGOING_REQUESTS = 16  # per replica under --autoscale: where a CPU engine's throughput levels off
-ENGINE_OPTIONS = ("dtype", "device", "block_size", "num_gpu_blocks", "kv_cache_space", "swap_space",
-                  "max_num_seqs", "max_num_batched_tokens", "preemption_mode", "seed",
-                  "attention_backend", "tune_malloc", "quantization", "max_running_requests")  # what goes to each engine
 
 
 class EncdecReplica:
@@ -104,6 +101,8 @@ def application(args: argparse.Namespace):
     """The Serve application `encdec serve --ray` runs, from its parsed arguments."""
     from ray import serve
 
+    from encdec.entrypoints.openai.serving_models import engine_options
+
     deployment = serve.deployment(
         serve.ingress()(EncdecReplica), name="EncdecReplica", **replica_options(args),
         max_ongoing_requests=args.max_num_seqs, graceful_shutdown_timeout_s=args.shutdown_timeout,
@@ -111,7 +110,7 @@ def application(args: argparse.Namespace):
     app_options = dict(api_key=args.api_key, max_upload_mb=args.max_upload_mb,
                        max_audio_seconds=args.max_audio_seconds)
     return deployment.bind(args.models, args.served_model_names, args.max_waiting_requests,
-                           {name: getattr(args, name) for name in ENGINE_OPTIONS}, app_options,
+                           engine_options(args), app_options,
                            max(1, math.floor(args.cpus_per_replica)))
 
 
