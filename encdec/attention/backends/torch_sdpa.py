@@ -1,8 +1,8 @@
 """CPU attention backend: per-sequence (or equal-length batched) attention, never a dense
 (tokens)^2 mask; decode steps read the paged caches with the compiled kernel of
-`kernels/cpu_decode.py` (float32, bfloat16) or the torch reference (other dtypes). Attention
+`encdec/kernels/cpu_decode.py` (float32, bfloat16) or the torch reference (other dtypes). Attention
 over bfloat16 (or float16) tensors computes its scores, softmax and sums in float32. Prefills
-without a causal mask or bias (encoders, cross-attention) run `kernels/cpu_attention.py` in
+without a causal mask or bias (encoders, cross-attention) run `encdec/kernels/cpu_attention.py` in
 float32 and bfloat16 where it runs, torch's SDPA elsewhere.
 
 - ENCODER: non-causal attention inside each encoder sequence (the C kernel or torch's SDPA;
@@ -135,7 +135,7 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_lens: 
     `bias` ([H, >= max(q_lens), >= max(kv_lens)], causal masking included) is added to every
     sequence's scores. Sequences of one length run as one batched call, others one call per
     sequence. Without a causal mask or bias, float32 and bfloat16 on the CPU run the kernel of
-    `kernels/cpu_attention.py` where it runs. Other dtypes than float32 are computed in float32
+    `encdec/kernels/cpu_attention.py` where it runs. Other dtypes than float32 are computed in float32
     and returned in their own.
     """
     if not causal and bias is None:

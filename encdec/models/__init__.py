@@ -1,0 +1,1 @@
+"""Model implementations: BART and its variants, T5, Whisper, shared layers, the registry."""

@@ -1,1 +1,0 @@
-"""Model implementations (installed as `encdec.models`)."""
