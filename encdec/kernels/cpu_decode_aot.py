@@ -81,7 +81,14 @@ def cache_folder() -> Path:
 
 
 def module_path() -> Path:
-    return cache_folder() / (module_name() + importlib.machinery.EXTENSION_SUFFIXES[0])
+    return _module_path(os.environ.get("NUMBA_CACHE_DIR"), module_name())
+
+
+@functools.lru_cache(maxsize=None)
+def _module_path(numba_cache_dir: Optional[str], name: str) -> Path:
+    """Kept for each cache folder and name: every decode-attention call looks the module up,
+    and building its Path took most of the lookup's 20 µs."""
+    return cache_folder() / (name + importlib.machinery.EXTENSION_SUFFIXES[0])
 
 
 def load() -> Optional[ModuleType]:
