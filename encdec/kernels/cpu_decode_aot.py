@@ -77,18 +77,18 @@ def target_cpu() -> str:
 
 def cache_folder() -> Path:
     """Where compiled kernels live: `$NUMBA_CACHE_DIR` when set, else the package's `__pycache__`."""
-    return Path(os.environ.get("NUMBA_CACHE_DIR") or Path(__file__).with_name("__pycache__"))
-
-
-def module_path() -> Path:
-    return _module_path(os.environ.get("NUMBA_CACHE_DIR"), module_name())
+    return _cache_folder(os.environ.get("NUMBA_CACHE_DIR"))
 
 
 @functools.lru_cache(maxsize=None)
-def _module_path(numba_cache_dir: Optional[str], name: str) -> Path:
-    """Kept for each cache folder and name: every decode-attention call looks the module up,
-    and building its Path took most of the lookup's 20 µs."""
-    return cache_folder() / (name + importlib.machinery.EXTENSION_SUFFIXES[0])
+def _cache_folder(numba_cache_dir: Optional[str]) -> Path:
+    # kept: every decode-attention call looks the module up, and building this Path took most
+    # of the lookup's 20 µs
+    return Path(numba_cache_dir) if numba_cache_dir else Path(__file__).with_name("__pycache__")
+
+
+def module_path() -> Path:
+    return cache_folder() / (module_name() + importlib.machinery.EXTENSION_SUFFIXES[0])
 
 
 def load() -> Optional[ModuleType]:
