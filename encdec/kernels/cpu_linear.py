@@ -7,7 +7,9 @@ activation fused as a post-op (no second pass over the output). Measured on this
 2-core AMD EPYC: bart-base's projections ran at 160-190 GFLOP/s instead of 60-100, and its
 50k-word LM head over 64 rows in 35 ms instead of 95.
 Results equal `F.linear` up to rounding (a different summation order). In bfloat16 oneDNN
-runs the processor's bf16 dot-product instructions (AVX512-BF16, AMX) where it has them.
+runs the processor's bf16 dot-product instructions (AVX512-BF16, AMX) where it has them. Where
+its build refuses bfloat16 (a processor with AVX2 only), `WidenedLinear` runs bfloat16 layers on
+float32 weights instead (`packed_linear_for` picks the class).
 
 oneDNN builds a primitive for each row count it meets and caches up to 1024 of them (its
 primitive cache and ideep's), each keeping its own scratchpad, which can be as large as the
@@ -94,6 +96,16 @@ def _packed_linear_works(dtype: torch.dtype) -> bool:
         return False
 
 
+def packed_linear_for(device: torch.device, dtype: torch.dtype) -> Optional[type["PackedLinear"]]:
+    """The packed linear for layers of `dtype` on `device`: `PackedLinear` where oneDNN runs
+    that dtype, `WidenedLinear` for bfloat16 where it runs float32 only, else None (nn.Linear)."""
+    if packed_linear_supported(device, dtype):
+        return PackedLinear
+    if dtype == torch.bfloat16 and packed_linear_supported(device, torch.float32):
+        return WidenedLinear
+    return None
+
+
 def can_fuse(activation: str) -> bool:
     return activation in POST_OPS
 
@@ -143,3 +155,19 @@ class PackedLinear(FusedLinear):
     def _matmul(self, rows: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, self.post_op,
                                                   [], self.algorithm)
+
+
+class WidenedLinear(PackedLinear):
+    """A bfloat16 layer on a processor without bfloat16 arithmetic (AVX2 only): the weight,
+    widened to float32 (exactly), is packed as float32; each call widens its input, multiplies
+    in float32 and rounds the output to bfloat16. That is what oneDNN's bfloat16 kernel computes
+    (exact products of bfloat16 values, float32 sums, a rounded output), and torch's own
+    bfloat16 matmul, emulated there, ran 3-6x slower on 8-1500 rows of Whisper and BART shapes
+    (measured on this project's AVX2 EPYC). The price: the weights take float32's memory; the
+    activations and the KV cache stay bfloat16."""
+
+    def __init__(self, weight: torch.Tensor, bias: Optional[torch.Tensor], activation: str = "none"):
+        super().__init__(weight.float(), None if bias is None else bias.float(), activation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.float()).to(x.dtype)

@@ -253,9 +253,9 @@ def convert_linears(modules: Iterable[nn.Module],
                     setattr(module, name, convert(child, "none"))
 
 
-def pack_linears(model: nn.Module) -> None:
-    """Swap every nn.Linear for a oneDNN `PackedLinear` (float32 or bfloat16 on the CPU)."""
-    convert_linears([model], PackedLinear.from_linear)
+def pack_linears(model: nn.Module, linear_cls: type[PackedLinear] = PackedLinear) -> None:
+    """Swap every nn.Linear for a oneDNN `linear_cls` (`kernels.cpu_linear.packed_linear_for`)."""
+    convert_linears([model], linear_cls.from_linear)
 
 
 # HF keeps fc1/fc2 directly on the layer; here they live in the shared FeedForward `ffn`.

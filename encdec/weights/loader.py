@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 
 from encdec.attention.selector import get_attn_backend
 from encdec.config import ModelConfig
-from encdec.kernels.cpu_linear import packed_linear_supported
+from encdec.kernels.cpu_linear import packed_linear_for
 from encdec.models.layers import pack_linears
 from encdec.models.quantization import (check_quantization, float32_output_projection,
                                        quantize_model)
@@ -58,8 +58,9 @@ def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, to
         float32_output_projection(model)
     if pads_lm_head(device, dtype):
         pad_lm_head(model)
-    if packed_linear_supported(device, dtype):
-        pack_linears(model)
+    linear_cls = packed_linear_for(device, dtype)
+    if linear_cls is not None:
+        pack_linears(model, linear_cls)
     return model
 
 

@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from encdec.kernels.cpu_linear import (ROW_PIECES, ROW_STEP, SMALL_ROWS, PackedLinear, packed_linear_supported,
-                                      row_pieces)
+from encdec.kernels.cpu_linear import (ROW_PIECES, ROW_STEP, SMALL_ROWS, PackedLinear, WidenedLinear,
+                                      packed_linear_for, packed_linear_supported, row_pieces)
 from encdec.models.layers import FeedForward, get_activation, pack_linears
 
 pytestmark = pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.float32),
@@ -59,15 +59,41 @@ def test_float32_and_bfloat16_on_cpu_are_packed():
     assert not packed_linear_supported(torch.device("cuda"), torch.float32)
 
 
-@pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.bfloat16),
-                    reason="this oneDNN has no bfloat16 linear")
-def test_bfloat16_packed_linear_matches_linear():
+native_bfloat16 = pytest.param(PackedLinear, marks=pytest.mark.skipif(
+    not packed_linear_supported(torch.device("cpu"), torch.bfloat16),
+    reason="this oneDNN has no bfloat16 linear"))
+
+
+@pytest.mark.parametrize("linear_cls", [native_bfloat16, WidenedLinear])
+def test_bfloat16_packed_linear_matches_linear(linear_cls):
     torch.manual_seed(1)
     linear = nn.Linear(96, 160).bfloat16()
     x = torch.randn(64, 96).bfloat16()
-    got = PackedLinear.from_linear(linear, "gelu")(x)
+    got = linear_cls.from_linear(linear, "gelu")(x)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got, F.gelu(linear(x)), rtol=2e-2, atol=2e-2)
+
+
+def test_widened_linear_is_float32_arithmetic_on_bfloat16_values():
+    """Exact products of the bfloat16 values summed in float32, then one rounding: the float32
+    linear of the same values, rounded (up to the order of the sums)."""
+    torch.manual_seed(2)
+    weight, bias = torch.randn(200, 384).bfloat16(), torch.randn(200).bfloat16()
+    x = torch.randn(3, 70, 384).bfloat16()
+    widened = WidenedLinear(weight, bias, "relu")
+    assert widened.packed_weight.dtype == torch.float32
+    want = F.relu(F.linear(x.float(), weight.float(), bias.float()))
+    got = widened(x)
+    assert got.shape == (3, 70, 200) and got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2 ** -8, atol=1e-5)
+
+
+def test_bfloat16_layers_are_packed_natively_or_widened():
+    native = packed_linear_supported(torch.device("cpu"), torch.bfloat16)
+    assert packed_linear_for(torch.device("cpu"), torch.bfloat16) is (PackedLinear if native else WidenedLinear)
+    assert packed_linear_for(torch.device("cpu"), torch.float32) is PackedLinear
+    assert packed_linear_for(torch.device("cpu"), torch.float16) is None
+    assert packed_linear_for(torch.device("cuda"), torch.bfloat16) is None
 
 
 def test_the_engine_runs_bart_on_packed_linears(tiny_bart_dir):

@@ -8,7 +8,7 @@ import torch
 
 from encdec import LLM, SamplingParams
 from encdec.kernels.cpu_int8_linear import Int8Linear, int8_linear_supported
-from encdec.kernels.cpu_linear import PackedLinear, packed_linear_supported
+from encdec.kernels.cpu_linear import PackedLinear, WidenedLinear, packed_linear_supported
 from encdec.models.quantization import Float32Output, check_quantization, resolve_compute_type
 from benchmarks.bench_bart import make_workload
 from benchmarks.common import prefix_agreement
@@ -51,14 +51,16 @@ def test_llm_refuses_an_unknown_method_before_loading(tiny_bart_dir):
         LLM(model=str(tiny_bart_dir), quantization="fp8")
 
 
-@pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.bfloat16),
-                    reason="this oneDNN has no bfloat16 linear")
 def test_bfloat16_bart_runs_packed_bf16_linears_and_cache(tiny_bart_dir):
+    """oneDNN's bfloat16 linears where the processor has them, else float32 ones on the widened
+    weights (`WidenedLinear`); the KV cache is bfloat16 either way."""
     llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64, dtype="bfloat16")
     engine = llm.llm_engine
     assert engine.cache_engine.gpu_cache[0].dtype == torch.bfloat16
     fc1 = engine.model_runner.model.model.encoder.layers[0].ffn.fc1
-    assert isinstance(fc1, PackedLinear) and fc1.packed_weight.dtype == torch.bfloat16
+    native = packed_linear_supported(torch.device("cpu"), torch.bfloat16)
+    assert type(fc1) is (PackedLinear if native else WidenedLinear) and fc1.activation == "gelu"
+    assert fc1.packed_weight.dtype == (torch.bfloat16 if native else torch.float32)
     assert isinstance(engine.model_runner.model.lm_head, Float32Output)
     out = llm.generate(["The rain in spain.", "A longer prompt with more words in it."],
                        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),

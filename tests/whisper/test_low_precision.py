@@ -4,7 +4,8 @@ WER within one word of float32's, and give a clip the same transcript batched or
 
 On these 20 espeak-ng clips (171 words, one word is 0.58 points) tiny.en is often unsure, and a
 lower precision tips some of those words either way. Measured: float32 22.2%; bfloat16 21.6%
-(19 transcripts equal to float32's); int8 22.8% (18). CTranslate2's int8 (faster-whisper,
+(19 transcripts equal to float32's; 22.8% and 18 on a processor with AVX2 only, where the
+linears multiply in float32 on the widened weights, `WidenedLinear`); int8 22.8% (18). CTranslate2's int8 (faster-whisper,
 greedy) measured 22.2-23.4% over three runs (its threads make it vary) with 14 transcripts equal
 to its float32's. int8 with one activation scale per call instead of per row measured 18.1% but
 kept only 12 transcripts, and made a clip's text depend on its batch. On a processor without
