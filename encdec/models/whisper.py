@@ -53,7 +53,7 @@ class WhisperEncoder(nn.Module):
         return passes[0] if len(passes) == 1 else torch.cat(passes)
 
     def _encode(self, features: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = F.gelu(self.conv1(features.to(self.conv1.weight.dtype)))
+        x = F.gelu(self.conv1(features.to(self.embed_positions.weight.dtype)))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
         h = (x + self.embed_positions.weight).reshape(-1, x.shape[-1])
         for layer in self.layers:

@@ -18,10 +18,10 @@ from torch.overrides import TorchFunctionMode
 
 from encdec.attention.selector import get_attn_backend
 from encdec.config import ModelConfig
-from encdec.kernels.cpu_linear import packed_linear_for
+from encdec.kernels.cpu_linear import WidenedLinear, packed_linear_for
 from encdec.models.layers import pack_linears
 from encdec.models.quantization import (check_quantization, float32_output_projection,
-                                       quantize_model)
+                                       quantize_model, widen_convolutions)
 from encdec.models.registry import get_ct2_converter, get_model_family
 from encdec.models.vocab_padding import pad_lm_head, pads_lm_head
 from encdec.weights.ct2 import ct2_tensors, open_ct2_model
@@ -61,6 +61,8 @@ def build_model(model_cls: type, hf_config: Any, weights: Iterable[tuple[str, to
     linear_cls = packed_linear_for(device, dtype)
     if linear_cls is not None:
         pack_linears(model, linear_cls)
+    if linear_cls is WidenedLinear:  # bfloat16 on a processor without bfloat16 arithmetic
+        widen_convolutions(model)
     return model
 
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from encdec import LLM, SamplingParams
 from encdec.kernels.cpu_int8_linear import Int8Linear, int8_linear_supported
 from encdec.kernels.cpu_linear import PackedLinear, WidenedLinear, packed_linear_supported
-from encdec.models.quantization import Float32Output, check_quantization, resolve_compute_type
+from encdec.models.quantization import (Float32Output, WidenedConv1d, check_quantization,
+                                       resolve_compute_type, widen_convolutions)
 from benchmarks.bench_bart import make_workload
 from benchmarks.common import prefix_agreement
 from tests.bart_checkpoints import make_bart_checkpoint
@@ -67,6 +70,23 @@ def test_bfloat16_bart_runs_packed_bf16_linears_and_cache(tiny_bart_dir):
                        use_tqdm=False)
     assert [len(o.outputs[0].token_ids) for o in out] == [6, 6]
     assert_all_blocks_free(llm)
+
+
+def test_widened_convolution_is_float32_arithmetic_on_bfloat16_values():
+    """Whisper's second convolution (stride 2) in bfloat16, run in float32 on the widened weight:
+    the float64 result of the same bfloat16 values, rounded once to bfloat16."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv1d(80, 96, kernel_size=3, stride=2, padding=1)).bfloat16()
+    conv = model[0]
+    x = torch.randn(2, 80, 300).bfloat16()
+    want = F.conv1d(x.double(), conv.weight.double(), conv.bias.double(), stride=2, padding=1)
+    widen_convolutions(model)
+    widened = model[0]
+    assert isinstance(widened, WidenedConv1d) and widened.weight.dtype == torch.float32
+    assert torch.equal(widened.weight, conv.weight.float()) and widened.stride == (2,)
+    got = model(x)
+    assert got.dtype == torch.bfloat16 and got.shape == (2, 96, 150)
+    torch.testing.assert_close(got.double(), want, rtol=2 ** -8, atol=1e-6)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ WER within one word of float32's, and give a clip the same transcript batched or
 On these 20 espeak-ng clips (171 words, one word is 0.58 points) tiny.en is often unsure, and a
 lower precision tips some of those words either way. Measured: float32 22.2%; bfloat16 21.6%
 (19 transcripts equal to float32's; 22.8% and 18 on a processor with AVX2 only, where the
-linears multiply in float32 on the widened weights, `WidenedLinear`); int8 22.8% (18). CTranslate2's int8 (faster-whisper,
+linears and convolutions multiply in float32 on the widened weights); int8 22.8% (18). CTranslate2's int8 (faster-whisper,
 greedy) measured 22.2-23.4% over three runs (its threads make it vary) with 14 transcripts equal
 to its float32's. int8 with one activation scale per call instead of per row measured 18.1% but
 kept only 12 transcripts, and made a clip's text depend on its batch. On a processor without
@@ -18,6 +18,8 @@ import torch
 
 from encdec import LLM
 from encdec.kernels.cpu_int8_linear import Int8Linear, input_range
+from encdec.kernels.cpu_linear import packed_linear_supported
+from encdec.models.quantization import WidenedConv1d
 from tests.conftest import assert_all_blocks_free
 from tests.speech_corpus import normalize, wer
 
@@ -35,6 +37,9 @@ def test_transcripts_stay_near_float32(options, float32_texts, corpus, tiny_en_a
     if "dtype" in options:
         assert engine.model_config.dtype == torch.bfloat16
         assert engine.cache_engine.gpu_cache[0].dtype == torch.bfloat16
+        # float32 convolutions where torch's bfloat16 one would run its slow reference loop
+        widened = not packed_linear_supported(torch.device("cpu"), torch.bfloat16)
+        assert isinstance(engine.model_runner.model.model.encoder.conv1, WidenedConv1d) is widened
     else:
         assert isinstance(engine.model_runner.model.model.encoder.layers[0].ffn.fc1, Int8Linear)
     results = llm.transcribe([clip.pair for clip in corpus])
