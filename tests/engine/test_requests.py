@@ -265,9 +265,9 @@ def test_outputs_carry_both_prompts_in_input_order(llm):
     assert outs[0].outputs[0].text == tok.decode(outs[0].outputs[0].token_ids, skip_special_tokens=True)
 
 
-def test_bfloat16_runs_on_the_reference_kernels(tiny_bart_dir, llm):
-    """bfloat16 skips the float32-only fast paths (packed linears, compiled decode attention)
-    and decodes through the torch reference; its greedy tokens start like float32's."""
+def test_bfloat16_greedy_tokens_start_like_float32s(tiny_bart_dir, llm):
+    """A bfloat16 engine keeps its parameters in bfloat16; its greedy tokens start like
+    float32's."""
     low = LLM(model=str(tiny_bart_dir), dtype="bfloat16", num_gpu_blocks=64)
     assert {p.dtype for p in low.llm_engine.model_runner.model.parameters()} == {torch.bfloat16}
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
