@@ -33,9 +33,12 @@ from typing import Any, AsyncIterator, Callable, Optional, Union
 from encdec.engine.llm_engine import LLMEngine
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import SamplingParams
-from encdec.worker.cpu_memory import release_free_memory
+from encdec.worker.cpu_memory import trim_heap
 
 logger = logging.getLogger(__name__)
+# Seconds the engine waits idle before it gives its steps' freed memory back to the system:
+# long enough that a client sending its next request gets warm pages.
+IDLE_TRIM_SECONDS = 1.0
 
 
 class EngineOverloaded(RuntimeError):
@@ -200,10 +203,9 @@ class AsyncLLMEngine:
         while not self._stopping:
             self._drain_inbox()
             if not engine.has_unfinished_requests():
-                if stepped:  # going idle: give back the pages the steps' activations left free
-                    release_free_memory()
+                if not self._wakeup.wait(IDLE_TRIM_SECONDS if stepped else None):
+                    trim_heap()  # idle a while: give back the pages the steps' activations left free
                     stepped = False
-                self._wakeup.wait()
                 self._wakeup.clear()
                 continue
             stepped = True

@@ -469,9 +469,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the engines' shared generator (default: 0)")
     p.add_argument("--attention-backend", choices=["torch", "xformers"], default=None,
                    help="attention implementation (default: ENCDEC_ATTENTION_BACKEND, else automatic)")
-    p.add_argument("--tune-malloc", action=argparse.BooleanOptionalAction, default=False,
-                   help="keep freed activation memory for reuse on the CPU: up to 5%% faster, "
-                        "150-400 MB more memory (default: off)")
+    p.add_argument("--tune-malloc", action=argparse.BooleanOptionalAction, default=True,
+                   help="on the CPU, keep freed activation memory for the next steps while "
+                        "requests run (about 90%% fewer page faults, a few %% less CPU, 250-300 MB "
+                        "more while busy), given back after a second idle (default: on)")
 
 
 def add_serve(subparsers) -> None:

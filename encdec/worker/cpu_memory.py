@@ -9,8 +9,13 @@ megabytes, so each step would page-fault and zero them again: measured here, a G
 BART benchmark run was about 10% faster when first measured. Raising the mmap and trim
 thresholds keeps those blocks in the heap for reuse, at the cost of a higher resident size (the
 step's peak stays mapped). Measured again with the current kernels (`benchmarks/memory_breakdown.py`),
-the runs were 0-5% faster for 150-400 MB more peak RSS, so engines ask for it only with
-`tune_malloc=True`. ENCDEC_KEEP_FREED_MEMORY=0 vetoes it. Other C libraries: no-op.
+offline runs were 0-5% faster for 150-400 MB more peak RSS, so `LLM` asks for it only with
+`tune_malloc=True`. `encdec serve` asks for it by default: at 32 transcription clients it took
+about 90% fewer page faults and 4-13% fewer CPU-seconds for the same requests (requests/s moved
+within the machine's noise; `benchmarks/RESULTS.md`), and each `AsyncLLMEngine` gives the pages
+back once it has been idle for a second (`trim_heap`), so an idle server holds no more than
+without it.
+ENCDEC_KEEP_FREED_MEMORY=0 vetoes it. Other C libraries: no-op.
 
 `use_one_arena`: one malloc arena for all threads, so a server's resident size stays put.
 """
@@ -56,13 +61,19 @@ def use_one_arena() -> bool:
 
 
 def release_free_memory() -> None:
-    """Hand the C heap's free pages back to the system (glibc's `malloc_trim`), unless
-    `keep_freed_memory` is in effect (it keeps them on purpose). glibc keeps what a thread
-    freed for its next allocations, up to tens of megabytes a thread: a server's resident size
-    would creep up with each round of uploads (decoded in worker threads), and would stay at
-    the last steps' peak while its engines idle. So the worker threads call this after their
-    work, and `AsyncLLMEngine` when it goes idle."""
-    if not _done and platform.libc_ver()[0] == "glibc":
+    """`trim_heap`, unless `keep_freed_memory` is in effect (it keeps the pages on purpose while
+    engines run). glibc keeps what a thread freed for its next allocations, up to tens of
+    megabytes a thread: a server's resident size would creep up with each round of uploads
+    (decoded in worker threads). So the worker threads call this after their work."""
+    if not _done:
+        trim_heap()
+
+
+def trim_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's `malloc_trim`), whatever the
+    tuning: `AsyncLLMEngine` calls it once it has been idle for a while, so that a server's
+    resident size does not stay at its last steps' peak."""
+    if platform.libc_ver()[0] == "glibc":
         _libc().malloc_trim(0)
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from encdec import (LLM, AsyncLLMEngine, EngineDeadError, EngineOverloaded, RequestOutputKind,
                     SamplingParams)
+from encdec.engine import async_engine
 from encdec.engine.async_engine import Admission
 from encdec.engine.detokenizer import decode
 from tests.bart_checkpoints import make_bart_checkpoint
@@ -116,6 +117,29 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
         await engine.shutdown()
 
     asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
+def test_the_engine_trims_the_heap_once_after_a_second_idle(tiny_bart_dir, monkeypatch):
+    """Requests back to back trim nothing (their next steps want the pages); once the engine
+    has been idle for IDLE_TRIM_SECONDS it trims exactly once, and not again while idle."""
+    trims = []
+    monkeypatch.setattr(async_engine, "trim_heap", lambda: trims.append(time.monotonic()))
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
+    params = SamplingParams(temperature=0, max_tokens=4)
+
+    async def main():
+        for _ in range(5):
+            assert [out async for out in engine.generate("The rain in spain", params)][-1].finished
+        last = time.monotonic()
+        assert not trims
+        await asyncio.sleep(async_engine.IDLE_TRIM_SECONDS + 1.5)
+        await engine.shutdown()
+        return last
+
+    last = asyncio.run(main())
+    assert len(trims) == 1
+    assert async_engine.IDLE_TRIM_SECONDS - 0.05 <= trims[0] - last <= async_engine.IDLE_TRIM_SECONDS + 1
     engine_blocks_free(engine.engine)
 
 

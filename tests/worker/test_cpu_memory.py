@@ -63,3 +63,37 @@ def test_use_one_arena_keeps_threads_in_one_arena_unless_the_environment_says_ot
     assert arenas_after_threads("default") == ("None", 5)
     assert arenas_after_threads("one") == ("True", 1)
     assert arenas_after_threads("one", MALLOC_ARENA_MAX="2") == ("False", 2)
+
+
+TRIM_PROBE = """
+import ctypes
+from encdec.worker.cpu_memory import keep_freed_memory, release_free_memory, trim_heap
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+assert keep_freed_memory()
+blocks = [libc.malloc(1 << 20) for _ in range(256)]
+for block in blocks:
+    libc.memset(block, 1, 1 << 20)
+for block in blocks:
+    libc.free(block)
+kept = rss_mb()
+release_free_memory()  # keeps the pages: the tuning wants them for the next steps
+after_release = rss_mb()
+trim_heap()  # gives them back whatever the tuning
+print(kept, after_release, rss_mb())
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's malloc_trim only")
+def test_trim_heap_returns_what_keep_freed_memory_keeps():
+    done = subprocess.run([sys.executable, "-c", TRIM_PROBE], capture_output=True, text=True,
+                          env={**os.environ, "ENCDEC_KEEP_FREED_MEMORY": "1"}, check=True)
+    kept, after_release, after_trim = map(float, done.stdout.split())
+    assert after_release > kept - 16, (kept, after_release)
+    assert after_trim < kept - 200, (kept, after_trim)
