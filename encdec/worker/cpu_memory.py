@@ -10,12 +10,11 @@ BART benchmark run was about 10% faster when first measured. Raising the mmap an
 thresholds keeps those blocks in the heap for reuse, at the cost of a higher resident size (the
 step's peak stays mapped). Measured again with the current kernels (`benchmarks/memory_breakdown.py`),
 offline runs were 0-5% faster for 150-400 MB more peak RSS, so `LLM` asks for it only with
-`tune_malloc=True`. `encdec serve` asks for it by default: at 32 transcription clients it took
-about 90% fewer page faults and 4-13% fewer CPU-seconds for the same requests (requests/s moved
-within the machine's noise; `benchmarks/RESULTS.md`), and each `AsyncLLMEngine` gives the pages
+`tune_malloc=True`. `encdec serve` asks for it by default: for the same transcription requests
+it took about 90% fewer page faults, and 4% fewer CPU-seconds with 32 clients, 13% with one;
+requests/s moved within the machine's noise (`benchmarks/RESULTS.md`). Each `AsyncLLMEngine` gives the pages
 back once it has been idle for a second (`trim_heap`), so an idle server holds no more than
-without it.
-ENCDEC_KEEP_FREED_MEMORY=0 vetoes it. Other C libraries: no-op.
+without it. ENCDEC_KEEP_FREED_MEMORY=0 vetoes it. Other C libraries: no-op.
 
 `use_one_arena`: one malloc arena for all threads, so a server's resident size stays put.
 """
