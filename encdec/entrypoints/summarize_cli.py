@@ -139,8 +139,9 @@ def check_lengths(llm: LLM, prompt: dict, params, args: argparse.Namespace) -> N
 
 def print_outputs(llm: LLM, prompts: list[Optional[dict]], params, args: argparse.Namespace) -> int:
     """Decode `prompts` (`params`: one SamplingParams, or one per prompt) and print one output a
-    line, an empty line for each None (an input that failed, its error already on stderr), so
-    that line i answers input i; 0, or 1 if the engine refused them."""
+    line (its own line breaks become spaces), an empty line for each None (an input that failed,
+    its error already on stderr), so that line i answers input i; 0, or 1 if the engine refused
+    them."""
     if not isinstance(params, list):
         params = [params] * len(prompts)
     todo = [(prompt, p) for prompt, p in zip(prompts, params) if prompt is not None]
@@ -155,8 +156,13 @@ def print_outputs(llm: LLM, prompts: list[Optional[dict]], params, args: argpars
         error(option_wording(err, OPTIONS))
         return 1
     for prompt in prompts:
-        print("" if prompt is None else next(outputs).outputs[0].text.strip())
+        print("" if prompt is None else one_line(next(outputs).outputs[0].text))
     return 0
+
+
+def one_line(text: str) -> str:
+    """`text` on one line: its lines, stripped, joined by a space."""
+    return " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def run_summarize(args: argparse.Namespace) -> int:

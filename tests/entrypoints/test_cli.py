@@ -9,6 +9,7 @@ import argparse
 import errno
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -255,6 +256,28 @@ def test_a_failed_text_keeps_its_line(tiny_bart_dir, capsys):
     assert len(lines) == 4 and lines[1] == lines[2] == "" and lines[0] and lines[3]
     alone = cli.main(["summarize", "--model", str(tiny_bart_dir), "Last text.", "--max-tokens", "6"])
     assert alone == 0 and capsys.readouterr().out.splitlines() == [lines[3]]
+
+
+def test_an_output_with_line_breaks_keeps_to_its_line(tiny_bart_dir, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    from encdec import LLM, SamplingParams
+
+    chatty = Path(shutil.copytree(tiny_bart_dir, tmp_path / "chatty"))  # likes to write "\n"
+    [newline] = AutoTokenizer.from_pretrained(chatty)("\n", add_special_tokens=False)["input_ids"]
+    weights = load_file(chatty / "model.safetensors")
+    weights["final_logits_bias"][0, newline] += 8.0
+    save_file(weights, chatty / "model.safetensors", metadata={"format": "pt"})
+    texts = ["The rain in spain falls.", "First text.", "Last text."]
+    offline = [o.outputs[0].text for o in LLM(model=str(chatty)).generate(
+        texts, SamplingParams(temperature=0.0, max_tokens=8, config_per_field=True),
+        use_tqdm=False)]
+    assert any("\n" in text.strip() for text in offline)  # the case under test
+    status = cli.main(["summarize", "--model", str(chatty), *texts, "--temperature", "0",
+                       "--max-tokens", "8"])
+    assert status == 0
+    assert capsys.readouterr().out.splitlines() == [" ".join(t.split()) for t in offline]
 
 
 def test_console_script_help():
