@@ -2,7 +2,8 @@
 
 `generation_config.json` wins when it exists; otherwise the generation fields of `config.json`
 (older checkpoints such as facebook/bart-large-cnn keep them there). Keys the file does not set
-take Hugging Face's defaults (greedy, 20 new tokens, ...), as `generate()` would. Speech models
+take Hugging Face's defaults (greedy, 20 new tokens, ...), as `generate()` would; a checkpoint
+with neither file setting any takes the built-in (vLLM's) defaults, as vLLM does. Speech models
 (Whisper) decode greedily up to the decoder's length instead, file or no file (`for_speech`).
 
 `resolve_sampling_params` turns a request's `SamplingParams` into concrete values. The config
