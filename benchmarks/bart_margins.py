@@ -58,7 +58,7 @@ def main() -> None:
     workload = make_workload(args.num_docs, 0, **family.workload)
 
     reference = encdec_greedy(model_dir, workload, "float32", logprobs=2)
-    margins = [[abs(a - b) for a, b in (list(step.values())[:2] for step in out.logprobs)]
+    margins = [[abs(a.logprob - b.logprob) for a, b in (list(step.values())[:2] for step in out.logprobs)]
                for out in reference]
     flat = np.concatenate(margins)
     print(f"float32 logit margins (top-1 minus top-2), {flat.size} steps: quantiles "

@@ -16,6 +16,7 @@ class Logprob:
 
 
 PromptLogprobs = list[Optional[dict[int, Logprob]]]
+SampleLogprobs = list[dict[int, Logprob]]  # a completion's, one entry a generated token
 
 
 @dataclass
@@ -24,7 +25,7 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     cumulative_logprob: float
-    logprobs: Optional[list[dict[int, float]]]
+    logprobs: Optional[SampleLogprobs]
     finish_reason: Optional[str]
     stop_reason: Union[int, str, None] = None  # the stop string or stop token id that ended it (vLLM's)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
-    from encdec.outputs import PromptLogprobs
+    from encdec.outputs import Logprob, PromptLogprobs, SampleLogprobs
     from encdec.sampling.params import SamplingParams
 
 
@@ -76,7 +76,7 @@ class Sequence:
         self.block_size = block_size
         self.eos_token_id = eos_token_id
         self.status = SequenceStatus.WAITING
-        self.output_logprobs: list[dict[int, float]] = []
+        self.output_logprobs: SampleLogprobs = []
 
     @classmethod
     def from_inputs(cls, seq_id: int, inputs: "EncoderDecoderInputs", block_size: int,
@@ -99,7 +99,7 @@ class Sequence:
         return self.status.is_finished
 
     def append_token_id(self, token_id: int, logprob: float,
-                        top_logprobs: Optional[dict[int, float]] = None,
+                        top_logprobs: Optional[dict[int, Logprob]] = None,
                         score: Optional[float] = None) -> None:
         """Commit a sampled token: every token before it is now in the KV cache. `score`
         replaces the summed log-probability (beam search keeps its own float32 score)."""

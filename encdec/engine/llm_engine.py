@@ -285,7 +285,7 @@ class LLMEngine:
                 failed[group.request_id] = output.error
                 continue
             if output.prompt_logprobs is not None:
-                group.prompt_logprobs = self.output_processor.name_prompt_tokens(
+                group.prompt_logprobs = self.output_processor.name_tokens(
                     output.prompt_logprobs, group.sampling_params)
             samples = output.samples
             if samples and group.first_token_time is None:
@@ -298,6 +298,8 @@ class LLMEngine:
             if len(samples) > len(group.get_seqs(SequenceStatus.RUNNING)):
                 parent_samples = self._fork_children(group, parent_samples)
             for seq, sample in parent_samples:
+                if sample.top_logprobs is not None:
+                    self.output_processor.name_tokens([sample.top_logprobs], group.sampling_params)
                 seq.append_token_id(sample.token_id, sample.logprob, sample.top_logprobs)
                 status = self._stop_status(seq, group.sampling_params)
                 if status is not None:

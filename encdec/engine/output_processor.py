@@ -11,7 +11,8 @@ token that ends a completion (EOS or one of `stop_token_ids`) is in its token id
 and `stop_reason` names it (None for EOS).
 
 A request with `detokenize=False` gets empty texts: nothing is decoded. Otherwise each entry of
-its `prompt_logprobs` gets its token's text alone, special tokens included (vLLM's `decoded_token`).
+its `prompt_logprobs` and `logprobs` gets its token's text alone, special tokens included (vLLM's
+`decoded_token`).
 
 Stop strings (`encdec.engine.stop_strings`) are looked for here, in each completion's text as
 it is detokenized after every step (also for FINAL_ONLY requests that have some): a completion
@@ -85,13 +86,13 @@ class OutputProcessor:
     def abort(self, request_id: str) -> None:
         self.states.pop(request_id, None)
 
-    def name_prompt_tokens(self, prompt_logprobs: PromptLogprobs, params: SamplingParams) -> PromptLogprobs:
+    def name_tokens(self, logprobs: PromptLogprobs, params: SamplingParams) -> PromptLogprobs:
         """Set each entry's `decoded_token` (in place), unless nothing is to be decoded."""
         if self.tokenizer is not None and params.detokenize:
-            for entry in filter(None, prompt_logprobs):
+            for entry in filter(None, logprobs):
                 for token, logprob in entry.items():
                     logprob.decoded_token = decode(self.tokenizer, [token], skip_special_tokens=False)
-        return prompt_logprobs
+        return logprobs
 
     def _text(self, ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> str:
         if self.tokenizer is None or not params.detokenize:

@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from encdec.outputs import PromptLogprobs
+from encdec.outputs import Logprob, PromptLogprobs
 from encdec.sampling.beam_search import num_candidates, top_candidates
 from encdec.sampling.logits_processors import apply_logits_processors
 from encdec.sampling.params import SamplingParams
@@ -32,7 +32,7 @@ class SequenceOutput:
     parent_seq_id: int
     token_id: int
     logprob: float
-    top_logprobs: Optional[dict[int, float]] = None
+    top_logprobs: Optional[dict[int, Logprob]] = None
     beam_score: Optional[float] = None  # beam search: the parent's running score + logprob
 
 
@@ -229,17 +229,22 @@ def exponential_like(probs: torch.Tensor, generator: Optional[torch.Generator]) 
 
 def _group_output(g: SequenceGroupMetadata, tokens: torch.Tensor, scores: torch.Tensor,
                   log_normalizer: torch.Tensor, params: SamplingParams) -> GroupOutput:
-    """Samples with their log-probabilities (scores minus each row's log-normalizer)."""
-    token_logprobs = (scores.gather(1, tokens) - log_normalizer[:, None]).tolist()
+    """Samples with their log-probabilities (scores minus each row's log-normalizer) and, when
+    the request asks for `logprobs`, the likeliest tokens' and the sample's as vLLM's `Logprob`s
+    (ranks among all tokens: the top k's 1 to k, the sample's one more than those likelier)."""
+    chosen = scores.gather(1, tokens)
+    token_logprobs = (chosen - log_normalizer[:, None]).tolist()
     if params.logprobs is not None:
         top_vals, top_ids = scores.topk(params.logprobs, dim=-1)
         top_vals = (top_vals - log_normalizer[:, None]).tolist()
+        ranks = ((scores[:, None, :] > chosen[:, :, None]).sum(-1) + 1).tolist()
     samples = []
     top: Any = None
     for row, (seq_id, row_tokens) in enumerate(zip(g.seq_data, tokens.tolist())):
-        for token, logprob in zip(row_tokens, token_logprobs[row]):
+        for k, (token, logprob) in enumerate(zip(row_tokens, token_logprobs[row])):
             if params.logprobs is not None:
-                top = dict(zip(top_ids[row].tolist(), top_vals[row]))
-                top[token] = logprob
+                top = {t: Logprob(value, place) for place, (t, value)
+                       in enumerate(zip(top_ids[row].tolist(), top_vals[row]), start=1)}
+                top[token] = Logprob(logprob, ranks[row][k])
             samples.append(SequenceOutput(seq_id, token, logprob, top))
     return GroupOutput(g.request_id, samples)

@@ -178,6 +178,27 @@ def test_min_tokens_stop_ids_and_logprobs(llm):
     assert_all_blocks_free(llm)
 
 
+def test_logprobs_are_vllms_logprob_entries(llm):
+    """Each step's entries are `Logprob`s: the top k ranked 1 to k, the sampled token ranked
+    one more than the tokens likelier than it (all of them shown here), each with its text."""
+    tokenizer, vocab = llm.get_tokenizer(), llm.llm_engine.model_config.vocab_size
+    params = SamplingParams(n=2, seed=3, temperature=1.5, max_tokens=6, logprobs=vocab)
+    out = llm.generate(TEXT, params, use_tqdm=False)[0]
+    for completion in out.outputs:
+        for token, entries in zip(completion.token_ids, completion.logprobs):
+            chosen = entries[token]
+            likelier = [e for e in entries.values() if e.logprob > chosen.logprob]
+            assert chosen.rank == len(likelier) + 1
+            assert sorted(e.rank for e in entries.values()) == list(range(1, vocab + 1))
+            assert chosen.decoded_token == tokenizer.decode([token])
+        assert sum(e[t].logprob for t, e in zip(completion.token_ids, completion.logprobs)) == \
+            pytest.approx(completion.cumulative_logprob, abs=1e-4)
+    bare = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=3, logprobs=0, detokenize=False),
+                        use_tqdm=False)[0].outputs[0]
+    assert all(e[t].rank == 1 and e[t].decoded_token is None for t, e in zip(bare.token_ids, bare.logprobs))
+    assert_all_blocks_free(llm)
+
+
 def test_a_failing_logits_processor_raises_from_generate_and_leaves_nothing(llm):
     def broken(output_ids, row):
         raise ZeroDivisionError("in the user's processor")

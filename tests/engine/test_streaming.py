@@ -95,10 +95,13 @@ def test_detokenize_false_gives_the_same_ids_and_no_text(llm):
     for name in requests:
         assert len(bare[name]) == len(plain[name])
         for with_text, without in zip(plain[name], bare[name]):
-            fields = [[(c.index, c.token_ids, c.finish_reason, c.logprobs) for c in out.outputs]
-                      for out in (with_text, without)]
+            fields = [[(c.index, c.token_ids, c.finish_reason, [
+                {t: (e.logprob, e.rank) for t, e in step.items()} for step in c.logprobs or []])
+                for c in out.outputs] for out in (with_text, without)]
             assert fields[0] == fields[1]
             assert all(c.text == "" for c in without.outputs)
+            assert all(e.decoded_token is None for c in without.outputs for step in c.logprobs or []
+                       for e in step.values())
     assert any(c.text for out in plain["CUMULATIVE"] for c in out.outputs)
     with pytest.raises(ValueError, match="stop needs detokenize=True"):
         SamplingParams(stop=".", detokenize=False)

@@ -126,7 +126,8 @@ def test_a_ruled_out_alternative_gets_vllms_lowest_logprob(bart):
     """JSON has no -inf: the server sends vLLM's -9999.0."""
     tokenizer = bart.get_tokenizer()
     rain = tokenizer(" rain", add_special_tokens=False)["input_ids"][0]
-    result = LogprobsBuilder(tokenizer, 2).add([2], [{2: 0.0, rain: float("-inf")}], finished=True)
+    result = LogprobsBuilder(tokenizer, 2).add([2], [{2: Logprob(0.0, 1), rain: Logprob(float("-inf"), 1000)}],
+                                             finished=True)
     assert result.top_logprobs == [{"": 0.0, tokenizer.decode([rain]): -9999.0}] and tokenizer.decode([rain])
     json.dumps(result.model_dump(), allow_nan=False)
 

@@ -18,7 +18,7 @@ def _run(llm: LLM) -> list[tuple[list[int], list[float]]]:
     params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
     outs = [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
     assert_all_blocks_free(llm)
-    return [(list(o.token_ids), [step[t] for step, t in zip(o.logprobs, o.token_ids)])
+    return [(list(o.token_ids), [step[t].logprob for step, t in zip(o.logprobs, o.token_ids)])
             for o in outs]
 
 

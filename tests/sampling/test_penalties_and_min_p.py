@@ -90,7 +90,7 @@ def test_sampled_tokens_keep_min_p(llm):
 
     def ratios(min_p: float) -> list[float]:
         params = SamplingParams(n=4, seed=5, temperature=1.0, max_tokens=MAX_TOKENS, logprobs=1, min_p=min_p)
-        return [logprobs[token] - max(logprobs.values())
+        return [logprobs[token].logprob - max(e.logprob for e in logprobs.values())
                 for out in llm.generate(prompts, params, use_tqdm=False) for c in out.outputs
                 for token, logprobs in zip(c.token_ids, c.logprobs)]
 

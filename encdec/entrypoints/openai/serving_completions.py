@@ -34,7 +34,7 @@ from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
 from encdec.generation_config import GenerationDefaults
-from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput
+from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput, SampleLogprobs
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 ENGINE_NAMES = {"encoder_prompt": "prompt", "beam_width": "n"}
@@ -223,11 +223,12 @@ class LogprobsBuilder:
         self.detokenizer = IncrementalDetokenizer(tokenizer)
         self.top, self.ids, self.offset = top, [], 0
 
-    def add(self, token_ids: list[int], logprobs: list[dict[int, float]], finished: bool) -> CompletionLogProbs:
+    def add(self, token_ids: list[int], logprobs: SampleLogprobs, finished: bool) -> CompletionLogProbs:
         """The logprobs of the next tokens (`finished`: they end the completion)."""
         result = CompletionLogProbs()
-        for k, (token, candidates) in enumerate(zip(token_ids, logprobs)):
+        for k, (token, entries) in enumerate(zip(token_ids, logprobs)):
             last = finished and k == len(token_ids) - 1
+            candidates = {t: e.logprob for t, e in entries.items()}
             best = dict(sorted(candidates.items(), key=lambda kv: kv[1], reverse=True)[:self.top])
             best.setdefault(token, candidates[token])  # as OpenAI's: the sampled token is always there
             pieces = {t: copy.copy(self.detokenizer).step([*self.ids, t], last) for t in best if t != token}

@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from encdec.entrypoints.openai.errors import value_error
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import UsageInfo
-from encdec.outputs import CompletionOutput, RequestOutput
+from encdec.outputs import CompletionOutput, RequestOutput, SampleLogprobs
 
 
 def random_id(prefix: str) -> str:
@@ -36,7 +36,7 @@ class Generated:
 
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[dict[int, float]] = field(default_factory=list)
+    logprobs: SampleLogprobs = field(default_factory=list)
     cumulative_logprob: float = 0.0
     finish_reason: Optional[str] = None
 
