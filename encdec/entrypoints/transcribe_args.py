@@ -211,7 +211,7 @@ def add_output(p: argparse.ArgumentParser) -> None:
                         "--max_line_width)")
     g.add_argument("--max_words_per_line", type=number(int, 1, none=True), default=None,
                    help="srt/vtt: words per cue (needs --word_timestamps True; not with "
-                        "--max_line_width)")
+                        "--max_line_count)")
 
 
 def add_transcribe_arguments(p: argparse.ArgumentParser) -> None:
@@ -238,8 +238,8 @@ def drop_ineffective_flags(args: argparse.Namespace) -> list[str]:
     ineffective = []
     if args.max_line_count and not args.max_line_width and args.word_timestamps:
         ineffective.append(("max_line_count", "has no effect without --max_line_width"))
-    if args.max_words_per_line and args.max_line_width:
-        ineffective.append(("max_words_per_line", "has no effect with --max_line_width"))
+    if args.max_words_per_line and args.max_line_count and args.max_line_width:
+        ineffective.append(("max_words_per_line", "has no effect with --max_line_count"))
     if args.hallucination_silence_threshold is not None and not args.word_timestamps:
         ineffective.append(("hallucination_silence_threshold", "has no effect without --word_timestamps True"))
     for name, _ in ineffective:

@@ -4,11 +4,13 @@ verbose_json (OpenAI's audio API shape).
 `write_result(transcription, output_dir, fmt, options=WriterOptions(...))` writes
 `<basename>.<ext>`, where the basename is the source file's name without its extension ("all":
 openai-whisper's five formats; verbose_json goes to `<basename>.verbose.json`). Subtitles are a
-cue per segment; with word timestamps, `WriterOptions` wraps a segment's cue into lines of at
-most `max_line_width` characters (with `max_line_count`, words flow across segments into cues of
-that many lines, a new cue after a pause over 3 s), or cuts it every `max_words_per_line` words
-(as openai-whisper does), and `highlight_words` repeats each cue once per word with that word
-underlined (`<u>`), timed to the word.
+cue per segment, from its start to its end; with word timestamps, from its first word's start to
+its last word's end (segments without words are left out), and `WriterOptions` wraps a
+segment's cue into lines of at most `max_line_width` characters (with `max_line_count`, words
+flow across segments into cues of that many lines, a new cue where a word starts over 3 s after
+the one before it starts) and cuts it every `max_words_per_line` words (without
+`max_line_count`), and `highlight_words` repeats each cue once per word with that word
+underlined (`<u>`), timed to the word: all as openai-whisper's writers do.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from encdec.whisper.transcript import Segment, Transcription, Word
 FORMATS = ("txt", "srt", "vtt", "tsv", "json", "verbose_json")
 ALL_FORMATS = FORMATS[:5]  # what "all" writes: openai-whisper's formats
 EXTENSIONS = {"verbose_json": "verbose.json"}
-PAUSE = 3.0  # seconds between words that start a new cue when cues flow across segments
+PAUSE = 3.0  # seconds between word starts that start a new cue when cues flow across segments
 
 
 @dataclass(frozen=True)
@@ -52,14 +54,6 @@ class WriterOptions:
                     raise ValueError(f"{name} needs word_timestamps=True")
         if self.max_line_count and not self.max_line_width:
             raise ValueError("max_line_count needs max_line_width")
-        if self.max_words_per_line and self.max_line_width:
-            raise ValueError("max_words_per_line and max_line_width exclude each other")
-
-    @property
-    def word_cues(self) -> bool:
-        """Whether subtitle cues are built from words rather than segments."""
-        return self.word_timestamps and bool(self.highlight_words or self.max_line_width
-                                             or self.max_words_per_line)
 
 
 def format_timestamp(seconds: float, always_include_hours: bool = True,
@@ -112,12 +106,13 @@ def _line_text(line: Line, underlined: Optional[Word] = None) -> str:
 def _pack(words: list[Word], width: float = math.inf, lines: float = math.inf,
           words_per_cue: float = math.inf, pause: float = math.inf) -> list[list[Line]]:
     """Words into cues of lines: a word joins the last line while it fits `width`, else starts
-    a new line while the cue has fewer than `lines`, else (or after `pause` seconds of
-    silence, or once the cue has `words_per_cue` words) starts a new cue."""
+    a new line while the cue has fewer than `lines`, else (or when it starts over `pause`
+    seconds after the word before it started, or once the cue has `words_per_cue` words) starts
+    a new cue."""
     cues: list[list[Line]] = []
     for i, word in enumerate(words):
         cue = cues[-1] if cues else None
-        if cue and word.start - words[i - 1].end <= pause and sum(map(len, cue)) < words_per_cue:
+        if cue and word.start - words[i - 1].start <= pause and sum(map(len, cue)) < words_per_cue:
             if len(_line_text(cue[-1] + [word])) <= width:
                 cue[-1].append(word)
                 continue
@@ -151,7 +146,7 @@ def _highlighted(lines: list[Line]) -> list[Cue]:
 
 def subtitle_cues(result: Transcription, options: WriterOptions = WriterOptions()) -> list[Cue]:
     """The srt / vtt cues of a transcript (see the module docstring)."""
-    if not options.word_cues:
+    if not options.word_timestamps:
         return [Cue(s.start, s.end, _one_line(s.text)) for s in result.segments]
     cues = []
     for lines in _word_cues(result.segments, options):

@@ -162,6 +162,10 @@ def test_subtitle_flags(llm, tmp_path):
                "--max_line_width", "9") == 0
     assert [text for _, text in srt_cues(tmp_path / "hello.srt")] == ["Thank you\nfor\ncalling."]
 
+    assert run("-f", "srt", "-o", str(tmp_path), "--word_timestamps", "True",
+               "--max_line_width", "9", "--max_words_per_line", "2") == 0  # both, as openai-whisper
+    assert [text for _, text in srt_cues(tmp_path / "hello.srt")] == ["Thank you", "for\ncalling."]
+
     assert run("-f", "vtt", "-o", str(tmp_path), "--word_timestamps", "True",
                "--max_words_per_line", "3") == 0
     vtt = (tmp_path / "hello.vtt").read_text()
@@ -171,8 +175,9 @@ def test_subtitle_flags(llm, tmp_path):
 @pytest.mark.parametrize("argv, unset, message", [
     (["--word_timestamps", "True", "--max_line_count", "2"], "max_line_count",
      "--max_line_count has no effect without --max_line_width"),
-    (["--word_timestamps", "True", "--max_line_width", "20", "--max_words_per_line", "3"],
-     "max_words_per_line", "--max_words_per_line has no effect with --max_line_width"),
+    (["--word_timestamps", "True", "--max_line_width", "20", "--max_line_count", "2",
+      "--max_words_per_line", "3"],
+     "max_words_per_line", "--max_words_per_line has no effect with --max_line_count"),
     (["--hallucination_silence_threshold", "2"], "hallucination_silence_threshold",
      "--hallucination_silence_threshold has no effect without --word_timestamps True"),
 ])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import random
 import re
 
 import pytest
@@ -202,7 +203,6 @@ def test_max_words_per_line_cuts_cues():
     (dict(max_line_width=20), "max_line_width needs word_timestamps=True"),
     (dict(max_words_per_line=3), "max_words_per_line needs word_timestamps=True"),
     (dict(word_timestamps=True, max_line_count=2), "max_line_count needs max_line_width"),
-    (dict(word_timestamps=True, max_line_width=20, max_words_per_line=3), "exclude each other"),
     (dict(word_timestamps=True, max_line_width=0), r"max_line_width must be an integer >= 1, got 0"),
 ])
 def test_writer_option_errors(options, message):
@@ -260,3 +260,46 @@ def test_files_are_openai_whispers(tmp_path, fmt):
         assert got.startswith(expected[:-1] + ", ") and json.loads(got)["duration"] == 3725.0
     else:
         assert got == expected
+
+
+def random_worded(seed: int) -> Transcription:
+    """Segments of timed words: varied widths, gaps around and past `PAUSE`, segment ends before
+    and after their last word's."""
+    rng = random.Random(seed)
+    vocabulary = ["so", "we", "extraordinarily", "it's", "well,", "(aside)", "ünïcode", "done.", "yes?"]
+    time, segments = 0.0, []
+    for _ in range(rng.randint(1, 5)):
+        words = []
+        for _ in range(rng.randint(1, 12)):
+            time += rng.choice([0.0, 0.1, 0.5, 2.5, 3.2])
+            length = rng.choice([0.1, 0.4, 1.5])
+            words.append(Word(" " + rng.choice(vocabulary), round(time, 2), round(time + length, 2), 0.9))
+            time += length
+        end = round(words[-1].end + rng.choice([-0.1, 0.0, 0.2]), 2)
+        segments.append(Segment(words[0].start, end, "".join(w.word for w in words), words=words))
+        time += rng.choice([0.2, 1.0, 3.5])
+    return Transcription("".join(s.text for s in segments), "en", segments, time)
+
+
+@pytest.mark.parametrize("options", [
+    dict(), dict(highlight_words=True), dict(max_line_width=12), dict(max_line_width=1),
+    dict(max_line_width=20, max_line_count=2), dict(max_line_width=30, max_line_count=1),
+    dict(max_words_per_line=3), dict(max_words_per_line=2, highlight_words=True),
+    dict(max_line_width=15, max_words_per_line=3), dict(max_line_width=15, max_line_count=2, max_words_per_line=3),
+    dict(max_line_width=15, max_line_count=2, highlight_words=True),
+], ids=str)
+def test_word_subtitles_are_openai_whispers(options):
+    """With word timestamps, srt and vtt byte for byte as openai-whisper's writers make them
+    (cues from words: the last word's end, not the segment's; pauses from word starts)."""
+    from whisper.utils import WriteSRT, WriteVTT
+
+    for seed in range(40):
+        result = random_worded(seed)
+        reference = dict(text=result.text, language="en", segments=[
+            dict(start=s.start, end=s.end, text=s.text,
+                 words=[dataclasses.asdict(w) for w in s.words]) for s in result.segments])
+        for fmt, openai_writer in (("srt", WriteSRT), ("vtt", WriteVTT)):
+            expected = io.StringIO()
+            openai_writer(".").write_result(reference, expected, **options)
+            assert write_text(result, fmt, WriterOptions(word_timestamps=True, **options)) == \
+                expected.getvalue(), (seed, fmt)
