@@ -24,8 +24,12 @@ def file_error(name: str, err: BaseException) -> None:
     """`encdec: error: FILE: reason`, without the file name repeated inside the reason (an OS
     error, also one behind a decoding error, as its bare description: "permission denied")."""
     cause = err if isinstance(err, OSError) else err.__cause__
-    reason = (cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror
-              else str(err) or type(err).__name__)
+    input_error(name, cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror
+                else str(err) or type(err).__name__)
+
+
+def input_error(name: str, reason: str) -> None:
+    """`encdec: error: NAME: reason`, without the name repeated at the reason's start or end."""
     for spelling in dict.fromkeys((name, str(Path(name)))):
         reason = reason.removeprefix(f"{spelling}: ").removesuffix(f": {spelling}")
     error(f"{name}: {reason}")

@@ -79,19 +79,24 @@ def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offl
 
 def test_transcribe_twenty_clips_locally(clip_paths, offline_transcripts, tmp_path, capsys):
     """`encdec batch transcribe` on the local instance: each clip once, the offline transcript,
-    and its subtitles; a copy of a clip under the same name gets its result but not its files."""
+    and its subtitles; a copy of a clip under the same name gets its result but not its files,
+    a file that is not audio an error row (its name said once on stderr)."""
     copy = tmp_path / "other" / Path(clip_paths[0]).name
     copy.parent.mkdir()
     shutil.copy(clip_paths[0], copy)
+    bad = tmp_path / "notes.wav"
+    bad.write_text("not audio")
     out = tmp_path / "out"
-    assert main(["batch", "transcribe", *clip_paths, str(copy), "--output", str(out), "--replicas", "2",
+    assert main(["batch", "transcribe", *clip_paths, str(copy), str(bad), "--output", str(out), "--replicas", "2",
                  "--batch-size", "3", "--output-format", "srt", *SMALL_CACHE]) == 1
     rows = read_results(out)
-    assert Counter(r["id"] for r in rows) == Counter([*clip_paths, str(copy)])
-    assert {r["id"]: r["text"] for r in rows} == {**offline_transcripts, str(copy): offline_transcripts[clip_paths[0]]}
+    assert Counter(r["id"] for r in rows) == Counter([*clip_paths, str(copy), str(bad)])
+    assert {r["id"]: r["text"] for r in rows} == {
+        **offline_transcripts, str(copy): offline_transcripts[clip_paths[0]], str(bad): None}
     assert sorted(p.stem for p in out.glob("*.srt")) == sorted(Path(c).stem for c in clip_paths)
-    assert f"encdec: error: {copy}: its transcript files would overwrite those of {clip_paths[0]}" in (
-        capsys.readouterr().err)
+    err = capsys.readouterr().err
+    assert f"encdec: error: {copy}: its transcript files would overwrite those of {clip_paths[0]}" in err
+    assert f"encdec: error: {bad}: not a readable audio file" in err and f"{bad}: {bad}" not in err
 
 
 def test_summarize_fifty_documents_locally(documents_jsonl, tiny_bart_dir, offline_summaries, tmp_path):

@@ -1,9 +1,13 @@
 """`encdec serve --ray` as a user runs it, in a subprocess: `--port 0` logs the port Serve's
 proxy took, and on SIGTERM a transcription in flight finishes (its upload still arriving when the
-signal comes) while new requests get 503 in OpenAI's error shape."""
+signal comes) while new requests get 503 in OpenAI's error shape; replicas that cannot fit the
+local instance are refused instead of waited for."""
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -41,3 +45,12 @@ def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones():
         if held:
             held.release.set()
         remote.stop()
+
+
+def test_replicas_that_cannot_fit_the_local_instance_are_refused():
+    cpus = os.cpu_count()
+    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--ray", "--replicas", str(cpus + 1),
+                           "--model", "tiny.en", "--port", "0"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert (f"encdec: error: --replicas {cpus + 1} x --cpus-per-replica 1 need {cpus + 1} CPUs; the Ray "
+            f"cluster has {cpus} (the server could never start)") in done.stderr

@@ -16,6 +16,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from encdec.entrypoints.ray.cluster import unschedulable
+
 RESULTS = "results.jsonl"
 ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache_space",
                   "swap_space")  # the options that go to each actor's LLM
@@ -160,7 +162,7 @@ def write_transcript_files(record: dict[str, Any], output: Path, fmt: str) -> No
 
 def write_results(rows, args: argparse.Namespace, done: set[str], total: int) -> int:
     """Append each new row to OUTPUT/results.jsonl (and its transcript files); returns failures."""
-    from encdec.entrypoints.cli_messages import error, file_error
+    from encdec.entrypoints.cli_messages import error, file_error, input_error
     from encdec.entrypoints.summarize_cli import cut_note
     from encdec.whisper.writers import source_basename
 
@@ -177,7 +179,7 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
             file.flush()
             bar.update(1)
             if record["error"] is not None:
-                error(f"{record['id']}: {record['error']}")
+                input_error(record["id"], record["error"])
                 failed += 1
             elif record.get("truncated_tokens"):
                 cut_note(record["id"], record["input_tokens"], record["truncated_tokens"])
@@ -224,17 +226,6 @@ def check_job(args: argparse.Namespace) -> None:
         raise ValueError(option_wording(err, OPTIONS)) from None
 
 
-def unschedulable(args: argparse.Namespace) -> str | None:
-    """Why the job's actors can never all start on the Ray cluster: more CPUs than it has."""
-    import ray
-
-    needed, total = args.replicas * args.cpus_per_replica, ray.cluster_resources().get("CPU", 0)
-    if needed <= total:
-        return None
-    return (f"--replicas {args.replicas} x --cpus-per-replica {args.cpus_per_replica:g} need "
-            f"{needed:g} CPUs; the Ray cluster has {total:g}")
-
-
 def run_batch(args: argparse.Namespace) -> int:
     from encdec.entrypoints.cli import make_output_dir
     from encdec.entrypoints.cli_messages import error, warn
@@ -269,7 +260,7 @@ def run_batch(args: argparse.Namespace) -> int:
         ray.init(address=args.ray_address, include_dashboard=False, logging_level=logging.WARNING)
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
-        problem = unschedulable(args)
+        problem = unschedulable(args.replicas, args.cpus_per_replica, f"--replicas {args.replicas}")
         if problem and started and args.ray_address is None:
             error(f"{problem} (the job could never start)")
             return 2

@@ -30,6 +30,7 @@ from encdec.entrypoints.openai.serving_models import ServedModels
 BOARD_NAME, BOARD_NAMESPACE = "encdec-replicas", "encdec"
 PUBLISH_SECONDS, STALE_SECONDS = 2.0, 10.0
 DRAINING_PUBLISH_SECONDS = 0.2  # while draining, so that the driver sees the last request end soon
+BOARD_TIMEOUT_SECONDS = 5.0  # the driver's wait for an answer from the board
 
 
 class Report(NamedTuple):
@@ -74,12 +75,18 @@ def start_board():
     return ReplicaBoard.options(name=BOARD_NAME, namespace=BOARD_NAMESPACE, get_if_exists=True).remote()
 
 
-def drain(board, timeout: float) -> None:
-    """Have every replica refuse new requests, then wait up to `timeout` s for those in flight."""
-    ray.get(board.drain.remote())
+def drain(board, timeout: float) -> bool:
+    """Have every replica refuse new requests, then wait up to `timeout` s for those in flight;
+    False if the board does not answer within BOARD_TIMEOUT_SECONDS (the Ray cluster is gone:
+    a signal to the whole process group stopped the local instance's processes too)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not ray.get(board.drained.remote()):
-        time.sleep(DRAINING_PUBLISH_SECONDS)
+    try:
+        ray.get(board.drain.remote(), timeout=BOARD_TIMEOUT_SECONDS)
+        while time.monotonic() < deadline and not ray.get(board.drained.remote(), timeout=BOARD_TIMEOUT_SECONDS):
+            time.sleep(DRAINING_PUBLISH_SECONDS)
+    except (ray.exceptions.GetTimeoutError, ray.exceptions.RayError):
+        return False
+    return True
 
 
 class ReplicaMetrics(ServerMetrics):

@@ -87,13 +87,21 @@ def replica_range(value: str) -> tuple[int, int]:
     return int(low), int(high)
 
 
+def initial_replicas(args: argparse.Namespace) -> tuple[int, str]:
+    """How many replicas the deployment starts with, and the flags that ask for them."""
+    if args.autoscale is None:
+        return args.replicas, f"--replicas {args.replicas}"
+    low, high = args.autoscale
+    return max(low, 1), f"--autoscale {low},{high} (starting {max(low, 1)})"
+
+
 def replica_options(args: argparse.Namespace) -> dict[str, Any]:
     """How many replicas Serve runs: --replicas, or an autoscaling range with --autoscale."""
     if args.autoscale is None:
         return {"num_replicas": args.replicas}
     low, high = args.autoscale
     return {"num_replicas": "auto", "autoscaling_config": {
-        "min_replicas": low, "initial_replicas": max(low, 1), "max_replicas": high,
+        "min_replicas": low, "initial_replicas": initial_replicas(args)[0], "max_replicas": high,
         "target_ongoing_requests": min(TARGET_ONGOING_REQUESTS, args.max_num_seqs)}}
 
 
@@ -129,11 +137,15 @@ def deploy(args: argparse.Namespace):
 
 
 def run_ray_server(args: argparse.Namespace) -> int:
-    """`encdec serve --ray`: deploy, then serve until SIGINT or SIGTERM, then drain."""
+    """`encdec serve --ray`: deploy, then serve until SIGINT or SIGTERM, then drain. Replicas
+    that need more CPUs than a local instance has are refused (on a cluster, warned about: it
+    may grow); a signal while they start stops the server before it serves."""
     import ray
     from ray import serve
 
+    from encdec.entrypoints.cli_messages import error, warn
     from encdec.entrypoints.openai.api_server import listening_socket, server_url
+    from encdec.entrypoints.ray.cluster import unschedulable
     from encdec.entrypoints.ray.replica_board import drain
 
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
@@ -142,17 +154,39 @@ def run_ray_server(args: argparse.Namespace) -> int:
         args.port = sock.getsockname()[1]
     ray.init(address=args.ray_address, include_dashboard=False)
     stop = threading.Event()
+
+    def on_signal(*_) -> None:
+        starting = board is None and not stop.is_set()
+        stop.set()
+        if starting:
+            raise KeyboardInterrupt  # out of the wait for the replicas
+
+    board = None
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
+    logger = logging.getLogger("encdec.server")
     try:
-        board = deploy(args)
+        count, asked = initial_replicas(args)
+        problem = unschedulable(count, args.cpus_per_replica, asked)
+        if problem and args.ray_address is None:
+            error(f"{problem} (the server could never start)")
+            return 2
+        if problem:
+            warn(f"{problem}: the server starts once it has them")
+        try:
+            board = deploy(args)
+        except KeyboardInterrupt:
+            logger.info("stopped while the replicas were starting")
+            serve.shutdown()
+            return 1
         replicas = args.replicas if args.autoscale is None else "%d-%d" % args.autoscale
-        logger = logging.getLogger("encdec.server")
         logger.info("serving on %s with %s replicas", server_url(args.host, args.port), replicas)
         stop.wait()
         logger.info("shutting down: refusing new requests; waiting up to %g s for those in flight",
                     args.shutdown_timeout)
-        drain(board, args.shutdown_timeout)
+        if not drain(board, args.shutdown_timeout):
+            logger.warning("the Ray cluster does not answer; stopping without draining")
+            return 1
         serve.delete(APP_NAME)  # what is still in flight gets Serve's graceful shutdown
         serve.shutdown()
     finally:
