@@ -9,7 +9,10 @@ the engine runs.
 * `generate()` adds the request (preprocessing, validation and tokenization happen on the
   engine thread; a bad request raises its ValueError to its own caller only) and yields its
   outputs; leaving the `async for` early, or cancelling the task, aborts the request and
-  frees its blocks.
+  frees its blocks (that request only: not a later one that took its id, nor the one a
+  refused duplicate id named). `abort(request_id)` from anywhere else also ends the
+  caller's stream, as vLLM's does: with a last output whose unfinished completions say
+  finish_reason "abort".
 * `max_waiting_requests` bounds the requests not yet running (the inbox plus the scheduler's
   waiting queue); past it `generate()` raises `EngineOverloaded` at once. A job of several
   requests (a list of prompts, a Whisper upload's windows) shares an `Admission`: it is taken
@@ -94,7 +97,8 @@ class AsyncLLMEngine:
             raise ValueError(f"max_waiting_requests must be >= 1, got {max_waiting_requests}")
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
-        self._inbox: deque = deque()  # ("add", id, prompt, params, stream, cross_kv) | ("abort", id)
+        # ("add", id, prompt, params, stream, cross_kv) | ("abort", id, the stream it is for or None)
+        self._inbox: deque = deque()
         self._streams: dict[str, RequestStream] = {}  # owned by the engine thread
         self._wakeup = threading.Event()
         self._ids = itertools.count()
@@ -172,11 +176,15 @@ class AsyncLLMEngine:
                     return
         finally:
             if not (finished or refused):
-                self.abort(request_id)
+                self._abort(request_id, stream)
 
     def abort(self, request_id: str) -> None:
-        """Stop a request wherever it is (done by the engine thread before its next step)."""
-        self._inbox.append(("abort", request_id))
+        """Stop a request wherever it is (done by the engine thread before its next step); its
+        caller gets a last output (finish_reason "abort")."""
+        self._abort(request_id, None)
+
+    def _abort(self, request_id: str, stream: Optional[RequestStream]) -> None:
+        self._inbox.append(("abort", request_id, stream))
         self._wakeup.set()
 
     def _check_accepting(self, count_waiting: bool = True) -> None:
@@ -233,8 +241,14 @@ class AsyncLLMEngine:
         while self._inbox:
             item = self._inbox.popleft()
             if item[0] == "abort":
-                self.engine.abort_request(item[1])
-                self._streams.pop(item[1], None)
+                _, request_id, owner = item
+                stream = self._streams.get(request_id)
+                if stream is None or (owner is not None and owner is not stream):
+                    continue  # over, or another caller's request now
+                del self._streams[request_id]
+                last = self.engine.abort_request(request_id, final_output=owner is None)
+                if last is not None:
+                    stream.put(last)
                 continue
             _, request_id, prompt, params, stream, return_cross_kv = item
             try:

@@ -213,11 +213,16 @@ class LLMEngine:
                              f"{bm.num_total_gpu_blocks}, less a watermark of "
                              f"{bm.watermark_blocks} kept free")
 
-    def abort_request(self, request_id: str) -> None:
-        """Stop a request wherever it is and free its blocks; unknown ids are ignored."""
-        if self.scheduler.abort_seq_group(request_id):
-            self.groups.pop(request_id, None)
-            self.output_processor.abort(request_id)
+    def abort_request(self, request_id: str, final_output: bool = False) -> Optional[RequestOutput]:
+        """Stop a request wherever it is and free its blocks; unknown ids are ignored. With
+        `final_output`, returns the request's last output (its unfinished completions'
+        finish_reason "abort", as vLLM ends an aborted request's stream)."""
+        if not self.scheduler.abort_seq_group(request_id):
+            return None
+        group = self.groups.pop(request_id, None)
+        output = self.output_processor.make_output(group) if final_output and group is not None else None
+        self.output_processor.abort(request_id)
+        return output
 
     def abort_all(self) -> None:
         """Abort every request and free every block (also after a step that failed midway)."""

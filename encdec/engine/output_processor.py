@@ -146,8 +146,8 @@ class OutputProcessor:
         piece = state.text[state.num_chars_sent:]
         sent = state.num_tokens_sent
         state.num_tokens_sent, state.num_chars_sent = len(ids), len(state.text)
-        if sent == len(ids) and not piece:
-            return None
+        if sent == len(ids) and not piece and seq.status is not SequenceStatus.FINISHED_ABORTED:
+            return None  # nothing new (an abort is news: its output is the last)
         return CompletionOutput(index, piece, ids[sent:], seq.data.cumulative_logprob,
                                 logprobs[sent:] if logprobs is not None else None, reason, stop_reason)
 

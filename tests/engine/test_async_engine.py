@@ -120,6 +120,58 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
     engine_blocks_free(engine.engine)
 
 
+def test_abort_by_id_ends_its_callers_stream_and_touches_no_other_request(tiny_bart_dir):
+    """`abort(id)` from another task ends that request's stream with a last output (finish
+    reason "abort", as vLLM's), for each output kind; a caller that leaves (a cancelled
+    duplicate, a generator closed after its id was reused) aborts only its own request."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
+    long = dict(temperature=0, max_tokens=200, ignore_eos=True)
+
+    async def collect(generator):
+        return [out async for out in generator]
+
+    async def started(generator):
+        """The generator's first output, then the generator (its request is running)."""
+        return await generator.__anext__(), generator
+
+    async def main():
+        for kind in RequestOutputKind:
+            caller = asyncio.ensure_future(collect(engine.generate("Rain", SamplingParams(**long, output_kind=kind),
+                                                                   request_id=f"other-{kind.name}")))
+            while engine.engine.get_num_unfinished_requests() == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)
+            engine.abort(f"other-{kind.name}")
+            outputs = await asyncio.wait_for(caller, 10)
+            assert outputs[-1].finished and [c.finish_reason for c in outputs[-1].outputs] == ["abort"]
+            tokens = [t for out in outputs for c in out.outputs for t in c.token_ids] if kind is DELTA else \
+                outputs[-1].outputs[0].token_ids
+            assert 0 < len(tokens) < 200
+            await until_idle(engine.engine)
+            engine_blocks_free(engine.engine)
+
+        first, running = await started(engine.generate("Rain", SamplingParams(**long), request_id="same"))
+        duplicate = asyncio.ensure_future(collect(engine.generate("Rain", SamplingParams(**long), request_id="same")))
+        await asyncio.sleep(0)  # its add is in the inbox; cancelled before the engine refuses it
+        duplicate.cancel()
+        rest = await asyncio.wait_for(collect(running), 30)
+        assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "length"
+
+        short = SamplingParams(temperature=0, max_tokens=3)
+        old = engine.generate("Rain", short, request_id="user-42")
+        async for _ in old:
+            break  # the request is left to finish (the generator is still held)
+        await until_idle(engine.engine)
+        _, new = await started(engine.generate("Rain", SamplingParams(**long), request_id="user-42"))
+        await old.aclose()  # its own request is over: the new one goes on
+        rest = await asyncio.wait_for(collect(new), 30)
+        assert rest[-1].finished and rest[-1].outputs[0].finish_reason == "length"
+        await engine.shutdown()
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
 def test_the_engine_trims_the_heap_once_after_a_second_idle(tiny_bart_dir, monkeypatch):
     """Requests back to back trim nothing (their next steps want the pages); once the engine
     has been idle for IDLE_TRIM_SECONDS it trims exactly once, and not again while idle."""
