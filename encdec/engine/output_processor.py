@@ -7,8 +7,8 @@ requests get an output at every step, their text detokenized incrementally per s
 log-probabilities that are new since the request's last output, and leaves out completions
 with nothing new. Completions are indexed in the order their sequences joined the group.
 Beam search gives its best `n` hypotheses once, when the search is over. As in vLLM, the stop
-token that ends a completion (EOS or one of `stop_token_ids`) is in its token ids, not its text,
-and `stop_reason` names it (None for EOS).
+token that ends a completion (EOS or one of `stop_token_ids`) is in its token ids, not its text
+(unless `include_stop_str_in_output`), and `stop_reason` names it (None for EOS).
 
 A request with `detokenize=False` gets empty texts: nothing is decoded. Otherwise each entry of
 its `prompt_logprobs` and `logprobs` gets its token's text alone, special tokens included (vLLM's
@@ -100,8 +100,10 @@ class OutputProcessor:
         return decode(self.tokenizer, self._shown(ids, finish_reason, params), params.skip_special_tokens)
 
     def _shown(self, ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> list[int]:
-        """The ids a completion's text shows: all but the stop token that ended it."""
-        if finish_reason == "stop" and ids and params.is_stop_token(ids[-1], self.eos_token_id):
+        """The ids a completion's text shows: all but the stop token that ended it, unless
+        `include_stop_str_in_output` (as in vLLM)."""
+        if (finish_reason == "stop" and ids and not params.include_stop_str_in_output
+                and params.is_stop_token(ids[-1], self.eos_token_id)):
             return ids[:-1]
         return ids
 

@@ -164,6 +164,11 @@ def test_min_tokens_stop_ids_and_logprobs(llm):
                            use_tqdm=False)[0].outputs[0]
     assert stopped.token_ids == [first] and stopped.finish_reason == "stop"
     assert stopped.text == ""  # as in vLLM: the stop token is in the ids, not in the text
+    tokenizer, ids = llm.get_tokenizer(), free.outputs[0].token_ids
+    end = next(i for i, t in enumerate(ids) if tokenizer.decode([t])) + 1  # a stop token with text
+    shown = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[ids[end - 1]],
+                                              include_stop_str_in_output=True), use_tqdm=False)[0].outputs[0]
+    assert shown.token_ids == ids[:end] and shown.text == tokenizer.decode(ids[:end], skip_special_tokens=True)
     held = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=10, min_tokens=3,
                                              stop_token_ids=[first], logprobs=2),
                         use_tqdm=False)[0].outputs[0]

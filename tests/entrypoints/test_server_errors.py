@@ -144,6 +144,8 @@ def test_bad_json_requests(server):
         assert "application/json" in assert_error(wrong_type, 400, None)["message"]
         too_long = http.post("/v1/summarize", json={"model": "bart", "input": TEXT * 40, "truncate": False})
         assert "256" in too_long.json()["error"]["message"]
+        second = http.post("/v1/summarize", json={"model": "bart", "input": [TEXT, TEXT * 40], "truncate": False})
+        assert assert_error(second, 400, "input")["message"].startswith("input 1: the text has ")
         union = http.post("/v1/completions", json={"model": "bart", "prompt": 5})
         assert "list[int], list[list[int]], str, list[str]" in union.json()["error"]["message"]
         beams = http.post("/v1/summarize", json={"model": "bart", "input": TEXT, "num_beams": 300})

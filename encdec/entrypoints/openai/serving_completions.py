@@ -215,7 +215,8 @@ class LogprobsBuilder:
     """OpenAI's logprobs of one completion, a few tokens at a time. Each token is shown as its
     piece of the completion's text (as vLLM's detokenizer shows it: "" for a special token, a
     character split over tokens on its last one), so the pieces add up to the text and
-    `text_offset` indexes into it. The `top` likeliest alternatives (and the token itself) are
+    `text_offset` indexes into it (as in vLLM, the text a stop string or stop token cut off
+    still has its pieces). The `top` likeliest alternatives (and the token itself) are
     keyed by the piece each would have added (one entry a piece). JSON has no -inf: a token ruled out (a forced
     token's alternatives) gets LOWEST_LOGPROB."""
 

@@ -63,8 +63,16 @@ class OpenAIServingSummarize:
             raise bad_request(f"model {served.name!r} has no tokenizer to read text", "model")
 
         def prepare() -> list[Article]:
-            return [prepare_article(text, engine.tokenizer, engine.model_config.hf_config,
-                                    engine.model_config.max_encoder_len, body.truncate) for text in texts]
+            articles = []
+            for i, text in enumerate(texts):
+                try:
+                    articles.append(prepare_article(text, engine.tokenizer, engine.model_config.hf_config,
+                                                    engine.model_config.max_encoder_len, body.truncate))
+                except ValueError as err:
+                    if isinstance(body.input, str):
+                        raise
+                    raise ValueError(f"input {i}: {err}") from err  # which of the list it is
+            return articles
 
         with bad_input(SummarizeRequest, {}, "input"):
             return await asyncio.get_running_loop().run_in_executor(None, prepare)
