@@ -61,7 +61,6 @@ start 12 s late; decoding with timestamps and printing none loses nothing.
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -774,12 +773,7 @@ class TranscriptionJob:
     def _in_input_time(self, index: int, segments: list[Segment]) -> list[Segment]:
         """With VAD, segment times in the joined speech -> times in the input."""
         speech = self.speech_maps[index]
-        if speech is None:
-            return segments
-        return [dataclasses.replace(
-            seg, start=speech.to_original(seg.start), end=speech.to_original(seg.end, is_end=True),
-            words=[dataclasses.replace(w, start=speech.to_original(w.start), end=speech.to_original(w.end, is_end=True))
-                   for w in seg.words]) for seg in segments]
+        return segments if speech is None else [speech.segment_to_original(seg) for seg in segments]
 
     def _progress(self, seconds: float) -> None:
         self.seconds_done += seconds

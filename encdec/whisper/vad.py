@@ -3,15 +3,20 @@
 Whisper invents text for stretches without speech ("Thank you.", repeated phrases). With
 `vad_filter`, a transcription keeps only the speech regions Silero VAD finds, joins them into one
 shorter audio, transcribes that, and maps every time back to the original audio
-(`SpeechMap.to_original`), as faster-whisper does.
+(`SpeechMap.to_original`), as faster-whisper does: a word by the region its middle is in, both
+its ends (so that it never spans a removed stretch), a segment with words from its first word's
+start to its last word's end, times rounded to 10 ms.
 
 The model is Silero VAD's TorchScript file from the `silero-vad` package, loaded by path: the
 package's own import sets torch's thread count to 1 for the whole process. It scores 512-sample
-frames (32 ms at 16 kHz). Regions follow faster-whisper's `VadOptions` (names and defaults):
-speech starts at a frame scoring `threshold` or more and ends after `min_silence_duration_ms` of
-frames below `neg_threshold` (default `threshold - 0.15`); regions shorter than
-`min_speech_duration_ms` are dropped, regions longer than `max_speech_duration_s` are cut at
-their least speech-like frame, and every region is padded by `speech_pad_ms` on both sides (gaps
+frames (32 ms at 16 kHz). Regions follow Silero VAD's rules as faster-whisper applies them, with
+its `VadOptions` (names and defaults): speech starts at a frame scoring `threshold` or more; a
+frame below `neg_threshold` (default `threshold - 0.15`) starts a silence, which a frame at
+`threshold` or more cancels (frames in between go on with what is in progress), and a silence
+that lasts `min_silence_duration_ms` ends the region where it began; speech still going at the
+end of the audio runs to its end. Regions not longer than `min_speech_duration_ms` are dropped;
+one that outgrows `max_speech_duration_s` (padding included) ends at its last silence over
+LONG_PAUSE_S, else where it is. Every region is padded by `speech_pad_ms` on both sides (gaps
 too short for both pads are shared).
 """
 from __future__ import annotations
@@ -29,9 +34,11 @@ import torch
 
 from encdec.audio import SAMPLE_RATE
 from encdec.checks import number
+from encdec.whisper.transcript import Segment
 
 FRAME = 512  # samples Silero VAD scores at a time, at 16 kHz
 MIN_SPLIT_S = 2 * FRAME / SAMPLE_RATE  # 0.064 s, the least max_speech_duration_s: two frames are not cut
+LONG_PAUSE_S = 0.098  # a silence this long inside a region too long is where it may end
 
 
 @dataclass
@@ -94,49 +101,65 @@ def speech_probabilities(audio: np.ndarray) -> np.ndarray:
 
 
 def speech_regions(probs: np.ndarray, num_samples: int, options: VadOptions) -> list[tuple[int, int]]:
-    """`[(start, end), ...]` sample ranges of speech, from per-frame probabilities."""
+    """`[(start, end), ...]` sample ranges of speech, from per-frame probabilities (see the
+    module docstring)."""
     off = options.neg_threshold if options.neg_threshold is not None else max(options.threshold - 0.15, 0.01)
-    runs, start = [], None
+    pad = SAMPLE_RATE * options.speech_pad_ms / 1000
+    shortest = SAMPLE_RATE * options.min_speech_duration_ms / 1000
+    min_silence = SAMPLE_RATE * options.min_silence_duration_ms / 1000
+    longest = SAMPLE_RATE * options.max_speech_duration_s - FRAME - 2 * pad
+    regions: list[tuple[int, int]] = []
+    start: Optional[int] = None  # of the region in progress
+    silence = 0  # where the silence in progress began (0: none)
+    cut = resume = 0  # a region too long: where it may end (its last long pause) and speech came back after it
     for i, p in enumerate(probs):
-        if start is None and p >= options.threshold:
-            start = i
-        elif start is not None and p < off:
-            runs.append([start, i])
-            start = None
-    if start is not None:
-        runs.append([start, len(probs)])
-    min_gap = options.min_silence_duration_ms * SAMPLE_RATE / 1000 / FRAME
-    merged: list[list[int]] = []
-    for run in runs:
-        if merged and run[0] - merged[-1][1] < min_gap:
-            merged[-1][1] = run[1]
+        at = i * FRAME
+        if p >= options.threshold and silence:
+            silence = 0
+            if resume < cut:
+                resume = at
+        if p >= options.threshold and start is None:
+            start = at
+            continue
+        if start is not None and at - start > longest:
+            if cut:
+                regions.append((start, cut))
+                start = resume if resume >= cut else None
+                silence = cut = resume = 0
+            else:
+                regions.append((start, at))
+                start, silence, cut, resume = None, 0, 0, 0
+                continue
+        if start is not None and p < off:
+            silence = silence or at
+            if at - silence > LONG_PAUSE_S * SAMPLE_RATE:
+                cut = silence
+            if at - silence >= min_silence:
+                if silence - start > shortest:
+                    regions.append((start, silence))
+                start, silence, cut, resume = None, 0, 0, 0
+    if start is not None and num_samples - start > shortest:
+        regions.append((start, num_samples))
+    return _pad(regions, pad, num_samples)
+
+
+def _pad(regions: list[tuple[int, int]], pad: float, num_samples: int) -> list[tuple[int, int]]:
+    """Each region `pad` samples wider on both sides, within the audio; two regions closer than
+    two pads share the gap between them."""
+    padded = [list(region) for region in regions]
+    for i, region in enumerate(padded):
+        if i == 0:
+            region[0] = int(max(0, region[0] - pad))
+        if i + 1 == len(padded):
+            region[1] = int(min(num_samples, region[1] + pad))
+            continue
+        after = padded[i + 1]
+        gap = after[0] - region[1]
+        if gap < 2 * pad:
+            region[1], after[0] = region[1] + gap // 2, max(0, after[0] - gap // 2)
         else:
-            merged.append(run)
-    longest = options.max_speech_duration_s * SAMPLE_RATE / FRAME
-    split = [piece for run in merged for piece in _split_long(run, probs, longest)]
-    shortest = options.min_speech_duration_ms * SAMPLE_RATE / 1000 / FRAME
-    regions = [(s * FRAME, min(e * FRAME, num_samples)) for s, e in split if e - s >= shortest]
-    return _pad(regions, options.speech_pad_ms * SAMPLE_RATE // 1000, num_samples)
-
-
-def _split_long(run: list[int], probs: np.ndarray, longest: float) -> list[list[int]]:
-    """Cut a run longer than `longest` frames at its least speech-like frame, recursively."""
-    start, end = run
-    if end - start <= longest:
-        return [run]
-    margin = max(1, (end - start) // 10)
-    cut = start + margin + int(np.argmin(probs[start + margin:end - margin]))
-    return _split_long([start, cut], probs, longest) + _split_long([cut, end], probs, longest)
-
-
-def _pad(regions: list[tuple[int, int]], pad: int, num_samples: int) -> list[tuple[int, int]]:
-    padded = []
-    for i, (start, end) in enumerate(regions):
-        before = regions[i - 1][1] if i else 0
-        after = regions[i + 1][0] if i + 1 < len(regions) else num_samples
-        padded.append((max(start - pad, (before + start) // 2 if i else 0),
-                       min(end + pad, (end + after) // 2 if i + 1 < len(regions) else num_samples)))
-    return padded
+            region[1], after[0] = int(min(num_samples, region[1] + pad)), int(max(0, after[0] - pad))
+    return [(start, end) for start, end in padded]
 
 
 class SpeechMap:
@@ -150,12 +173,28 @@ class SpeechMap:
         self.joined_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64) \
             if lengths else np.zeros(0, np.int64)
 
-    def to_original(self, seconds: float, is_end: bool = False) -> float:
-        """A time in the joined audio -> the same moment in the original audio. A time on the
-        seam of two regions is the end of the first when `is_end`, else the start of the next."""
+    def region_at(self, seconds: float, is_end: bool = False) -> int:
+        """The region a time in the joined audio falls in; on the seam of two, the first when
+        `is_end`, else the next."""
+        side = "left" if is_end else "right"
+        return max(0, int(np.searchsorted(self.joined_starts, seconds * SAMPLE_RATE, side=side)) - 1)
+
+    def to_original(self, seconds: float, is_end: bool = False, region: Optional[int] = None) -> float:
+        """A time in the joined audio -> the same moment in the original audio (to 10 ms), by
+        `region` if given, else by the region it falls in (`region_at`)."""
         if not self.regions:
             return seconds
-        sample = seconds * SAMPLE_RATE
-        side = "left" if is_end else "right"
-        index = max(0, int(np.searchsorted(self.joined_starts, sample, side=side)) - 1)
-        return float(self.regions[index][0] + sample - self.joined_starts[index]) / SAMPLE_RATE
+        index = self.region_at(seconds, is_end) if region is None else region
+        return round((self.regions[index][0] - self.joined_starts[index]) / SAMPLE_RATE + seconds, 2)
+
+    def segment_to_original(self, segment: Segment) -> Segment:
+        """A segment of the joined audio in the original's times (see the module docstring)."""
+        if not segment.words:
+            return dataclasses.replace(segment, start=self.to_original(segment.start),
+                                       end=self.to_original(segment.end, is_end=True))
+        words = []
+        for word in segment.words:
+            region = self.region_at((word.start + word.end) / 2)
+            words.append(dataclasses.replace(word, start=self.to_original(word.start, region=region),
+                                             end=self.to_original(word.end, region=region)))
+        return dataclasses.replace(segment, start=words[0].start, end=words[-1].end, words=words)

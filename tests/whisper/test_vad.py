@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from encdec.audio import SAMPLE_RATE
+from encdec.whisper.transcript import Segment, Word
 from encdec.whisper.vad import FRAME, MIN_SPLIT_S, SpeechMap, VadOptions, speech_regions
 from tests.conftest import assert_all_blocks_free
 from tests.speech_corpus import sentence_coverage
@@ -22,9 +23,10 @@ def test_regions_follow_thresholds_gaps_and_padding():
     n = len(probs) * FRAME
     options = VadOptions(min_silence_duration_ms=0, speech_pad_ms=0)
     assert speech_regions(probs, n, options) == [(4 * FRAME, 8 * FRAME), (18 * FRAME, 21 * FRAME)]
-    # a gap shorter than min_silence joins the regions; padding stays inside the audio
+    # a gap shorter than min_silence joins the regions, and so does the silence at the end,
+    # shorter than it too (the speech runs to the end); padding stays inside the audio
     joined = VadOptions(min_silence_duration_ms=1000, speech_pad_ms=100)
-    assert speech_regions(probs, n, joined) == [(4 * FRAME - 1600, 21 * FRAME + 1600)]
+    assert speech_regions(probs, n, joined) == [(4 * FRAME - 1600, n)]
     assert speech_regions(probs, n, VadOptions(min_speech_duration_ms=100, speech_pad_ms=0,
                                                min_silence_duration_ms=0)) == [(4 * FRAME, 8 * FRAME)]
     long = VadOptions(max_speech_duration_s=2 * FRAME / SAMPLE_RATE, speech_pad_ms=0, min_silence_duration_ms=0)
@@ -61,6 +63,34 @@ def test_speech_map_times_go_back_to_the_input():
     assert speech.to_original(0.5) == 1.5
     assert speech.to_original(1.0) == 5.0 and speech.to_original(1.0, is_end=True) == 2.0
     assert speech.to_original(1.75, is_end=True) == 5.75
+    # a word across the seam goes back whole by the region its middle is in, as in faster-whisper;
+    # a segment with words spans them
+    words = [Word(" so", 0.2, 0.6, 0.9), Word(" on", 0.9, 1.3, 0.9), Word(" and", 1.4, 1.5, 0.9)]
+    back = speech.segment_to_original(Segment(0.1, 1.6, " so on and", words=words))
+    assert [(w.start, w.end) for w in back.words] == [(1.2, 1.6), (4.9, 5.3), (5.4, 5.5)]
+    assert (back.start, back.end) == (1.2, 5.5)
+    plain = speech.segment_to_original(Segment(0.1, 1.0, " so"))
+    assert (plain.start, plain.end) == (1.1, 2.0)
+
+
+@pytest.mark.parametrize("options", [
+    {}, dict(min_silence_duration_ms=300, speech_pad_ms=0), dict(min_speech_duration_ms=250),
+    dict(threshold=0.6, neg_threshold=0.2, speech_pad_ms=100), dict(max_speech_duration_s=3.0),
+    dict(max_speech_duration_s=1.5, min_silence_duration_ms=100, speech_pad_ms=30),
+], ids=str)
+def test_regions_are_faster_whispers_for_the_same_probabilities(monkeypatch, options):
+    """Silero VAD's rules as faster-whisper applies them: seeded probabilities that hover about
+    both thresholds (pauses, uncertain stretches, speech to the very end), the same regions."""
+    fw_vad = pytest.importorskip("faster_whisper.vad")
+    rng = np.random.default_rng(0)
+    for case in range(30):
+        levels = rng.choice([0.05, 0.3, 0.42, 0.55, 0.95], size=rng.integers(4, 30))
+        probs = np.repeat(levels, rng.integers(1, 90, size=len(levels))).astype(np.float32)
+        num_samples = len(probs) * FRAME - int(rng.integers(0, FRAME))
+        monkeypatch.setattr(fw_vad, "get_vad_model", lambda: lambda audio: probs)
+        expected = fw_vad.get_speech_timestamps(np.zeros(num_samples, np.float32), fw_vad.VadOptions(**options))
+        assert speech_regions(probs, num_samples, VadOptions(**options)) == [
+            (r["start"], r["end"]) for r in expected], case
 
 
 def test_vad_drops_the_gap_and_keeps_the_second_sentence_in_place(tiny_en, corpus):
