@@ -177,6 +177,8 @@ def check_transcribe_options(args: argparse.Namespace) -> None:
     if ignored:
         warn(f"{', '.join(ignored)} {'does' if len(ignored) == 1 else 'do'} nothing without "
              f"--vad_filter True")
+    if args.task == "translate" and args.word_timestamps:  # as openai-whisper warns
+        warn("word-level timestamps on translations may not be reliable")
     resolve_outputs(args)
 
 

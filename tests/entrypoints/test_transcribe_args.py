@@ -187,6 +187,12 @@ def test_flags_openai_whisper_ignores_are_ignored_with_a_warning(llm, capsys, ar
     assert getattr(llm.options(), unset, None) is None
 
 
+def test_word_timestamps_on_a_translation_are_warned_about(llm, capsys):
+    assert run("--task", "translate", "--word_timestamps", "True") == 0
+    assert "encdec: warning: word-level timestamps on translations may not be reliable" in capsys.readouterr().err
+    assert llm.options().word_timestamps
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--highlight_words", "True"], "--highlight_words needs --word_timestamps=True"),
     (["--max_line_width", "20"], "--max_line_width needs --word_timestamps=True"),
