@@ -142,6 +142,9 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
     values = {name: _own_or(getattr(params, name), config.get(name, builtin))
               for name, builtin in BUILTIN_DEFAULTS.items()}
     if params.is_beam_search or (params.use_beam_search is None and values["use_beam_search"]):
+        if params.beam_width is None and values["beam_width"] < 2:
+            raise ValueError(f"use_beam_search=True needs beam_width >= 2; the request sets none, and "
+                             f"the default (the checkpoint's num_beams, else 1) is {values['beam_width']}")
         values.update(use_beam_search=True, temperature=_own_or(params.temperature, 0.0),
                       top_k=_own_or(params.top_k, -1), top_p=_own_or(params.top_p, 1.0),
                       min_p=_own_or(params.min_p, 0.0))

@@ -89,6 +89,13 @@ def test_max_tokens_past_the_decoders_room_is_refused():
         resolve_sampling_params(SamplingParams(max_tokens=56), GenerationDefaults(), 10, 64)
 
 
+def test_beam_search_without_a_width_names_where_the_width_came_from():
+    with pytest.raises(ValueError, match=r"^use_beam_search=True needs beam_width >= 2; the request sets none, "
+                                         r"and the default \(the checkpoint's num_beams, else 1\) is 1$"):
+        resolve(SamplingParams(use_beam_search=True), config={})
+    assert resolve(SamplingParams(use_beam_search=True)).beam_width == 4  # the config's
+
+
 def test_loading(tmp_path):
     (tmp_path / "gen").mkdir()
     (tmp_path / "gen" / "config.json").write_text(json.dumps(dict(num_beams=2)))
