@@ -15,6 +15,15 @@ class Logprob:
     decoded_token: Optional[str] = None
 
 
+def logprob_entry(top_ids: list[int], top_values: list[float], token: int, logprob: float,
+                  rank: int) -> dict[int, Logprob]:
+    """One position's entry, as vLLM's: the likeliest tokens ranked 1 to k, and `token` (the
+    sampled or prompt token) with its own rank among all tokens."""
+    entry = {t: Logprob(value, place) for place, (t, value) in enumerate(zip(top_ids, top_values), start=1)}
+    entry[token] = Logprob(logprob, rank)
+    return entry
+
+
 PromptLogprobs = list[Optional[dict[int, Logprob]]]
 SampleLogprobs = list[dict[int, Logprob]]  # a completion's, one entry a generated token
 

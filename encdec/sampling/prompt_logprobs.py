@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from encdec.outputs import Logprob, PromptLogprobs
+from encdec.outputs import PromptLogprobs, logprob_entry
 
 
 @dataclass
@@ -35,6 +35,5 @@ def prompt_logprobs(logits: torch.Tensor, next_token_ids: list[int], num_top: in
     result: PromptLogprobs = [None]
     for token, logprob, rank, values, ids_row in zip(next_token_ids, chosen.squeeze(1).tolist(), ranks,
                                                      top_values.tolist(), top_ids.tolist()):
-        top = {t: Logprob(value, place) for place, (t, value) in enumerate(zip(ids_row, values), start=1)}
-        result.append({**top, token: Logprob(logprob, rank)})
+        result.append(logprob_entry(ids_row, values, token, logprob, rank))
     return result

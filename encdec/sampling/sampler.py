@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from encdec.outputs import Logprob, PromptLogprobs
+from encdec.outputs import Logprob, PromptLogprobs, logprob_entry
 from encdec.sampling.beam_search import num_candidates, top_candidates
 from encdec.sampling.logits_processors import apply_logits_processors
 from encdec.sampling.params import SamplingParams
@@ -243,8 +243,6 @@ def _group_output(g: SequenceGroupMetadata, tokens: torch.Tensor, scores: torch.
     for row, (seq_id, row_tokens) in enumerate(zip(g.seq_data, tokens.tolist())):
         for k, (token, logprob) in enumerate(zip(row_tokens, token_logprobs[row])):
             if params.logprobs is not None:
-                top = {t: Logprob(value, place) for place, (t, value)
-                       in enumerate(zip(top_ids[row].tolist(), top_vals[row]), start=1)}
-                top[token] = Logprob(logprob, ranks[row][k])
+                top = logprob_entry(top_ids[row].tolist(), top_vals[row], token, logprob, ranks[row][k])
             samples.append(SequenceOutput(seq_id, token, logprob, top))
     return GroupOutput(g.request_id, samples)

@@ -128,7 +128,8 @@ def speech_regions(probs: np.ndarray, num_samples: int, options: VadOptions) -> 
                 silence = cut = resume = 0
             else:
                 regions.append((start, at))
-                start, silence, cut, resume = None, 0, 0, 0
+                start = None
+                silence = cut = resume = 0
                 continue
         if start is not None and p < off:
             silence = silence or at
@@ -137,7 +138,8 @@ def speech_regions(probs: np.ndarray, num_samples: int, options: VadOptions) -> 
             if at - silence >= min_silence:
                 if silence - start > shortest:
                     regions.append((start, silence))
-                start, silence, cut, resume = None, 0, 0, 0
+                start = None
+                silence = cut = resume = 0
     if start is not None and num_samples - start > shortest:
         regions.append((start, num_samples))
     return _pad(regions, pad, num_samples)
