@@ -61,9 +61,9 @@ class LLM:
         """
         if prompts is None or isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
             raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
-        if isinstance(prompts, (str, dict)) or (isinstance(prompts, (list, tuple)) and prompts
-                                                and isinstance(prompts[0], numbers.Integral)):
-            prompts = [prompts]  # one prompt: text, a dict or token ids
+        if (isinstance(prompts, (str, dict)) or getattr(prompts, "ndim", None) == 1
+                or (isinstance(prompts, (list, tuple)) and prompts and isinstance(prompts[0], numbers.Integral))):
+            prompts = [prompts]  # one prompt: text, a dict, token ids or a 1-D array of them
         prompts = list(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()

@@ -148,7 +148,7 @@ def _parse_singleton(prompt: Any, field: str) -> tuple[Optional[str], Optional[l
     """(text, token ids, multi_modal_data) of a singleton prompt; exactly one of text/ids set."""
     if isinstance(prompt, str):
         return _checked_text(prompt, field), None, None
-    if isinstance(prompt, (list, tuple)):
+    if isinstance(prompt, (list, tuple, np.ndarray, torch.Tensor)):
         return None, _as_ids(prompt, field), None
     if isinstance(prompt, dict):
         mm_data = prompt.get("multi_modal_data")
@@ -177,6 +177,9 @@ def _checked_text(text: str, field: str) -> str:
 def _as_ids(ids: Any, field: str) -> list[int]:
     """Token ids as Python ints: from a list or tuple, or a 1-D NumPy array or torch tensor."""
     if isinstance(ids, (np.ndarray, torch.Tensor)):
+        if ids.dtype.is_floating_point if isinstance(ids, torch.Tensor) else np.issubdtype(ids.dtype, np.floating):
+            raise ValueError(f"{field} is an array of {ids.dtype}, not token ids: a waveform goes in "
+                             "{'prompt': '', 'multi_modal_data': {'audio': (waveform, sample_rate)}}")
         if ids.ndim != 1:
             raise ValueError(f"{field} token ids must be 1-D, got shape {tuple(ids.shape)}")
         ids = ids.tolist()

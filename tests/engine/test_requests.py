@@ -90,6 +90,19 @@ def test_token_ids_from_numpy_torch_or_a_tuple(llm):
         got = llm.generate(TokensPrompt(prompt_token_ids=ids), params, use_tqdm=False)
         assert got[0].outputs[0].token_ids == expected[0].outputs[0].token_ids
     assert len(llm.generate((0, 5, 9, 2), params, use_tqdm=False)) == 1  # one prompt, not four
+    for ids in (np.array([0, 5, 9, 2]), torch.tensor([0, 5, 9, 2])):  # a bare 1-D array: one prompt too
+        [got] = llm.generate(ids, params, use_tqdm=False)
+        assert got.outputs[0].token_ids == expected[0].outputs[0].token_ids
+    rows = llm.generate(np.array([[0, 5, 9, 2], [0, 5, 9, 2]]), params, use_tqdm=False)  # a prompt a row
+    assert [r.outputs[0].token_ids for r in rows] == [expected[0].outputs[0].token_ids] * 2
+    assert_all_blocks_free(llm)
+
+
+@pytest.mark.parametrize("waveform", [np.zeros(1600, dtype=np.float32), torch.zeros(1600)])
+def test_a_waveform_is_not_taken_for_token_ids(llm, waveform):
+    with pytest.raises(ValueError, match=r"encoder_prompt is an array of .*float32, not token ids: "
+                                         r"a waveform goes in \{'prompt': '', 'multi_modal_data'"):
+        llm.generate(waveform, SamplingParams(max_tokens=2), use_tqdm=False)
     assert_all_blocks_free(llm)
 
 

@@ -150,6 +150,7 @@ class OpenAIServingCompletion:
                       counter: OutputCounter) -> AsyncIterator[str]:
         builders: dict[int, LogprobsBuilder] = {}
         created = unix_time()  # one time for every chunk, as OpenAI streams
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
         async for i, (out, deltas) in merged:
             counter.count(out, deltas)
             for delta in deltas:  # a chunk per choice with something to send, as OpenAI streams
@@ -161,9 +162,11 @@ class OpenAIServingCompletion:
                 if delta.text or delta.finish_reason or (logprobs is not None and logprobs.tokens):
                     choice = CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
                                               finish_reason=delta.finish_reason)
-                    yield sse(CompletionResponse(id=response_id, created=created, model=body.model,
-                                                 choices=[choice]))
-        if body.stream_options and body.stream_options.include_usage:
+                    chunk = CompletionResponse(id=response_id, created=created, model=body.model,
+                                               choices=[choice])
+                    # With include_usage, OpenAI's other chunks carry a null usage.
+                    yield sse(chunk.model_dump(exclude_none=True) | {"usage": None} if include_usage else chunk)
+        if include_usage:
             yield sse(CompletionResponse(id=response_id, created=created, model=body.model, choices=[],
                                          usage=counter.usage()))
         yield DONE

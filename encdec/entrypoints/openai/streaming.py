@@ -23,8 +23,9 @@ DONE = "data: [DONE]\n\n"
 
 
 def sse(data: BaseModel | dict) -> str:
-    """One server-sent event: `data: {json}` and a blank line."""
-    text = data.model_dump_json(exclude_none=True) if isinstance(data, BaseModel) else json.dumps(data)
+    """One server-sent event: `data: {json}` and a blank line; a model's null fields left out."""
+    text = (data.model_dump_json(exclude_none=True) if isinstance(data, BaseModel)
+            else json.dumps(data, ensure_ascii=False, separators=(",", ":")))
     return f"data: {text}\n\n"
 
 
