@@ -8,7 +8,8 @@ faster-whisper read `no_speech_prob`: softmax(raw logits)[<|nospeech|>].
 
 Language detection is a request of its own, as in both references: the decoder prompt is
 <|startoftranscript|> alone (no prompt text, which would sway it), and its one step forces
-`DETECT`, the argmax over the language tokens.
+`DETECT`, the argmax over the language tokens; its probability is the softmax over those
+tokens alone, as both references compute it.
 
 Forced tokens get log-probability 0 (every other logit is -inf), so the request's
 cumulative log-probability is that of the sampled tokens alone. After the prefix, the
@@ -29,10 +30,12 @@ DETECT = "detect"  # placeholder in a control prefix: the language token to dete
 
 @dataclass
 class WindowState:
-    """What the control steps learned about one window (`language`: a detection's)."""
+    """What the control steps learned about one window (`language`: a detection's, with its
+    probability among the language tokens)."""
 
     no_speech_prob: float = 0.0
     language: Optional[str] = None
+    language_probability: float = 1.0
 
 
 def control_prefix(tokens: WhisperTokens, language: Optional[str], task: str, timestamps: bool) -> list[int]:
@@ -79,8 +82,11 @@ class ControlProcessor:
             return False
         token = self.prefix[step]
         if token == DETECT:
-            token = int(self.language_ids[logits[self.language_ids].argmax()])
+            probs = torch.softmax(logits[self.language_ids].float(), dim=-1)
+            best = int(probs.argmax())
+            token = int(self.language_ids[best])
             self.state.language = self.tokens.language_of(token)
+            self.state.language_probability = probs[best].item()
         logits.fill_(float("-inf"))
         logits[token] = 0.0
         return True

@@ -306,8 +306,10 @@ class TranscriptionJob:
         self.audios = audios
         self.features = [input_features(audio, n_mels) for audio in audios]
         self.context = [list(self.initial) for _ in audios]  # per input: the tokens to condition on
-        # per input: its language (None until detected, `_detection_request`)
+        # per input: its language (None until detected, `_detection_request`), and the detection's
+        # probability (1 for a language given or an English-only model, as faster-whisper says)
         self.languages = [options.language if tokens.multilingual else "en"] * len(audios)
+        self.language_probabilities = [1.0] * len(audios)
         self.clips = [_clips(audio, options.clip_timestamps) for audio in audios]  # per input, in samples
         # conditioned, an input's windows follow its decodes (`plan_seek`): each clip's first is made here
         self.seek = options.condition_on_previous_text
@@ -412,6 +414,7 @@ class TranscriptionJob:
         cache if it came back (the same frames), and the input's windows' requests go out."""
         index = detection.input_index
         self.languages[index] = detection.state.language
+        self.language_probabilities[index] = detection.state.language_probability
         if self.on_language is not None:
             self.on_language(index, detection.state.language)
         if output.cross_kv is not None:
@@ -784,6 +787,7 @@ class TranscriptionJob:
         """Merge one input's windows."""
         segments = self._in_input_time(index, [seg for w in self._windows_of(index) for seg in w.segments])
         return Transcription(text="".join(s.text for s in segments).strip(), language=self.languages[index],
+                             language_probability=self.language_probabilities[index],
                              segments=segments, duration=self.durations[index],
                              source=source if isinstance(source, str) else None)
 

@@ -42,3 +42,5 @@ class Transcription:
     segments: list[Segment]
     duration: float
     source: Optional[str] = None  # the file path, when the input was a file
+    # the detection's probability of `language` (faster-whisper's); 1 when it was not detected
+    language_probability: float = 1.0
