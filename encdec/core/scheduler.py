@@ -2,7 +2,7 @@
 
 Each step: running groups get a slot for their next token, preempting the most recently
 admitted groups when blocks run out (by recompute for single-sequence groups, by swap
-otherwise, or as `preemption_mode` says); when nothing was preempted, swapped groups come back
+otherwise when the swap pool has room, or as `preemption_mode` says); when nothing was preempted, swapped groups come back
 and waiting groups are admitted in arrival order within the budgets (and while fewer than
 `max_running_requests` run). Prefills and decodes share one step.
 Preemption by recompute frees both the self and the cross blocks, so the encoder runs again.
@@ -170,12 +170,13 @@ class Scheduler:
         cap = self.config.max_running_requests
         while self.waiting and (cap is None or len(self.running) < cap):
             group = self.waiting[0]
-            (seq,) = group.get_seqs(SequenceStatus.WAITING)
-            num_tokens = len(seq) + len(group.encoder_seq)
+            seqs = group.get_seqs(SequenceStatus.WAITING)  # several after a recompute (n > 1, beams)
+            num_tokens = sum(len(seq) + len(group.encoder_seq) for seq in seqs)
             status = self.block_manager.can_allocate(group)
             if status == AllocStatus.NEVER:
                 self.waiting.popleft()
-                seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
+                for seq in seqs:
+                    seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
                 out.ignored_seq_groups.append(group)
                 continue
             if status == AllocStatus.LATER or group.get_max_num_running_seqs() > budget_seqs or (
@@ -183,7 +184,8 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.block_manager.allocate(group)
-            seq.status = SequenceStatus.RUNNING
+            for seq in seqs:
+                seq.status = SequenceStatus.RUNNING
             scheduled.append(group)
             self.running.append(group)
             budget_seqs -= group.get_max_num_running_seqs()
@@ -191,17 +193,13 @@ class Scheduler:
         return scheduled
 
     def _preempt(self, group: SequenceGroup, out: SchedulerOutputs) -> None:
-        """Preempt a RUNNING group; raises, changing nothing, if it can be neither swapped out
-        nor recomputed. Swapped groups queue in admission order, so the earliest returns first."""
+        """Preempt a RUNNING group: by swap when it has several sequences (they share blocks)
+        and the swap pool has room, else by recompute, unless `preemption_mode` says which.
+        Swapped groups queue in admission order, so the earliest returns first."""
         mode = self.config.preemption_mode
         if mode is None:
             mode = "recompute" if len(group.get_unfinished_seqs()) == 1 else "swap"
-        if mode == "recompute" and len(group.get_unfinished_seqs()) > 1:
-            mode = "swap"  # several decoder sequences share one encoder prefill: keep their caches
         if mode == "swap" and not self.block_manager.can_swap_out(group):
-            if len(group.get_unfinished_seqs()) > 1:
-                raise RuntimeError("out of KV cache: cannot swap out a multi-sequence request; "
-                                   "raise swap_space or num_gpu_blocks")
             mode = "recompute"
         self.stats.num_preemptions += 1
         if mode == "recompute":

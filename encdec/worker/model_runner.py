@@ -90,7 +90,8 @@ class EncoderDecoderModelRunner:
         block_tables = pad_block_tables([g.block_tables[seq_id] for g, seq_id, _ in rows])
         slots = slot_mapping(block_tables, layout.req_indices, layout.positions, self.block_size)
 
-        # Encoder side: one encoder sequence per prefill (a prefill group has one decoder seq).
+        # Encoder side: one encoder sequence per prefill row (a group prefilled again after a
+        # recompute has a row per sequence, each encoding the group's input; rare enough).
         prefill_groups = [g for g, _, _ in rows[:num_prefills]]
         encoded = [g for g in prefill_groups if g.prompt_cross_kv is None]
         given = prefill_groups[len(encoded):]

@@ -1,7 +1,6 @@
 """Scheduler unit tests on hand-made sequence groups; `step` plays the engine's part."""
 import itertools
 
-import pytest
 
 from encdec.config import CacheConfig, SchedulerConfig
 from encdec.core.scheduler import Scheduler
@@ -226,21 +225,23 @@ def test_abort_waiting_running_and_swapped_groups_frees_every_block():
     assert_all_free(s)
 
 
-def test_a_failed_preemption_loses_no_group():
-    """No swap space for a forked group: schedule() raises, every group keeps its queue and
-    its blocks, and aborting them all frees everything."""
+def test_a_forked_group_without_swap_room_is_recomputed_whole():
+    """No swap space for a forked group: it is preempted by recompute, both its sequences
+    wait, and it comes back as one prefill of both, each with its own self table."""
     s = make_scheduler(num_gpu_blocks=7, num_cpu_blocks=0)
     a, b, c = make_group("a"), make_group("b"), make_group("c", decoder_len=2, n=2)
     add(s, a, b, c)
     step(s)  # 2 + 2 + 2 blocks
     fork(s, c)
-    c_tables = {seq.seq_id: s.block_manager.get_block_table(seq) for seq in c.get_seqs()}
-    with pytest.raises(RuntimeError, match="swap"):
-        s.schedule()  # a takes the free block; b's needs c out, which cannot be swapped
+    out = step(s)  # a takes the free block; b's needs c out, which cannot be swapped
+    assert ids(out.scheduled_seq_groups) == ["a", "b"] and ids(s.waiting) == ["c"]
+    assert all(seq.status == SequenceStatus.WAITING for seq in c.get_seqs())
+    assert s.stats.num_recomputes == 1 and s.stats.num_swap_outs == 0
+    finish(s, a)
+    metadata, out = s.schedule()
+    (meta,) = [m for m in metadata if m.request_id == "c"]
+    assert meta.is_prompt and len(meta.seq_data) == 2 and len(set(map(tuple, meta.block_tables.values()))) == 2
     s.block_manager.check_invariants()
-    assert ids(s.running) == ["a", "b", "c"] and not s.waiting and not s.swapped
-    assert {seq.seq_id: s.block_manager.get_block_table(seq) for seq in c.get_seqs()} == c_tables
-    assert s.stats.num_preemptions == 0
-    for group in (a, b, c):
+    for group in (b, c):
         assert s.abort_seq_group(group.request_id)
     assert_all_free(s)

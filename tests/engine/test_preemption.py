@@ -33,3 +33,25 @@ def test_request_larger_than_cache_is_refused(tiny_bart_dir):
     with pytest.raises(ValueError, match="num_gpu_blocks=4"):
         llm.generate("The rain in spain falls mainly on the plain.", SamplingParams(max_tokens=100))
     assert_all_blocks_free(llm)
+
+
+@pytest.mark.parametrize("mode", [None, "recompute"])
+def test_multi_sequence_groups_are_recomputed_without_swap_space(tiny_bart_dir, mode):
+    """n=2 samples and beam searches preempted with no swap space (or by `preemption_mode`) are
+    prefilled again, every sequence of the group, and end as in a cache that never preempts
+    (they used to fail the whole batch: "cannot swap out a multi-sequence request")."""
+    from encdec import SamplingParams
+
+    prompts = ["quick brown fox", "Numbers like 3, 14", "The rain in spain", "An encoder reads"] * 3
+    searches = [SamplingParams(temperature=1.0, seed=0, n=2, max_tokens=40, ignore_eos=True),
+                SamplingParams(temperature=0.0, beam_width=3, n=2, max_tokens=24, ignore_eos=True)]
+    roomy = LLM(model=str(tiny_bart_dir), num_gpu_blocks=400, block_size=8)
+    tight = LLM(model=str(tiny_bart_dir), num_gpu_blocks=30, block_size=8, swap_space=0, preemption_mode=mode)
+    for params in searches:
+        expected = roomy.generate(prompts, params, use_tqdm=False)
+        runs = tight.llm_engine.stats.num_recomputes
+        got = tight.generate(prompts, params, use_tqdm=False)
+        assert tight.llm_engine.stats.num_recomputes > runs
+        assert [[c.token_ids for c in o.outputs] for o in got] == [[c.token_ids for c in o.outputs] for o in expected]
+        assert_all_blocks_free(tight)
+    assert tight.llm_engine.stats.num_swap_outs == 0
