@@ -1,7 +1,6 @@
 """Scheduler unit tests on hand-made sequence groups; `step` plays the engine's part."""
 import itertools
 
-
 from encdec.config import CacheConfig, SchedulerConfig
 from encdec.core.scheduler import Scheduler
 from encdec.sampling.params import SamplingParams
