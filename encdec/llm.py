@@ -36,7 +36,7 @@ class LLM:
                  block_size: int = 16, num_gpu_blocks: Optional[int] = None,
                  kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
                  max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
-                 seed: int = 0, attention_backend: Optional[str] = None, tune_malloc: bool = False,
+                 seed: Optional[int] = 0, attention_backend: Optional[str] = None, tune_malloc: bool = False,
                  quantization: Optional[str] = None, compute_type: Optional[str] = None,
                  max_running_requests: Union[int, str, None] = None):
         self.llm_engine = LLMEngine.from_model(
@@ -135,7 +135,9 @@ class LLM:
                         finished[out.request_id] = out
                         if bar is not None:
                             bar.update(1)
-                for error in engine.take_failures().values():
+                for request_id, error in engine.take_failures().items():
+                    if type(error) in (ValueError, RuntimeError):  # the engine's own: name the prompt
+                        raise type(error)(f"prompt {request_ids.index(request_id)}: {error}") from error
                     raise error
         except BaseException:
             for request_id in request_ids:

@@ -31,7 +31,7 @@ import logging
 import threading
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Optional, Union
+from typing import Any, AsyncIterator, Callable, Iterable, Optional, Union
 
 from encdec.engine.llm_engine import LLMEngine
 from encdec.outputs import RequestOutput
@@ -178,10 +178,12 @@ class AsyncLLMEngine:
             if not (finished or refused):
                 self._abort(request_id, stream)
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request wherever it is (done by the engine thread before its next step); its
-        caller gets a last output (finish_reason "abort")."""
-        self._abort(request_id, None)
+    async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
+        """Stop a request, or each of a list of them (vLLM's signature), wherever it is (done by
+        the engine thread before its next step); its caller gets a last output (finish_reason
+        "abort")."""
+        for one in [request_id] if isinstance(request_id, str) else request_id:
+            self._abort(one, None)
 
     def _abort(self, request_id: str, stream: Optional[RequestStream]) -> None:
         self._inbox.append(("abort", request_id, stream))

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import secrets
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
 import torch
 
+from encdec.checks import number
 from encdec.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, resolve_dtype,
                            resolve_max_running_requests)
 from encdec.core.scheduler import Scheduler
@@ -85,12 +87,13 @@ class LLMEngine:
                    block_size: int = 16, num_gpu_blocks: Optional[int] = None,
                    kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
                    max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
-                   seed: int = 0, attention_backend: Optional[str] = None,
+                   seed: Optional[int] = 0, attention_backend: Optional[str] = None,
                    tune_malloc: bool = False, quantization: Optional[str] = None,
                    compute_type: Optional[str] = None,
                    max_running_requests: Union[int, str, None] = None) -> "LLMEngine":
         """Load `model` (a local checkpoint directory or a Whisper alias) and size the engine;
         the options are `LLM`'s."""
+        seed = secrets.randbits(63) if seed is None else number("seed", seed, 0, 2**63 - 1, integer=True)
         dtype, quantization = resolve_compute_type(compute_type, dtype, quantization)
         device_config = DeviceConfig.create(device)
         if resolve_dtype(dtype) == torch.float16 and device_config.device.type == "cpu":
@@ -149,6 +152,10 @@ class LLMEngine:
             inputs.prompt_token_ids = [self.model_config.decoder_start_token_id]
             resolved = self._resolve(params, inputs.prompt_token_ids)
         params = resolved
+        whole = {name: self.model_config.vocab_size for name in ("logprobs", "prompt_logprobs")
+                 if getattr(params, name) == -1}
+        if whole:  # vLLM's -1: every token of the vocabulary
+            params = dataclasses.replace(params, **whole)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop: this model has no tokenizer to find stop strings with "
                              "(use stop_token_ids)")
@@ -213,10 +220,16 @@ class LLMEngine:
                              f"{bm.num_total_gpu_blocks}, less a watermark of "
                              f"{bm.watermark_blocks} kept free")
 
-    def abort_request(self, request_id: str, final_output: bool = False) -> Optional[RequestOutput]:
-        """Stop a request wherever it is and free its blocks; unknown ids are ignored. With
-        `final_output`, returns the request's last output (its unfinished completions'
-        finish_reason "abort", as vLLM ends an aborted request's stream)."""
+    def abort_request(self, request_id: Union[str, Iterable[str]],
+                      final_output: bool = False) -> Optional[RequestOutput]:
+        """Stop a request (or each of a list of them, as vLLM takes them) wherever it is and
+        free its blocks; unknown ids are ignored. With `final_output` and one id, returns the
+        request's last output (its unfinished completions' finish_reason "abort", as vLLM ends
+        an aborted request's stream)."""
+        if not isinstance(request_id, str):
+            for one in request_id:
+                self.abort_request(one)
+            return None
         if not self.scheduler.abort_seq_group(request_id):
             return None
         group = self.groups.pop(request_id, None)

@@ -72,7 +72,9 @@ def _request_processors(scores: torch.Tensor, rows: Sequence[Row]) -> dict[int, 
                 together.setdefault(type(processor), []).append(i)
                 continue
             try:
-                row = processor(data.output_token_ids, scores[i])
+                history = (data.prompt_token_ids, data.output_token_ids) if p.processors_take_prompt[place] \
+                    else (data.output_token_ids,)
+                row = processor(*history, scores[i])
                 if not isinstance(row, torch.Tensor) or row.shape != scores[i].shape:
                     raise TypeError(f"logits processor {processor!r} returned {type(row).__name__} "
                                     f"{tuple(getattr(row, 'shape', ()))}; it must return the logits "

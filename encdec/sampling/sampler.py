@@ -148,12 +148,12 @@ def unusable_rows(scores: torch.Tensor, meta: SamplingMetadata, beam: list[bool]
         banned = [i for i in range(rows.start, rows.stop) if maxima[i] == -math.inf]
         if nan:
             failed[nan[0]] = RuntimeError(
-                f"request {g.request_id}: the logits for output token {step} hold NaN or inf, so no "
+                f"the logits for output token {step} hold NaN or inf, so no "
                 f"token can be chosen (the model's numbers overflowed: a float16 or bfloat16 model "
                 f"may need float32; or a logits processor wrote them)")
         elif banned and (not is_beam or len(banned) == rows.stop - rows.start):
             failed[banned[0]] = ValueError(
-                f"request {g.request_id}: every token is banned at output token {step} (by "
+                f"every token is banned at output token {step} (by "
                 f"suppress_tokens, bad_words_ids, min_tokens, the stop tokens or a logits "
                 f"processor), so no token can be chosen")
     return failed

@@ -141,7 +141,7 @@ def test_abort_by_id_ends_its_callers_stream_and_touches_no_other_request(tiny_b
             while engine.engine.get_num_unfinished_requests() == 0:
                 await asyncio.sleep(0.01)
             await asyncio.sleep(0.05)
-            engine.abort(f"other-{kind.name}")
+            await engine.abort([f"other-{kind.name}"] if kind is DELTA else f"other-{kind.name}")
             outputs = await asyncio.wait_for(caller, 10)
             assert outputs[-1].finished and [c.finish_reason for c in outputs[-1].outputs] == ["abort"]
             tokens = [t for out in outputs for c in out.outputs for t in c.token_ids] if kind is DELTA else \

@@ -54,10 +54,11 @@ def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
     (dict(logits_processors=lambda ids, row: row), "logits_processors must be a list of callables"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
-    (dict(top_k=0), "top_k must be -1"),
+    (dict(top_k=-2), r"top_k must be -1 or 0 \(disabled\) or an integer >= 1, got -2"),
     (dict(n=0), "n must be an integer >= 1"),
     (dict(min_tokens=5, max_tokens=3), "min_tokens must be <= max_tokens"),
-    (dict(logprobs=-1), "logprobs must be an integer >= 0"),
+    (dict(logprobs=-2), r"logprobs must be -1 \(the whole vocabulary\) or an integer >= 0, got -2"),
+    (dict(logprobs=False), "logprobs must be an integer, got False"),
     (dict(seed=2**64), r"seed must be an integer in \[-2\*\*63, 2\*\*64\)"),
     (dict(seed=1.5), "seed must be an integer"),
     (dict(max_tokens=True), "max_tokens must be an integer, got True"),
@@ -81,6 +82,43 @@ def test_bad_sampling_params(kwargs, message):
 def test_what_is_not_prompts_is_refused(llm, prompts):
     with pytest.raises(ValueError, match="prompts must be a prompt or a list of prompts"):
         llm.generate(prompts, SamplingParams(max_tokens=2), use_tqdm=False)
+
+
+def test_vllms_spellings_mean_what_they_mean_there(llm):
+    """top_k=0 is no top-k, seed=-1 no seed, logprobs=True one, logprobs=-1 the whole vocabulary."""
+    def sample(**kwargs):
+        params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, **kwargs)
+        [out] = llm.generate(TEXT, params, use_tqdm=False)
+        return out.outputs[0]
+
+    assert sample(top_k=0, seed=7).token_ids == sample(top_k=-1, seed=7).token_ids
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(logprobs=True).logprobs == 1
+    vocab = llm.llm_engine.model_config.vocab_size
+    entries = sample(seed=7, logprobs=-1).logprobs
+    assert len(entries) == 8 and all(len(entry) == vocab for entry in entries)
+    assert_all_blocks_free(llm)
+
+
+def test_abort_request_takes_a_list_of_ids(llm):
+    """As vLLM's `abort_request(request_ids)`; it used to ignore a list silently."""
+    engine = llm.llm_engine
+    for request_id in "abc":
+        engine.add_request(request_id, TEXT, SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+    engine.step()
+    engine.abort_request(["a", "b"])
+    assert engine.get_num_unfinished_requests() == 1
+    engine.abort_request("c")
+    assert_all_blocks_free(llm)
+
+
+def test_the_engine_seed_may_be_none(tiny_bart_dir):
+    """vLLM's `seed=None`: a fresh seed for unseeded requests; a seed that is no integer is named."""
+    with pytest.raises(ValueError, match="seed must be an integer in"):
+        LLM(model=str(tiny_bart_dir), num_gpu_blocks=32, seed="1")
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=32, seed=None)
+    [out] = llm.generate(TEXT, SamplingParams(temperature=1.0, max_tokens=4), use_tqdm=False)
+    assert len(out.outputs[0].token_ids) >= 1
+    assert_all_blocks_free(llm)
 
 
 def test_token_ids_from_numpy_torch_or_a_tuple(llm):
@@ -230,6 +268,21 @@ def test_a_failing_logits_processor_raises_from_generate_and_leaves_nothing(llm)
     assert len(llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=5), use_tqdm=False)[0].outputs[0].token_ids) == 5
 
 
+def test_a_processor_with_three_parameters_gets_the_decoder_prompt_first(llm):
+    """vLLM's `(prompt_token_ids, output_token_ids, logits)` form (it used to fail mid-run)."""
+    seen = []
+
+    def ban_token_5(prompt_ids, output_ids, row):
+        seen.append((list(prompt_ids), len(output_ids)))
+        row[5] = -float("inf")
+        return row
+
+    [out] = llm.generate(TEXT, SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True,
+                                              logits_processors=[ban_token_5]), use_tqdm=False)
+    assert seen == [([2, 0], step) for step in range(4)] and 5 not in out.outputs[0].token_ids
+    assert_all_blocks_free(llm)
+
+
 BAN_ALL_BUT_EOS = dict(max_tokens=8, suppress_tokens=[t for t in range(1000) if t != 2])  # EOS is 2
 
 
@@ -239,7 +292,7 @@ def test_a_request_that_bans_every_token_fails_alone(llm, kwargs):
     """suppress_tokens bans all but EOS, min_tokens bans EOS: no token is left at the first
     step, and the request fails with an error that says so (Hugging Face's greedy search would
     emit token 0). Without min_tokens, EOS is the one token left."""
-    with pytest.raises(ValueError, match="every token is banned at output token 0"):
+    with pytest.raises(ValueError, match="^prompt 1: every token is banned at output token 0"):
         llm.generate([TEXT, TEXT], [SamplingParams(temperature=0.0, max_tokens=5),
                                     SamplingParams(**kwargs, **BAN_ALL_BUT_EOS, min_tokens=3)], use_tqdm=False)
     assert not llm.llm_engine.has_unfinished_requests() and not llm.llm_engine.take_failures()
@@ -254,7 +307,7 @@ def test_nan_logits_fail_the_request_instead_of_sampling_token_0(llm, kwargs):
     def overflows_at_step_two(output_ids, row):
         return row * float("nan") if len(output_ids) == 2 else row
 
-    with pytest.raises(RuntimeError, match="the logits for output token 2 hold NaN or inf"):
+    with pytest.raises(RuntimeError, match="^prompt 1: the logits for output token 2 hold NaN or inf"):
         llm.generate([TEXT, TEXT], [SamplingParams(temperature=0.0, max_tokens=5),
                                     SamplingParams(**kwargs, max_tokens=5, logits_processors=[overflows_at_step_two])],
                      use_tqdm=False)

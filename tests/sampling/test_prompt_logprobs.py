@@ -119,7 +119,7 @@ def test_preemption_by_recompute_keeps_the_first_prefills(tiny_bart_dir):
     assert_all_blocks_free(llm)
 
 
-@pytest.mark.parametrize("value, message", [(-1, "prompt_logprobs must be an integer >= 0, got -1"),
+@pytest.mark.parametrize("value, message", [(-2, r"prompt_logprobs must be -1 \(the whole vocabulary\) or an integer >= 0, got -2"),
                                             (1.5, "prompt_logprobs must be an integer"),
                                             (1001, r"prompt_logprobs=1001 is more than the vocabulary \(vocab_size=1000\)")])
 def test_bad_prompt_logprobs_name_the_field(tiny_bart_dir, value, message):
