@@ -187,7 +187,8 @@ class SpeechMap:
         if not self.regions:
             return seconds
         index = self.region_at(seconds, is_end) if region is None else region
-        return round((self.regions[index][0] - self.joined_starts[index]) / SAMPLE_RATE + seconds, 2)
+        shift = int(self.regions[index][0] - self.joined_starts[index])
+        return round(shift / SAMPLE_RATE + seconds, 2)  # a Python float, as the times without VAD
 
     def segment_to_original(self, segment: Segment) -> Segment:
         """A segment of the joined audio in the original's times (see the module docstring)."""

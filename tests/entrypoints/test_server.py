@@ -10,6 +10,7 @@ import io
 import json
 import time
 
+import openai
 import pytest
 import soundfile
 
@@ -63,11 +64,14 @@ def offline_texts(llm: LLM, prompts, params: SamplingParams) -> list[str]:
     return [c.text for out in llm.generate(prompts, params, use_tqdm=False) for c in out.outputs]
 
 
-def test_models(server):
+def test_models(server, bart):
     client = server.client()
     assert [m.id for m in client.models.list().data] == ["bart", "tiny.en", "base"]
     assert client.models.retrieve("tiny.en").id == "tiny.en"
     assert server.http().get("/version").json()["version"]
+    # vLLM's card fields: the decoder's positions, as vLLM counts an encoder/decoder model's
+    assert client.models.retrieve("tiny.en").max_model_len == 448
+    assert client.models.retrieve("bart").max_model_len == bart.llm_engine.model_config.max_decoder_len
 
 
 def test_get_routes_answer_head(server):
@@ -208,6 +212,13 @@ def test_completions_streamed_with_usage(server, bart):
             texts[choice.index] += choice.text
     assert texts == offline_texts(bart, ARTICLES, SamplingParams(temperature=0.0, max_tokens=12))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    # vLLM's continuous_usage_stats: the usage so far on every chunk; OpenAI's include_obfuscation is taken
+    continuous = list(server.client().completions.create(
+        model="bart", prompt=ARTICLES, max_tokens=12, temperature=0.0, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True, "include_obfuscation": False}))
+    counts = [chunk.usage.completion_tokens for chunk in continuous]
+    assert counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
+    assert continuous[-1].usage == chunks[-1].usage
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -348,6 +359,7 @@ def test_transcription_formats(server, hello, response_format):
                                                              response_format=response_format)
     if response_format == "json":
         assert result.text == expected.text
+        assert (result.usage.type, result.usage.seconds) == ("duration", pytest.approx(expected.duration))
     elif response_format == "text":
         assert result.strip() == expected.text
     elif response_format in ("srt", "vtt"):
@@ -427,6 +439,39 @@ def test_translation(server):
                                                            response_format="verbose_json")
     assert (result.text, result.language) == (expected.text, "english")
     assert [s.text for s in result.segments] == [s.text for s in expected.segments]
+
+
+def test_translation_takes_the_speech_language_and_streams(server):
+    """vLLM's translation fields: `language` (the speech's, not detected) and `stream`."""
+    expected = LLM("base", num_gpu_blocks=220, swap_space=0.05).transcribe(
+        str(SAMPLE), task="translate", language="de", temperature=0.0)[0]
+    with open(SAMPLE, "rb") as audio:
+        result = server.client().audio.translations.create(
+            model="base", file=audio, temperature=0.0, extra_body={"language": "de"})
+    assert result.text == expected.text
+    with pytest.raises(openai.BadRequestError, match="'klingon' is not a language Whisper knows"):
+        with open(SAMPLE, "rb") as audio:
+            server.client().audio.translations.create(model="base", file=audio, extra_body={"language": "klingon"})
+    with server.http() as http:
+        streamed = http.post("/v1/audio/translations", files={"file": SAMPLE.read_bytes()},
+                             data={"model": "base", "language": "de", "temperature": "0", "stream": "true"})
+    events = [json.loads(line[6:]) for line in streamed.text.splitlines() if line.startswith("data: {")]
+    assert events[-1] == {"type": "transcript.text.done", "text": expected.text}
+
+
+def test_chunking_strategy(server, tiny_en):
+    """OpenAI's `chunking_strategy`: "auto" is the 30 s windows as always; `server_vad` is the VAD
+    filter, with its threshold, silence and padding."""
+    vad = dict(threshold=0.95, min_silence_duration_ms=100, speech_pad_ms=0)
+    filtered = tiny_en.transcribe(str(SAMPLE), vad_filter=True, vad_parameters=vad)[0]
+    server_vad = {"type": "server_vad", "threshold": 0.95, "silence_duration_ms": 100, "prefix_padding_ms": 0}
+    for strategy, expected in (("auto", tiny_en.transcribe(str(SAMPLE))[0]), (server_vad, filtered)):
+        with open(SAMPLE, "rb") as audio:
+            result = server.client().audio.transcriptions.create(model="tiny.en", file=audio, chunking_strategy=strategy,
+                                                                 response_format="verbose_json")
+        assert result.text == expected.text
+        assert [(s.start, s.end) for s in result.segments] == [(s.start, s.end) for s in expected.segments]
+    assert [(s.start, s.end) for s in filtered.segments] != [(0.0, 4.0)]  # what the filter changes here
 
 
 def test_transcription_words_and_decoding_fields(server, tiny_en):

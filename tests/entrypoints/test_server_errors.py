@@ -65,6 +65,9 @@ def assert_error(response: httpx.Response, status: int, param) -> dict:
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     assert error["param"] == param, error
+    # OpenAI's types: 401 and 404 are invalid requests too
+    assert error["type"] == {429: "rate_limit_exceeded", 500: "server_error", 503: "server_error"}.get(
+        status, "invalid_request_error"), error
     return error
 
 
@@ -142,6 +145,9 @@ def test_bad_json_requests(server):
         wrong_type = http.post("/v1/completions", content=json.dumps({"model": "bart", "prompt": TEXT}),
                                headers={"Content-Type": "text/plain"})
         assert "application/json" in assert_error(wrong_type, 400, None)["message"]
+        suffixed = http.post("/v1/completions", headers={"Content-Type": "application/vnd.api+json"},
+                             content=json.dumps({"model": "bart", "prompt": TEXT, "max_tokens": 2}))
+        assert suffixed.status_code == 200 and suffixed.json()["usage"]["completion_tokens"] == 2, suffixed.text
         too_long = http.post("/v1/summarize", json={"model": "bart", "input": TEXT * 40, "truncate": False})
         assert "256" in too_long.json()["error"]["message"]
         second = http.post("/v1/summarize", json={"model": "bart", "input": [TEXT, TEXT * 40], "truncate": False})
@@ -185,6 +191,12 @@ AUDIO_CASES = [  # (files, form fields, status, param)
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"model": "bart"}, 400, "model"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"colour": "blue"}, 400, "colour"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"include[]": "logprobs"}, 400, "include[]"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"chunking_strategy": "fixed"}, 400,
+     "chunking_strategy"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")},
+     {"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "1.5"}, 400, "chunking_strategy"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")},
+     {"chunking_strategy": "auto", "chunking_strategy[type]": "server_vad"}, 400, "chunking_strategy"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")},
      {"response_format": "verbose_json", "timestamp_granularities[]": "bogus"}, 400, "timestamp_granularities[]"),
     ({"other": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {}, 400, "file"),
@@ -268,6 +280,13 @@ def test_api_key(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
         assert_error(httpx.get(f"{server.url}/v1/models", headers=headers), 401, None)
+    # a browser's CORS preflight carries no key: it is answered before the key is asked for
+    origin = {"Origin": "https://app.example.com"}
+    preflight = httpx.options(f"{server.url}/v1/completions", headers={
+        **origin, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "*"
+    listed = httpx.get(f"{server.url}/v1/models", headers={**origin, "Authorization": f"Bearer {API_KEY}"})
+    assert listed.status_code == 200 and listed.headers["access-control-allow-origin"] == "*"
     with pytest.raises(openai.AuthenticationError):
         server.client(api_key="wrong").models.list()
 
@@ -454,7 +473,7 @@ def test_what_the_shutdown_timeout_cuts_off_gets_openai_errors(tiny_bart_dir):
         assert assert_error(queued, 503, None)["code"] == "shutting_down"
         assert "data: [DONE]" not in events
         last = json.loads(events[-1].removeprefix("data: "))["error"]
-        assert (last["type"], last["code"]) == ("service_unavailable", "shutting_down"), last
+        assert (last["type"], last["code"]) == ("server_error", "shutting_down"), last
         assert remote.proc.wait(timeout=30) in (0, -signal.SIGTERM)
         assert "Internal Server Error" not in remote.output()
     finally:

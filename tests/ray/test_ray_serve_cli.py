@@ -37,7 +37,7 @@ def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones():
             time.sleep(0.1)
         assert health.status_code == 503 and health.json()["error"]["code"] == "shutting_down"
         refused = httpx.get(f"{remote.url}/v1/models", timeout=5)
-        assert refused.status_code == 503 and refused.json()["error"]["type"] == "service_unavailable"
+        assert refused.status_code == 503 and refused.json()["error"]["type"] == "server_error"
         response = held.finish()
         assert response.status_code == 200 and response.json()["text"] == expected
         assert remote.proc.wait(timeout=120) == 0

@@ -60,7 +60,7 @@ def test_speech_map_times_go_back_to_the_input():
     speech = SpeechMap.__new__(SpeechMap)
     speech.regions = [(16000, 32000), (80000, 96000)]  # 1-2 s and 5-6 s
     speech.joined_starts = np.array([0, 16000])
-    assert speech.to_original(0.5) == 1.5
+    assert speech.to_original(0.5) == 1.5 and type(speech.to_original(0.5)) is float  # not NumPy's
     assert speech.to_original(1.0) == 5.0 and speech.to_original(1.0, is_end=True) == 2.0
     assert speech.to_original(1.75, is_end=True) == 5.75
     # a word across the seam goes back whole by the region its middle is in, as in faster-whisper;

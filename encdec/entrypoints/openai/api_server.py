@@ -15,10 +15,11 @@ import signal
 import socket
 import time
 from types import FrameType
-from typing import Optional
+from typing import Optional, Sequence
 
 import uvicorn
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -39,16 +40,20 @@ CANCEL_AFTER_DRAIN_SECONDS = 1.0  # uvicorn's wait before it cancels what is lef
 
 
 async def require_json(request: Request) -> None:
+    """A JSON body: `application/json` or another `application/...+json` type, as FastAPI reads
+    them (a body without a Content-Type is not read as JSON, as FastAPI's default)."""
     content_type = request.headers.get("content-type", "")
-    if content_type.split(";")[0].strip().lower() != "application/json":
+    kind = content_type.split(";")[0].strip().lower()
+    if not (kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))):
         raise bad_request(f"Content-Type must be application/json, got {content_type or 'none'!r}")
 
 
 def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] = None,
               max_upload_mb: float = 25, max_audio_seconds: float = 3600,
-              metrics: Optional[ServerMetrics] = None) -> FastAPI:
+              metrics: Optional[ServerMetrics] = None, allowed_origins: Sequence[str] = ("*",)) -> FastAPI:
     """The server's app over `models`; `metrics` are its own unless given (Ray Serve's replicas
-    render every replica's)."""
+    render every replica's). Browsers at `allowed_origins` may call it (CORS, as vLLM's server:
+    preflights are answered before the API key is asked for); none: same-origin only."""
     metrics = metrics or ServerMetrics(models, state)
     completions = OpenAIServingCompletion(models, metrics)
     summarize = OpenAIServingSummarize(models, metrics)
@@ -64,6 +69,9 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     add_error_handlers(app)
     app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key,
                        max_body_bytes=max_body_bytes)
+    if allowed_origins:  # added last: the outermost layer
+        app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                           allow_headers=["*"])
     json_body = [Depends(require_json)]
 
     def get(path: str, **options):
@@ -183,7 +191,8 @@ def run_server(args: argparse.Namespace) -> int:
     served = ServedModels(load_models(args.models, args.served_model_names,
                                       args.max_waiting_requests, engine_options(args)))
     state = ServerState()
-    app = build_app(served, state, args.api_key, args.max_upload_mb, args.max_audio_seconds)
+    app = build_app(served, state, args.api_key, args.max_upload_mb, args.max_audio_seconds,
+                    allowed_origins=args.allowed_origins)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS)

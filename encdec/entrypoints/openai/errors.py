@@ -21,9 +21,8 @@ from encdec.engine.async_engine import EngineDeadError, EngineOverloaded
 
 logger = logging.getLogger("encdec.server")
 
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_exceeded",
-         500: "internal_error", 503: "service_unavailable"}
+# OpenAI's error types: a wrong key and an unknown model are invalid requests too
+TYPES = {429: "rate_limit_exceeded", 500: "server_error", 503: "server_error"}
 RETRY_AFTER_SECONDS = 1
 
 

@@ -67,7 +67,13 @@ class UsageInfo(BaseModel):
 
 
 class StreamOptions(JSONRequest):
+    """`include_usage`: a last chunk with the usage; vLLM's `continuous_usage_stats`: the usage so
+    far on every chunk too. OpenAI's `include_obfuscation` is taken and has nothing to do here
+    (no padding is added to the chunks)."""
+
     include_usage: bool = False
+    continuous_usage_stats: bool = False
+    include_obfuscation: bool = True
 
 
 # ----------------------------------------------------------------------------- completions
@@ -192,9 +198,12 @@ ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
 class TranslationRequest(OpenAIBaseModel):
     """The form fields of `/v1/audio/translations` besides `file`. Extras: openai-whisper's
     decoding options by their CLI names (`encdec.entrypoints.whisper_options`); unset, they
-    keep `TranscribeOptions`' defaults (greedy, fallback on)."""
+    keep `TranscribeOptions`' defaults (greedy, fallback on). As in vLLM, `language` (the
+    speech's, not detected then) and `stream` hold for translations too."""
 
     model: str
+    language: Optional[str] = None
+    stream: bool = False
     prompt: Optional[str] = None
     response_format: ResponseFormat = "json"
     temperature: float = Field(0.0, ge=0.0, le=1.0)
@@ -210,15 +219,26 @@ class TranslationRequest(OpenAIBaseModel):
     vad_filter: Optional[bool] = None
 
 
+class ServerVad(OpenAIBaseModel):
+    """OpenAI's `chunking_strategy` of type `server_vad`: encdec's VAD filter, its silence and
+    padding in milliseconds."""
+
+    type: Literal["server_vad"]
+    threshold: Optional[float] = Field(None, gt=0.0, lt=1.0)
+    silence_duration_ms: Optional[int] = Field(None, ge=0)
+    prefix_padding_ms: Optional[int] = Field(None, ge=0)
+
+
 class TranscriptionRequest(TranslationRequest):
-    """The form fields of `/v1/audio/transcriptions` besides `file`."""
+    """The form fields of `/v1/audio/transcriptions` besides `file`. `chunking_strategy`
+    "auto" is how audio is cut anyway (30 s windows); `server_vad` turns the VAD filter on."""
 
     model_config = ConfigDict(populate_by_name=True)
 
-    language: Optional[str] = None
     timestamp_granularities: list[Literal["word", "segment"]] = Field(
         default_factory=lambda: ["segment"], alias="timestamp_granularities[]")
-    stream: bool = False
+    chunking_strategy: Optional[Union[Literal["auto"], ServerVad]] = None
+    include: list[Literal["logprobs"]] = Field(default_factory=list, alias="include[]")
     hallucination_silence_threshold: Optional[float] = Field(None, gt=0.0)  # needs word timings
 
     @field_validator("timestamp_granularities", mode="before")
@@ -281,6 +301,8 @@ class ModelCard(BaseModel):
     created: int
     owned_by: str = "encdec"
     root: str  # the checkpoint it serves
+    parent: Optional[str] = None
+    max_model_len: int  # vLLM's: the decoder's positions (a prompt's limit is the encoder's)
 
 
 class ModelList(BaseModel):

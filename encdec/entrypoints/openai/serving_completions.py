@@ -151,6 +151,7 @@ class OpenAIServingCompletion:
         builders: dict[int, LogprobsBuilder] = {}
         created = unix_time()  # one time for every chunk, as OpenAI streams
         include_usage = body.stream_options is not None and body.stream_options.include_usage
+        continuous = include_usage and body.stream_options.continuous_usage_stats  # vLLM's: both
         async for i, (out, deltas) in merged:
             counter.count(out, deltas)
             for delta in deltas:  # a chunk per choice with something to send, as OpenAI streams
@@ -163,9 +164,11 @@ class OpenAIServingCompletion:
                     choice = CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
                                               finish_reason=delta.finish_reason)
                     chunk = CompletionResponse(id=response_id, created=created, model=body.model,
-                                               choices=[choice])
-                    # With include_usage, OpenAI's other chunks carry a null usage.
-                    yield sse(chunk.model_dump(exclude_none=True) | {"usage": None} if include_usage else chunk)
+                                               choices=[choice], usage=counter.usage() if continuous else None)
+                    # With include_usage, OpenAI's other chunks carry a null usage (vLLM's
+                    # continuous_usage_stats: the usage so far).
+                    yield sse(chunk.model_dump(exclude_none=True) | {"usage": None}
+                              if include_usage and not continuous else chunk)
         if include_usage:
             yield sse(CompletionResponse(id=response_id, created=created, model=body.model, choices=[],
                                          usage=counter.usage()))

@@ -39,7 +39,8 @@ class ServedModel:
         return getattr(self.engine.model_config.hf_config, "model_type", None) == "whisper"
 
     def card(self) -> ModelCard:
-        return ModelCard(id=self.name, created=self.created, root=self.path)
+        return ModelCard(id=self.name, created=self.created, root=self.path,
+                         max_model_len=self.engine.model_config.max_decoder_len)
 
 
 class ServedModels:

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from encdec.audio import SAMPLE_RATE
 from encdec.entrypoints.openai.errors import OpenAIError, bad_request, validation_error, value_error
 from encdec.entrypoints.openai.metrics import ServerMetrics
-from encdec.entrypoints.openai.protocol import (TranscriptionDelta, TranscriptionDone,
+from encdec.entrypoints.openai.protocol import (ServerVad, TranscriptionDelta, TranscriptionDone,
                                                 TranscriptionRequest, TranscriptionUsage,
                                                 TranscriptionVerbose, TranslationRequest)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
@@ -62,8 +62,7 @@ class OpenAIServingTranscription:
             except ValidationError as err:
                 raise validation_error(err) from None
             check_request(body)
-            options = dict(language=getattr(body, "language", None), task=task,
-                           **request_options(body))
+            options = dict(language=body.language, task=task, **request_options(body))
             served = self.models.get(body.model, whisper=True)
             try:
                 checked_options(served.engine, **options)
@@ -143,6 +142,10 @@ def granularities(body: AudioRequest) -> list[str]:
 def check_request(body: AudioRequest) -> None:
     """What the form allows but this server does not do."""
     if isinstance(body, TranscriptionRequest):
+        if body.include:
+            raise bad_request("include[]=logprobs: OpenAI returns token log-probabilities for its "
+                              "gpt-4o transcription models only, not for Whisper; verbose_json's "
+                              "segments carry avg_logprob", "include[]")
         if body.timestamp_granularities != ["segment"] and body.response_format != "verbose_json":
             raise bad_request(f"timestamp_granularities[] needs response_format=verbose_json, got "
                               f"{body.response_format!r}", "timestamp_granularities[]")
@@ -154,7 +157,7 @@ def check_request(body: AudioRequest) -> None:
 def streamed(body: AudioRequest) -> bool:
     """Whether to answer with text events: `stream` with json or text; with another format
     `stream` is ignored, as OpenAI ignores it where it cannot stream."""
-    return getattr(body, "stream", False) and body.response_format in ("json", "text")
+    return body.stream and body.response_format in ("json", "text")
 
 
 def request_options(body: AudioRequest) -> dict:
@@ -162,6 +165,12 @@ def request_options(body: AudioRequest) -> dict:
     values = body.model_dump(include=OPTION_FIELDS, exclude_unset=True)
     values.update(temperature=body.temperature, initial_prompt=body.prompt,
                   word_timestamps="word" in granularities(body))
+    vad = getattr(body, "chunking_strategy", None)
+    if isinstance(vad, ServerVad):
+        values["vad_filter"] = True
+        given = dict(vad_threshold=vad.threshold, vad_min_silence_duration_ms=vad.silence_duration_ms,
+                     vad_speech_pad_ms=vad.prefix_padding_ms)
+        values.update((name, value) for name, value in given.items() if value is not None)
     try:
         return transcribe_options(values)
     except ValueError as err:
@@ -170,8 +179,9 @@ def request_options(body: AudioRequest) -> dict:
 
 def response(result: Transcription, body: AudioRequest, task: str) -> Response:
     response_format = body.response_format
-    if response_format == "json":
-        return JSONResponse({"text": result.text})
+    usage = TranscriptionUsage(seconds=result.duration)
+    if response_format == "json":  # OpenAI's usage for a transcription (none for a translation)
+        return JSONResponse({"text": result.text, **({"usage": usage.model_dump()} if task == "transcribe" else {})})
     if response_format == "text":
         return PlainTextResponse(result.text + "\n")
     if response_format in ("srt", "vtt"):
@@ -183,5 +193,5 @@ def response(result: Transcription, body: AudioRequest, task: str) -> Response:
         return PlainTextResponse(out.getvalue(), media_type="text/vtt" if response_format == "vtt" else None)
     kinds = granularities(body)
     data = verbose_json(result, task, segments="segment" in kinds, words="word" in kinds)
-    verbose = TranscriptionVerbose(**data, usage=TranscriptionUsage(seconds=result.duration))
+    verbose = TranscriptionVerbose(**data, usage=usage)
     return JSONResponse(verbose.model_dump(exclude_none=True))

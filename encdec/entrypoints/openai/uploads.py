@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -89,7 +90,8 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
 
 
 def form_fields(form: FormData) -> tuple[UploadFile, dict]:
-    """The uploaded `file`, and the other fields (lists for the bracketed `name[]` keys)."""
+    """The uploaded `file`, and the other fields (lists for the bracketed `name[]` keys, a dict
+    for the `name[key]` ones, as the official client sends a list and an object)."""
     upload = form.get("file")
     if not isinstance(upload, UploadFile):
         raise bad_request("'file' is required: upload the audio as a file part", "file")
@@ -104,7 +106,15 @@ def form_fields(form: FormData) -> tuple[UploadFile, dict]:
             fields[key] = values
         elif len(values) > 1:
             raise bad_request(f"{key!r} is given {len(values)} times", key)
+        elif (member := re.fullmatch(r"(\w+)\[(\w+)\]", key)) is not None:
+            name, item = member.groups()
+            parent = fields.setdefault(name, {})
+            if not isinstance(parent, dict):
+                raise bad_request(f"{name!r} is given both as a value and as an object", name)
+            parent[item] = values[0]
         else:
+            if isinstance(fields.get(key), dict):
+                raise bad_request(f"{key!r} is given both as a value and as an object", key)
             fields[key] = values[0]
     return upload, fields
 
