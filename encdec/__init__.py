@@ -14,6 +14,7 @@ _EXPORTS = {
     "EngineOverloaded": "encdec.engine.async_engine",
     "SamplingParams": "encdec.sampling.params",
     "RequestOutputKind": "encdec.sampling.params",
+    "BeamSearchParams": "encdec.beam_search",
     "TextPrompt": "encdec.inputs",
     "TokensPrompt": "encdec.inputs",
     "ExplicitEncoderDecoderPrompt": "encdec.inputs",
@@ -26,6 +27,7 @@ _EXPORTS = {
 __all__ = list(_EXPORTS)
 
 if TYPE_CHECKING:
+    from encdec.beam_search import BeamSearchParams
     from encdec.engine.async_engine import AsyncLLMEngine, EngineDeadError, EngineOverloaded
     from encdec.inputs import CrossKVPrompt, ExplicitEncoderDecoderPrompt, TextPrompt, TokensPrompt, zip_enc_dec_prompts
     from encdec.llm import LLM

@@ -7,6 +7,7 @@ import numbers
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
+from encdec.beam_search import BeamSearchOutput, BeamSearchParams
 from encdec.engine.llm_engine import LLMEngine
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
@@ -97,6 +98,14 @@ class LLM:
                 raise ValueError(f"prompt {len(added)}: {err}") from err
             raise
         return added
+
+    def beam_search(self, prompts: Union[Any, Sequence[Any]], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's beam-search API: each prompt's `params.beam_width` hypotheses, best first
+        (`encdec.beam_search`; the search is Hugging Face's)."""
+        if not isinstance(params, BeamSearchParams):
+            raise ValueError(f"params must be a BeamSearchParams, got {type(params).__name__}")
+        return [BeamSearchOutput.of(out) for out in self.generate(prompts, params.sampling_params(), use_tqdm)]
 
     def transcribe(self, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
                    timestamps: bool = True, initial_prompt: Optional[str] = None,

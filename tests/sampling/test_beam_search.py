@@ -228,3 +228,22 @@ def test_hypotheses_that_cannot_be_are_not_returned(llm):
                        use_tqdm=False)[0]
     assert [(c.token_ids, c.cumulative_logprob) for c in out.outputs] == [([EOS], 0.0)]
     assert_all_blocks_free(llm)
+
+
+def test_vllms_beam_search_api(llm):
+    """`LLM.beam_search(prompts, BeamSearchParams(...))`: every beam, best first, each sequence
+    the decoder prompt then the generated tokens (as vLLM's); the search is the engine's (Hugging
+    Face's, above) with the params' fields and not the checkpoint's config, as vLLM's ignores it."""
+    from encdec import BeamSearchParams
+
+    prompts = texts(3)
+    outputs = llm.beam_search(prompts, BeamSearchParams(beam_width=3, max_tokens=20, length_penalty=0.5))
+    expected = llm.generate(prompts, SamplingParams(beam_width=3, n=3, max_tokens=20, length_penalty=0.5,
+                                                    temperature=0.0), use_tqdm=False)
+    for out, want in zip(outputs, expected):
+        assert [(s.tokens, s.cum_logprob, s.text, s.finish_reason) for s in out.sequences] == [
+            (want.prompt_token_ids + c.token_ids, c.cumulative_logprob, c.text, c.finish_reason) for c in want.outputs]
+        assert len(out.sequences) == 3
+    with pytest.raises(ValueError, match="temperature must be 0"):
+        llm.beam_search(prompts, BeamSearchParams(beam_width=3, max_tokens=20, temperature=0.7))
+    assert_all_blocks_free(llm)
