@@ -105,9 +105,10 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
     g.add_argument("--patience", type=number(float, 0, none=True, above=True), default=None,
                    help="beam search patience: wait for beam_size * patience finished beams "
                         "(default: 1.0)")
-    g.add_argument("--length_penalty", type=number(float, none=True), default=None,
+    g.add_argument("--length_penalty", type=number(float, 0, 1, none=True), default=None,
                    help="rank beams and samples by log-probability over ((5 + length) / 6) ** "
-                        "length_penalty (Google NMT's alpha); default: over the length")
+                        "length_penalty (Google NMT's alpha), in [0, 1] as openai-whisper takes "
+                        "it; default: over the length")
     g.add_argument("--temperature", type=number(float, 0, 2), default=0.0,
                    help="first temperature of each window's decode, in [0, 2]; 0 decodes greedily "
                         "or with beams (default: 0)")

@@ -294,7 +294,8 @@ class TranscriptionJob:
                                    suppress_blank=options.suppress_blank)
         self.max_decoder_len = max_decoder_len
         self.initial = prompt_ids(tokens, tokenizer, options.initial_prompt, "initial_prompt")
-        self.hotwords = prompt_ids(tokens, tokenizer, options.hotwords, "hotwords")[:MAX_PROMPT_TOKENS]
+        # faster-whisper's: empty hotwords are none
+        self.hotwords = prompt_ids(tokens, tokenizer, options.hotwords or None, "hotwords")[:MAX_PROMPT_TOKENS]
         if self._max_tokens(self._decoder_prompt(list(self.initial))) <= 0:
             raise ValueError(f"initial_prompt and hotwords leave no room to decode "
                              f"({len(self.initial) + len(self.hotwords)} prompt tokens)")
@@ -793,10 +794,11 @@ class TranscriptionJob:
 
 
 def prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Optional[str], name: str) -> list[int]:
-    """Tokens of " " + `text` for a prompt, or none. Text that spells a special token
+    """Tokens of " " + `text` for a prompt (an empty one is that space, as in openai-whisper),
+    or none for None. Text that spells a special token
     (<|endoftext|>, <|notimestamps|>, ...) is refused, as openai-whisper refuses it: a prompt is
     plain text, and such a token would steer the decode instead."""
-    if text is None or not text.strip():
+    if text is None:
         return []
     if tokens.sot_prev is None:
         raise ValueError(f"this Whisper vocabulary has no <|startofprev|>: {name} unsupported")

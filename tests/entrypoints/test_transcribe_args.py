@@ -213,6 +213,7 @@ def test_option_errors_name_the_flag(llm, capsys, argv, message):
     (["--word_timestamps", "yes"], "argument --word_timestamps: expected True or False, got 'yes'"),
     (["--beam_size", "0"], "argument --beam_size: expected an integer in [1, 256] or None, got '0'"),
     (["--best_of", "x"], "argument --best_of: expected an integer in [1, 256] or None, got 'x'"),
+    (["--length_penalty", "2"], "argument --length_penalty: expected a number in [0, 1] or None, got '2'"),
     (["--temperature_increment_on_fallback", "-1"], "expected a finite number >= 0 or None, got '-1'"),
     (["--vad_speech_pad_ms", "1.5"], "argument --vad_speech_pad_ms: expected an integer >= 0"),
     (["--max_line_width", "0"], "argument --max_line_width: expected an integer >= 1"),

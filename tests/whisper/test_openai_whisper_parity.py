@@ -27,8 +27,9 @@ def segments_of(result: dict) -> list[tuple]:
 
 @pytest.mark.parametrize("options, num_clips", [({}, 20), ({"beam_size": 5, "best_of": 5}, 20),
                                                 ({"beam_size": 3, "patience": 2.0}, 10),
-                                                ({"beam_size": 3, "length_penalty": 1.0}, 10)],
-                         ids=["defaults", "beam5", "patience2", "length_penalty"])
+                                                ({"beam_size": 3, "length_penalty": 1.0}, 10),
+                                                ({"initial_prompt": "", "temperature": 0.0}, 4)],
+                         ids=["defaults", "beam5", "patience2", "length_penalty", "empty-prompt"])
 def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options, num_clips):
     """The whole corpus with the defaults and the command line's beams; half of it where one
     beam option changes (openai-whisper's beam search is the slow part)."""
@@ -59,6 +60,16 @@ def assert_segments_equal(transcript, expected: list[tuple]) -> None:
         [(round(e[0], 2), round(e[1], 2), *e[2:4]) for e in expected]
     for g, e in zip(got, expected):
         assert g[4:] == pytest.approx(e[4:], abs=1e-3)
+
+
+def test_an_empty_initial_prompt_is_a_space_as_in_openai_whisper(tiny_en):
+    """openai-whisper prompts with " " + initial_prompt.strip() whenever it is not None."""
+    from encdec.whisper.pipeline import prompt_ids
+
+    tokens = tiny_en.llm_engine.model_config.special_tokens
+    expected = whisper.tokenizer.get_tokenizer(False).encode(" ")
+    assert prompt_ids(tokens, tiny_en.get_tokenizer(), "", "initial_prompt") == expected == [220]
+    assert prompt_ids(tokens, tiny_en.get_tokenizer(), None, "initial_prompt") == []
 
 
 def test_words_equal_openai_whisper(tiny_en, reference, corpus, long_clips):

@@ -163,7 +163,7 @@ def streamed(body: AudioRequest) -> bool:
 def request_options(body: AudioRequest) -> dict:
     """`transcribe` options from the form's fields (400 naming the field at fault)."""
     values = body.model_dump(include=OPTION_FIELDS, exclude_unset=True)
-    values.update(temperature=body.temperature, initial_prompt=body.prompt,
+    values.update(temperature=body.temperature, initial_prompt=body.prompt or None,  # OpenAI's "": none
                   word_timestamps="word" in granularities(body))
     vad = getattr(body, "chunking_strategy", None)
     if isinstance(vad, ServerVad):
