@@ -145,7 +145,7 @@ class LLMEngine:
                              f"got {type(params).__name__}")
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        inputs = self.input_preprocessor.preprocess(prompt)
+        inputs = self.input_preprocessor.preprocess(prompt, params.truncate_prompt_tokens)
         resolved = self._resolve(params, inputs.prompt_token_ids)
         if resolved.forced_bos_token_id is not None and not _has_decoder_prompt(prompt):
             # Hugging Face's default: the prompt is <DEC> alone and BOS its first generated token
@@ -187,7 +187,8 @@ class LLMEngine:
             if token is not None and token >= vocab:
                 raise ValueError(f"{name}={token} is not a token id of this model (vocab_size={vocab})")
         lists = {name: getattr(params, name) or [] for name in
-                 ("stop_token_ids", "suppress_tokens", "begin_suppress_tokens")}
+                 ("stop_token_ids", "suppress_tokens", "begin_suppress_tokens", "allowed_token_ids")}
+        lists["logit_bias"] = list(params.logit_bias or {})
         lists["bad_words_ids"] = [t for word in params.bad_words_ids or [] for t in word]
         for name, ids in lists.items():
             unknown = next((t for t in ids if t >= vocab), None)

@@ -38,7 +38,9 @@ class InputPreprocessor:
         tokens = model_config.special_tokens
         self.decoder_starts = {tokens.decoder_start_token_id, *tokens.extra_decoder_start_token_ids}
 
-    def preprocess(self, prompt: Any) -> EncoderDecoderInputs:
+    def preprocess(self, prompt: Any, truncate_prompt_tokens: Optional[int] = None) -> EncoderDecoderInputs:
+        """`prompt`'s token ids, checked; a text or token-id encoder prompt cut to its last
+        `truncate_prompt_tokens` (-1: the encoder's limit), as vLLM cuts prompts."""
         if is_explicit_encoder_decoder_prompt(prompt):
             unknown = set(prompt) - {"encoder_prompt", "decoder_prompt"}
             if unknown:
@@ -51,7 +53,7 @@ class InputPreprocessor:
             cross_kv = self._cross_kv(encoder_prompt)
             enc_text, enc_ids, features = None, [0] * cross_kv[0][0].shape[1], None
         else:
-            enc_text, enc_ids, features = self._encoder_side(encoder_prompt)
+            enc_text, enc_ids, features = self._encoder_side(encoder_prompt, truncate_prompt_tokens)
         dec_text, dec_ids = self._decoder_side(decoder_prompt)
         return EncoderDecoderInputs(encoder_prompt_token_ids=enc_ids, prompt_token_ids=dec_ids,
                                     encoder_prompt=enc_text, prompt=dec_text,
@@ -84,7 +86,7 @@ class InputPreprocessor:
                              f"model takes 1 to {config.max_encoder_len}")
         return [tuple(pair) for pair in layers]
 
-    def _encoder_side(self, prompt: Any) -> tuple[Optional[str], list[int], Any]:
+    def _encoder_side(self, prompt: Any, truncate: Optional[int]) -> tuple[Optional[str], list[int], Any]:
         text, ids, mm_data = _parse_singleton(prompt, "encoder_prompt")
         limit = self.model_config.max_encoder_len
         if mm_data:
@@ -108,6 +110,8 @@ class InputPreprocessor:
             ids = self._tokenize(text=text, add_special_tokens=True)
         if not ids:
             raise ValueError("encoder_prompt is empty: give at least one token id")
+        if truncate is not None:
+            ids = ids[-(limit if truncate == -1 else truncate):]
         if len(ids) > limit:
             raise ValueError(f"encoder_prompt has {len(ids)} tokens, more than the model's "
                              f"maximum of {limit}")

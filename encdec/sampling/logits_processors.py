@@ -2,8 +2,8 @@
 
 `apply_logits_processors` runs them in Hugging Face's order (repetition penalty, then vLLM's
 presence and frequency penalties, no-repeat n-gram, bad words, min tokens, forced BOS, forced
-EOS, suppressed tokens, suppressed at the beginning), then each request's own processors (row by
-row, or together where their class can).
+EOS, suppressed tokens, suppressed at the beginning), then vLLM's logit bias and allowed
+tokens, then each request's own processors (row by row, or together where their class can).
 A row's history is its decoder prompt plus its output, as Hugging Face's `input_ids` in
 `generate()`. The scores are logits for greedy and sampled rows and log-probabilities for beam
 rows, exactly where Hugging Face applies them. Every function modifies `scores` in place.
@@ -52,6 +52,14 @@ def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
     _ban(scores, [(i, t) for i, (data, p) in enumerate(rows) if p.begin_suppress_tokens
                   and len(data.output_token_ids) == _first_free_step(data, p)
                   for t in p.begin_suppress_tokens])
+    for i, (_, p) in enumerate(rows):
+        if p.logit_bias:
+            scores[i, list(p.logit_bias)] += torch.tensor(list(p.logit_bias.values()), dtype=scores.dtype,
+                                                          device=scores.device)
+        if p.allowed_token_ids is not None:
+            allowed = scores[i, p.allowed_token_ids]
+            scores[i] = -float("inf")
+            scores[i, p.allowed_token_ids] = allowed
     return _request_processors(scores, rows)
 
 

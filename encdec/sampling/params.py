@@ -28,7 +28,7 @@ BUILTIN_DEFAULTS = dict(
 EARLY_STOPPING_VALUES = (True, False, "never")
 BEAM_RULES = ("hf", "whisper")
 INTEGER_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "beam_width",
-                  "no_repeat_ngram_size", "forced_bos_token_id", "forced_eos_token_id")
+                  "no_repeat_ngram_size", "forced_bos_token_id", "forced_eos_token_id", "truncate_prompt_tokens")
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "length_penalty", "patience", "repetition_penalty",
                  "presence_penalty", "frequency_penalty")
 FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "use_beam_search", "config_per_field",
@@ -85,7 +85,10 @@ class SamplingParams:
     then just <DEC>), `forced_eos_token_id` as the last one allowed by `max_tokens`. As in
     Hugging Face's generation config: `bad_words_ids` (token sequences that are never completed;
     EOS alone is never banned), `suppress_tokens` (never sampled) and `begin_suppress_tokens` (not
-    sampled first; after a forced BOS: not second).
+    sampled first; after a forced BOS: not second). As in vLLM: `logit_bias` (token id -> a
+    number added to its logit) and `allowed_token_ids` (no other token is sampled), applied
+    after those, before `logits_processors`; `truncate_prompt_tokens=k` keeps the last k tokens
+    of a text or token-id encoder prompt (-1: as many as the encoder takes).
 
     `output_kind` says what `LLMEngine.step()` returns for the request as it runs (streaming);
     beam search gives one output, when it finishes, whatever the kind.
@@ -123,6 +126,9 @@ class SamplingParams:
     bad_words_ids: Optional[list[list[int]]] = None
     suppress_tokens: Optional[list[int]] = None
     begin_suppress_tokens: Optional[list[int]] = None
+    logit_bias: Optional[dict[int, float]] = None
+    allowed_token_ids: Optional[list[int]] = None
+    truncate_prompt_tokens: Optional[int] = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     config_per_field: bool = False
     # per logits processor: whether it takes the prompt's ids first (set from its signature)
@@ -155,10 +161,15 @@ class SamplingParams:
         stop = self.stop_token_ids if self.stop_token_ids is not None else []
         self.stop_token_ids = _token_ids("stop_token_ids", stop)
         self.stop = _strings("stop", self.stop)
-        for name in ("suppress_tokens", "begin_suppress_tokens"):
+        for name in ("suppress_tokens", "begin_suppress_tokens", "allowed_token_ids"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, _token_ids(name, value))
+        if self.logit_bias is not None:
+            _check(isinstance(self.logit_bias, dict), f"logit_bias must be a dict of token id -> number, "
+                                                      f"got {self.logit_bias!r}")
+            self.logit_bias = {_integer("logit_bias", token): _finite("logit_bias", bias)
+                               for token, bias in self.logit_bias.items()}
         if self.bad_words_ids is not None:
             _check(_is_list(self.bad_words_ids) and all(_is_list(w) and len(w) for w in self.bad_words_ids),
                    f"bad_words_ids must be a list of non-empty lists of token ids, got {self.bad_words_ids!r}")
@@ -187,9 +198,16 @@ class SamplingParams:
             _check(value is None or value >= -1,
                    f"{name} must be -1 (the whole vocabulary) or an integer >= 0, got {value!r}")
         _check(self.detokenize or not self.stop, "stop needs detokenize=True: stop strings are found in the text")
-        for name in ("stop_token_ids", "suppress_tokens", "begin_suppress_tokens"):
+        for name in ("stop_token_ids", "suppress_tokens", "begin_suppress_tokens", "allowed_token_ids"):
             ids = getattr(self, name) or []
             _check(all(t >= 0 for t in ids), f"{name} must be non-negative integers, got {ids!r}")
+        _check(self.truncate_prompt_tokens in (None, -1) or self.truncate_prompt_tokens >= 1,
+               f"truncate_prompt_tokens must be -1 (the encoder's limit) or an integer >= 1, "
+               f"got {self.truncate_prompt_tokens!r}")
+        _check(self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
+               "allowed_token_ids must not be empty: no token could be sampled")
+        _check(all(t >= 0 for t in self.logit_bias or {}),
+               f"logit_bias must have non-negative token ids, got {self.logit_bias!r}")
         _check(all(t >= 0 for w in self.bad_words_ids or [] for t in w),
                f"bad_words_ids must be non-negative integers, got {self.bad_words_ids!r}")
         _check(isinstance(self.output_kind, RequestOutputKind),
@@ -304,6 +322,11 @@ def _integer(name: str, value: Any) -> Optional[int]:
         return None
     _check(is_number(value, integer=True), f"{name} must be an integer, got {value!r}")
     return int(value)
+
+
+def _finite(name: str, value: Any) -> float:
+    _check(is_number(value) and math.isfinite(value), f"{name} values must be finite numbers, got {value!r}")
+    return float(value)
 
 
 def _strings(name: str, value: Any) -> list[str]:

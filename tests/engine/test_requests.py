@@ -1,6 +1,8 @@
 """Request-level behaviour: validation at the edge, n > 1 sampling, seeds, aborts."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -52,6 +54,10 @@ def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
     (dict(begin_suppress_tokens="5"), "begin_suppress_tokens must be a list of token ids"),
     (dict(stop_token_ids=[None]), "stop_token_ids must be a list of token ids"),
     (dict(logits_processors=lambda ids, row: row), "logits_processors must be a list of callables"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids must not be empty"),
+    (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens must be -1 .* or an integer >= 1, got 0"),
+    (dict(logit_bias={1: float("nan")}), "logit_bias values must be finite numbers, got nan"),
+    (dict(logit_bias=[1]), "logit_bias must be a dict of token id -> number"),
     (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(top_k=-2), r"top_k must be -1 or 0 \(disabled\) or an integer >= 1, got -2"),
@@ -96,6 +102,36 @@ def test_vllms_spellings_mean_what_they_mean_there(llm):
     vocab = llm.llm_engine.model_config.vocab_size
     entries = sample(seed=7, logprobs=-1).logprobs
     assert len(entries) == 8 and all(len(entry) == vocab for entry in entries)
+    assert_all_blocks_free(llm)
+
+
+def test_logit_bias_and_allowed_token_ids(llm):
+    """vLLM's: a bias added to some tokens' logits, and a set of tokens no other is chosen from."""
+    greedy = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+    def tokens(**kwargs):
+        [out] = llm.generate(TEXT, dataclasses.replace(greedy, **kwargs), use_tqdm=False)
+        return out.outputs[0].token_ids
+
+    free = tokens()
+    assert tokens(logit_bias={free[0]: -100.0})[0] != free[0]
+    assert tokens(logit_bias={7: 100.0}) == [7] * 6
+    assert set(tokens(allowed_token_ids=[7, 9])) <= {7, 9}
+    with pytest.raises(ValueError, match=r"logit_bias: 5000 is not a token id of this model \(vocab_size=1000\)"):
+        tokens(logit_bias={5000: 1.0})
+    assert_all_blocks_free(llm)
+
+
+def test_truncate_prompt_tokens_keeps_the_last_ones(llm):
+    params = SamplingParams(temperature=0.0, max_tokens=3)
+    [cut] = llm.generate(TokensPrompt(prompt_token_ids=[0, 5, 9, 7, 2]),
+                         dataclasses.replace(params, truncate_prompt_tokens=3), use_tqdm=False)
+    [short] = llm.generate(TokensPrompt(prompt_token_ids=[9, 7, 2]), params, use_tqdm=False)
+    assert cut.encoder_prompt_token_ids == [9, 7, 2] and cut.outputs[0].token_ids == short.outputs[0].token_ids
+    limit = llm.llm_engine.model_config.max_encoder_len
+    [whole] = llm.generate(TokensPrompt(prompt_token_ids=[5] * (limit + 10)),
+                           dataclasses.replace(params, truncate_prompt_tokens=-1), use_tqdm=False)
+    assert len(whole.encoder_prompt_token_ids) == limit
     assert_all_blocks_free(llm)
 
 

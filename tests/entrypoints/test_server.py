@@ -14,7 +14,7 @@ import openai
 import pytest
 import soundfile
 
-from encdec import LLM, SamplingParams
+from encdec import LLM, SamplingParams, TokensPrompt
 from encdec.entrypoints.openai.serving_completions import LogprobsBuilder, json_prompt_logprobs
 from encdec.outputs import Logprob
 from encdec.whisper.writers import write_srt, write_vtt
@@ -168,6 +168,21 @@ def test_completions_penalties_and_min_p(server, bart):
                                                  max_tokens=10, extra_body={"min_p": 0.2})
     expected = offline_texts(bart, ARTICLES[0], SamplingParams(n=2, seed=3, temperature=1.0, max_tokens=10, min_p=0.2))
     assert [c.text for c in sampled.choices] == expected
+
+
+def test_completions_logit_bias_and_vllms_extras(server, bart):
+    """OpenAI's logit_bias, and vLLM's ignore_eos, skip_special_tokens and truncate_prompt_tokens."""
+    ids = bart.get_tokenizer()(ARTICLES[1])["input_ids"]
+    result = server.client().completions.create(
+        model="bart", prompt=ids, max_tokens=8, temperature=0.0, logit_bias={"7": 30},
+        extra_body=dict(ignore_eos=True, skip_special_tokens=False, truncate_prompt_tokens=5))
+    params = SamplingParams(temperature=0.0, max_tokens=8, logit_bias={7: 30.0}, ignore_eos=True,
+                            skip_special_tokens=False)
+    [expected] = bart.generate(TokensPrompt(prompt_token_ids=ids[-5:]), dataclasses.replace(params, config_per_field=True),
+                               use_tqdm=False)
+    assert result.choices[0].text == expected.outputs[0].text and "</s>" in result.choices[0].text
+    assert result.usage.prompt_tokens == 5 + len(expected.prompt_token_ids)  # encoder and decoder prompts
+    assert (result.choices[0].finish_reason, result.usage.completion_tokens) == ("length", 8)
 
 
 def test_completions_prompt_logprobs_equal_the_offline_ones(server, bart):

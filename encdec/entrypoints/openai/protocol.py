@@ -82,7 +82,8 @@ class StreamOptions(JSONRequest):
 class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
     `decoder_prompt`, `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
-    `include_stop_str_in_output`, `prompt_logprobs` (of the decoder prompt)."""
+    `include_stop_str_in_output`, `ignore_eos`, `skip_special_tokens`, `truncate_prompt_tokens`,
+    `prompt_logprobs` (of the decoder prompt)."""
 
     model: str
     prompt: Union[list[int], list[list[int]], str, list[str]]
@@ -109,6 +110,9 @@ class CompletionRequest(JSONRequest):
     repetition_penalty: Optional[float] = Field(None, gt=0.0)
     stop_token_ids: list[int] = Field(default_factory=list)
     include_stop_str_in_output: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
     prompt_logprobs: Optional[int] = Field(None, ge=0)
 
 

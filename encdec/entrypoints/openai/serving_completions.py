@@ -28,7 +28,6 @@ from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
                                                 CompletionRequest, CompletionResponse, PromptLogprob,
                                                 unix_time)
-from encdec.entrypoints.openai.sampling_extras import LogitBias, logit_bias
 from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, bad_input, random_id
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
@@ -70,7 +69,6 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
         field = "best_of" if body.best_of else "n"
         raise bad_request(f"{field}={best_of} needs random sampling: set temperature > 0 (greedy "
                           f"decoding would give {best_of} identical completions)", field)
-    processors = [LogitBias(logit_bias(body.logit_bias, vocab_size))] if body.logit_bias else []
     with bad_input(CompletionRequest, ENGINE_NAMES, None):
         return SamplingParams(
             n=best_of, max_tokens=body.max_tokens, min_tokens=body.min_tokens,
@@ -79,7 +77,23 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
             logprobs=body.logprobs, prompt_logprobs=body.prompt_logprobs,
             stop=body.stop, include_stop_str_in_output=body.include_stop_str_in_output,
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
-            logits_processors=processors, output_kind=RequestOutputKind.DELTA, config_per_field=True)
+            ignore_eos=body.ignore_eos, skip_special_tokens=body.skip_special_tokens,
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            logit_bias=logit_bias(body.logit_bias, vocab_size) if body.logit_bias else None,
+            output_kind=RequestOutputKind.DELTA, config_per_field=True)
+
+
+def logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
+    """OpenAI's `logit_bias` (token ids as JSON keys, biases in [-100, 100]) as the engine's."""
+    parsed = {}
+    for token, value in bias.items():
+        if not (token.isascii() and token.isdigit() and len(token) <= 9) or int(token) >= vocab_size:
+            raise bad_request(f"logit_bias: {token[:20]!r} is not a token id of this model "
+                              f"(vocab_size={vocab_size})", "logit_bias")
+        if not -100.0 <= value <= 100.0:
+            raise bad_request(f"logit_bias: {value} is outside [-100, 100]", "logit_bias")
+        parsed[int(token)] = value
+    return parsed
 
 
 class OpenAIServingCompletion:
@@ -193,8 +207,10 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
         None, lambda: engine.tokenizer(texts)["input_ids"]) if texts else [])
     limit, vocab = engine.model_config.max_encoder_len, engine.model_config.encoder_vocab_size
     prompts = []
+    keep = {None: None, -1: limit}.get(body.truncate_prompt_tokens, body.truncate_prompt_tokens)
     for i, p in enumerate(prompt):
         ids = next(encoded) if isinstance(p, str) else p
+        ids = ids if keep is None else ids[-keep:]  # vLLM's truncate_prompt_tokens: the last ones
         if not ids or len(ids) > limit:
             raise bad_request(f"prompt {i} has {len(ids)} tokens; the model takes 1 to {limit}", "prompt")
         if any(not 0 <= t < vocab for t in ids):
