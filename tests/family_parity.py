@@ -83,12 +83,14 @@ class FamilyParity:
                            num_gpu_blocks=small_cache(plain_outputs))
         stats = llm.llm_engine.stats
         assert stats.num_preemptions > 0 and stats.num_swap_outs == stats.num_swap_ins
+        # swapped groups keep their cross blocks; recomputed ones run the encoder again, once
+        # for each of their sequences (a beam search's are recomputed too)
         if mode == "swap":
             assert stats.num_swap_outs > 0 and stats.num_recomputes == 0
+            assert stats.num_encoder_runs == 2 * NUM_PROMPTS
         else:
             assert stats.num_recomputes > 0
-        # swapped groups keep their cross blocks; recomputed ones run the encoder again
-        assert stats.num_encoder_runs == 2 * NUM_PROMPTS + stats.num_recomputes
+            assert stats.num_encoder_runs >= 2 * NUM_PROMPTS + stats.num_recomputes
 
     @pytest.mark.parametrize("precision", [{"dtype": "bfloat16"}, {"quantization": "int8"}],
                              ids=["bfloat16", "int8"])

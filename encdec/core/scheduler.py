@@ -2,9 +2,10 @@
 
 Each step: running groups get a slot for their next token, preempting the most recently
 admitted groups when blocks run out (by recompute for single-sequence groups, by swap
-otherwise when the swap pool has room, or as `preemption_mode` says); when nothing was preempted, swapped groups come back
-and waiting groups are admitted in arrival order within the budgets (and while fewer than
-`max_running_requests` run). Prefills and decodes share one step.
+otherwise when the swap pool has room, or as `preemption_mode` says); when nothing was
+preempted, swapped groups come back and waiting groups are admitted in arrival order within
+the budgets (and while fewer than `max_running_requests` run). Prefills and decodes share one
+step.
 Preemption by recompute frees both the self and the cross blocks, so the encoder runs again.
 """
 from __future__ import annotations

@@ -498,7 +498,7 @@ def add_serve(subparsers) -> None:
     p.add_argument("--allowed-origins", nargs="*", default=["*"], metavar="ORIGIN",
                    help="origins whose web pages may call the server (CORS), e.g. "
                         "https://app.example.com; none after the flag: no other origin "
-                        "(default: * , any, as vLLM's server)")
+                        "(default: *, any origin, as vLLM's server)")
     p.add_argument("--max-upload-mb", type=positive_float, default=25,
                    help="largest audio upload (and JSON body) in MiB; larger ones get 413 "
                         "(default: 25)")
