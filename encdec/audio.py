@@ -24,7 +24,7 @@ import logging
 import numbers
 import os
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence, Union
+from typing import Any, BinaryIO, Iterator, Optional, Sequence, Union
 
 import librosa
 import numpy as np
@@ -49,8 +49,8 @@ MAX_SAMPLE_RATE = 1_000_000
 BLOCK_FRAMES = 1 << 16  # frames a file is decoded in at a time
 MEL_BLOCK_FRAMES = 3000  # log-mel frames of a long input computed at a time
 
-AudioSource = Union[str, os.PathLike, tuple, np.ndarray, torch.Tensor]
-AUDIO_SOURCES = "a path, a 16 kHz waveform or a (waveform, sample_rate) pair"
+AudioSource = Union[str, os.PathLike, BinaryIO, tuple, np.ndarray, torch.Tensor]
+AUDIO_SOURCES = "a path, a binary file object, a 16 kHz waveform or a (waveform, sample_rate) pair"
 ArrayLike = Union[np.ndarray, torch.Tensor, Sequence[float]]
 
 
@@ -65,7 +65,8 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
     """Return ``source`` as a mono float32 waveform at ``sr`` Hz.
 
     ``source`` is a path to a file that soundfile (WAV, FLAC, MP3, OGG, ...) or PyAV (FFmpeg:
-    M4A, MP4, WebM, ...) decodes, a ``(waveform, sample_rate)`` pair, or a 1-D waveform alone (16
+    M4A, MP4, WebM, ...) decodes, such a file opened in binary mode (read from where it is, as
+    faster-whisper takes one), a ``(waveform, sample_rate)`` pair, or a 1-D waveform alone (16
     kHz). Channels are averaged
     (a 2-D waveform's smaller dimension is taken as the channel axis). A file's samples are
     clipped to [-1, 1], as the 16-bit decoding of openai-whisper and faster-whisper clips them;
@@ -90,6 +91,12 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
     elif isinstance(source, (str, os.PathLike)):
         name = os.fspath(source)
         audio, rate = _read_file(Path(name), max_samples)
+    elif hasattr(source, "read"):
+        name = str(getattr(source, "name", "") or "file object")
+        data = source.read()
+        if not isinstance(data, (bytes, bytearray)):
+            raise ValueError(f"{name}: a file object must be opened in binary mode ('rb')")
+        audio, rate = _decode(io.BytesIO(data), name, max_samples)
     else:
         raise ValueError(f"expected {AUDIO_SOURCES}, got {type(source).__name__}")
     rate = _sample_rate(rate, name)
@@ -122,25 +129,29 @@ def _read_file(path: Path, max_samples: Optional[int]) -> tuple[np.ndarray, int]
     if not path.exists():
         raise AudioFileNotFoundError(f"audio file not found: {path}")
     # a pipe or a device (/dev/stdin, <(...)) is read whole first: the decoders seek
-    source = path if path.is_file() else io.BytesIO(path.read_bytes())
-    if (path.stat().st_size if path.is_file() else source.getbuffer().nbytes) == 0:
-        raise ValueError(f"{path}: audio file is empty")
+    return _decode(path if path.is_file() else io.BytesIO(path.read_bytes()), str(path), max_samples)
+
+
+def _decode(source: Union[Path, io.BytesIO], name: str, max_samples: Optional[int]) -> tuple[np.ndarray, int]:
+    """A file's (or its bytes') samples, channels averaged, and its sample rate."""
+    if (source.stat().st_size if isinstance(source, Path) else source.getbuffer().nbytes) == 0:
+        raise ValueError(f"{name}: audio file is empty")
     try:
         try:
             blocks, rate = _soundfile_blocks(source)
         except Exception as error:  # a format libsndfile does not read: FFmpeg's decoders
-            logger.debug("soundfile could not read %s (%s); trying PyAV", path, error)
+            logger.debug("soundfile could not read %s (%s); trying PyAV", name, error)
             blocks, rate = _av_blocks(_rewound(source))
         mono, total = [], 0
         for block in blocks:  # (frames, channels) blocks, averaged as they come
             total += len(block)
             if max_samples is not None and total > max_samples:
-                raise TooManySamples(f"{path}: more than {max_samples} samples per channel")
+                raise TooManySamples(f"{name}: more than {max_samples} samples per channel")
             mono.append(block.mean(axis=1))
     except TooManySamples:
         raise
     except Exception as error:
-        raise ValueError(f"{path}: not a readable audio file ({str(error) or type(error).__name__})") from error
+        raise ValueError(f"{name}: not a readable audio file ({str(error) or type(error).__name__})") from error
     audio = np.concatenate(mono) if mono else np.zeros(0, np.float32)
     return np.clip(audio, -1.0, 1.0, out=audio), rate
 

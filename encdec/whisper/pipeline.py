@@ -61,6 +61,7 @@ start 12 s late; decoding with timestamps and printing none loses nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -396,7 +397,10 @@ class TranscriptionJob:
         failed = self._needs_fallback(window.decodes[-1], window.state.no_speech_prob)
         if failed and len(window.decodes) < len(self.options.temperature):
             return [self._request(window)]
-        decode = self._best_failed(window.decodes) if failed else window.decodes[-1]
+        # all failed: the best of them, with the last temperature (faster-whisper's, which keeps
+        # its text out of the next prompt, as openai-whisper's last decode is kept out)
+        decode = (dataclasses.replace(self._best_failed(window.decodes), temperature=window.decodes[-1].temperature)
+                  if failed else window.decodes[-1])
         follow_up = self._settle(window, decode)
         if self.options.word_timestamps and window.segments:
             self.unaligned.append((window, decode))  # done once `align` gave it words

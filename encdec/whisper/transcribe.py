@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Callable, Optional
@@ -26,7 +27,10 @@ from encdec.whisper.transcript import Segment, Transcription
 from encdec.worker.cpu_memory import release_free_memory
 
 TASKS = ("transcribe", "translate")
-EXPECTED = "a path (str or os.PathLike), a 16 kHz waveform (array or tensor) or a (waveform, sample_rate) pair"
+# faster-whisper's names for what encdec spells otherwise
+RENAMED = {"log_prob_threshold": "logprob_threshold", "without_timestamps": "timestamps=False"}
+EXPECTED = ("a path (str or os.PathLike), a binary file object, a 16 kHz waveform (array or tensor) or a "
+            "(waveform, sample_rate) pair")
 
 
 def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
@@ -35,8 +39,8 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
                **options: Any) -> list[Transcription]:
     """Transcribe (or translate) each input; returns one `Transcription` per input, in order.
 
-    `inputs` is a path, a 16 kHz waveform (a 1-D array or tensor, as openai-whisper takes), a
-    `(waveform, sample_rate)` pair, or a list of them. `language` is a code ("en", "fr", ...)
+    `inputs` is a path, a binary file object (as faster-whisper takes), a 16 kHz waveform (a 1-D
+    array or tensor, as openai-whisper takes), a `(waveform, sample_rate)` pair, or a list of them. `language` is a code ("en", "fr", ...)
     or a name ("English", "french") or None / "auto" to detect it on each input's first 30 s
     (English-only models: English or None). `on_progress(seconds)` is called as windows finish
     with the seconds of audio finished so far (over all inputs; the last call gives the total
@@ -111,6 +115,10 @@ def checked_options(engine: Any, language: Optional[str] = None, task: str = "tr
     """`transcribe`'s options checked against `engine`'s model and against what it runs at once
     (the fallback's default samples shrink to fit a smaller `max_num_seqs`); needs no audio, so
     a server refuses bad options before it decodes an upload. ValueError names the option."""
+    known = {f.name for f in dataclasses.fields(TranscribeOptions)}
+    for name in sorted(set(options) - known):
+        hint = f"use {RENAMED[name]}" if name in RENAMED else "it is not one encdec takes (see TranscribeOptions)"
+        raise ValueError(f"unknown transcribe option {name!r}: {hint}")
     tokens = _model_tokens(engine)
     max_num_seqs = engine.scheduler_config.max_num_seqs
     options = {"best_of": min(TranscribeOptions.best_of, max_num_seqs), **options}
@@ -251,7 +259,7 @@ def _as_input_list(inputs: Any) -> list:
 
 
 def _is_input(item: Any) -> bool:
-    return isinstance(item, (str, os.PathLike, np.ndarray, torch.Tensor)) or (
+    return isinstance(item, (str, os.PathLike, np.ndarray, torch.Tensor)) or hasattr(item, "read") or (
         isinstance(item, tuple) and len(item) == 2 and not isinstance(item[0], (str, bytes, os.PathLike, tuple))
         and not isinstance(item[1], (os.PathLike, tuple, list)) and np.ndim(item[1]) == 0)
 

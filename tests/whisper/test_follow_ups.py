@@ -171,6 +171,21 @@ def test_when_every_temperature_fails_the_likeliest_fluent_decode_is_kept():
     assert result.text == "w3"
 
 
+def test_when_every_temperature_fails_the_kept_decode_has_the_last_temperature():
+    """faster-whisper's: the likeliest failed decode (here the greedy one) is kept with the last
+    temperature, so its text is not passed on to the next window (prompt_reset_on_temperature),
+    as openai-whisper, which keeps the last decode, does not pass it on either."""
+    def script(start, duration, temperature):
+        return [ts(0.0), 1 + int(temperature * 5), ts(duration), EOT], (-1.5 - temperature if start == 0.0 else -0.2)
+
+    engine = ScriptedEngine(script)
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions())
+    engine.run(job)
+    first = job.results([None])[0].segments[0]
+    assert (first.text, first.temperature) == (" w1", 1.0)
+    assert engine.prompts[-1] == [SOT]
+
+
 def test_without_timestamps_the_window_is_one_segment_of_its_kept_text():
     def script(start, duration, temperature):
         if start == 0.0:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import soundfile
 import torch
 
 from encdec import SamplingParams
@@ -143,6 +144,10 @@ def test_option_errors(tiny_en, corpus):
      "max_speech_duration_s must be a number >= 0.064"),
     (dict(initial_prompt=5), "initial_prompt must be a string"),
     (dict(temperature="0.5"), "temperature must be"),
+    # faster-whisper's spellings of what encdec names otherwise, and one it does not take
+    (dict(log_prob_threshold=-1.0), "unknown transcribe option 'log_prob_threshold': use logprob_threshold"),
+    (dict(without_timestamps=True), "unknown transcribe option 'without_timestamps': use timestamps=False"),
+    (dict(prefix="Hello"), "unknown transcribe option 'prefix': it is not one encdec takes"),
 ])
 def test_options_past_the_engine_are_refused_before_decoding(tiny_en, corpus, options, message):
     with pytest.raises(ValueError, match=message):
@@ -163,6 +168,20 @@ def test_a_waveform_alone_is_one_16khz_input_and_bad_inputs_are_named(tiny_en, c
             ([clip.pair, (np.zeros(0, np.float32), SAMPLE_RATE)], "input 1: waveform: contains no audio samples")]:
         with pytest.raises(ValueError, match=message):
             tiny_en.transcribe(inputs)
+    assert_all_blocks_free(tiny_en)
+
+
+def test_a_binary_file_object_is_one_input(tiny_en, corpus, tmp_path):
+    """faster-whisper's BinaryIO input: decoded as the file at its path is (it used to be
+    iterated as a list of inputs, line by line)."""
+    path = tmp_path / "clip.flac"
+    soundfile.write(path, corpus[0].audio, 16000)
+    (expected,) = tiny_en.transcribe(str(path))
+    with open(path, "rb") as one, open(path, "rb") as two:
+        assert [r.text for r in tiny_en.transcribe(one)] == [expected.text] != [""]
+        assert [r.text for r in tiny_en.transcribe([two, str(path)])] == [expected.text] * 2
+    with open(path, errors="ignore") as text, pytest.raises(ValueError, match="must be opened in binary mode"):
+        tiny_en.transcribe(text)
     assert_all_blocks_free(tiny_en)
 
 
