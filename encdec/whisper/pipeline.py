@@ -142,7 +142,7 @@ class TranscribeOptions:
     language: Optional[str] = None
     task: str = "transcribe"
     timestamps: bool = True
-    initial_prompt: Optional[str] = None
+    initial_prompt: Union[str, Sequence[int], None] = None  # text, or token ids (faster-whisper's)
     carry_initial_prompt: bool = False
     hotwords: Optional[str] = None
     suppress_tokens: Union[str, Sequence[int], None] = "-1"
@@ -169,7 +169,11 @@ class TranscribeOptions:
     def __post_init__(self) -> None:
         for name in FLAGS:
             setattr(self, name, flag(name, getattr(self, name)))
-        text("initial_prompt", self.initial_prompt, none=True)
+        ids = self.initial_prompt
+        if not (ids is None or isinstance(ids, str)):  # faster-whisper's token ids
+            if not (isinstance(ids, (list, tuple, np.ndarray)) and all(is_number(t, integer=True) for t in ids)):
+                raise ValueError(f"initial_prompt must be a string, a list of token ids or None, got {ids!r}")
+            self.initial_prompt = [int(t) for t in ids]
         text("hotwords", self.hotwords, none=True)
         text("prepend_punctuations", self.prepend_punctuations)
         text("append_punctuations", self.append_punctuations)
@@ -797,20 +801,21 @@ class TranscriptionJob:
                              source=source if isinstance(source, str) else None)
 
 
-def prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Optional[str], name: str) -> list[int]:
+def prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Union[str, list[int], None], name: str) -> list[int]:
     """Tokens of " " + `text` for a prompt (an empty one is that space, as in openai-whisper),
-    or none for None. Text that spells a special token
-    (<|endoftext|>, <|notimestamps|>, ...) is refused, as openai-whisper refuses it: a prompt is
-    plain text, and such a token would steer the decode instead."""
+    the ids themselves if given as ids (faster-whisper's), or none for None. A prompt that holds
+    a special token (<|endoftext|>, <|notimestamps|>, ..., or text spelling one) is refused, as
+    openai-whisper refuses it: a prompt is plain text, and such a token would steer the decode."""
     if text is None:
         return []
     if tokens.sot_prev is None:
         raise ValueError(f"this Whisper vocabulary has no <|startofprev|>: {name} unsupported")
-    ids = tokenizer(" " + text.strip(), add_special_tokens=False)["input_ids"]
-    special = next((t for t in ids if t >= tokens.eot), None)  # Whisper's come after its text tokens
+    ids = text if isinstance(text, list) else tokenizer(" " + text.strip(), add_special_tokens=False)["input_ids"]
+    special = next((t for t in ids if not 0 <= t < tokens.eot), None)  # Whisper's come after its text tokens
     if special is not None:
-        raise ValueError(f"{name} contains {tokenizer.decode([special])!r}, the text of a special "
-                         f"token; a prompt is plain text")
+        what = f"token id {special}, not a text token" if isinstance(text, list) else \
+            f"{tokenizer.decode([special])!r}, the text of a special token"
+        raise ValueError(f"{name} contains {what}; a prompt is plain text")
     return ids
 
 

@@ -354,7 +354,7 @@ def test_a_hot_decode_is_not_passed_on():
     ({"word_timestamps": True, "hallucination_silence_threshold": -1.0},
      "hallucination_silence_threshold must be a number >= 0"),
     ({"word_timestamps": True, "hallucination_silence_threshold": float("nan")}, "hallucination_silence_threshold"),
-    ({"initial_prompt": 5}, "initial_prompt must be a string or None, got 5"),
+    ({"initial_prompt": 5}, "initial_prompt must be a string, a list of token ids or None, got 5"),
     ({"initial_prompt": ["a"]}, "initial_prompt must be a string"), ({"hotwords": 5}, "hotwords must be a string"),
     ({"best_of": True}, "best_of"),
     ({"vad_parameters": "x"}, "vad_parameters must be a VadOptions, a dict of its fields or None, got str"),

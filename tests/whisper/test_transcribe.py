@@ -103,6 +103,19 @@ def test_file_input_initial_prompt_and_no_timestamps(tiny_en, corpus, speech_dir
     assert wer([corpus[0].text], [result.text]) <= 0.4
 
 
+def test_an_initial_prompt_of_token_ids(tiny_en, corpus):
+    """faster-whisper's `initial_prompt` as token ids: used as they are (the text's ids give the
+    text's transcript); an id that is not a text token is refused."""
+    text = "Museum, harvest, bakery."
+    ids = tiny_en.get_tokenizer()(" " + text, add_special_tokens=False)["input_ids"]
+    clip = corpus[1].pair
+    (by_text,), (by_ids,) = tiny_en.transcribe(clip, initial_prompt=text), tiny_en.transcribe(clip, initial_prompt=ids)
+    assert [(s.text, s.tokens) for s in by_ids.segments] == [(s.text, s.tokens) for s in by_text.segments]
+    with pytest.raises(ValueError, match="initial_prompt contains token id 50256, not a text token"):
+        tiny_en.transcribe(clip, initial_prompt=[*ids, 50256])
+    assert_all_blocks_free(tiny_en)
+
+
 def test_startofprev_prompt_is_not_given_a_leading_sot(tiny_en, corpus):
     tokenizer = tiny_en.get_tokenizer()
     ids = tokenizer("<|startofprev|> A pangram.<|startoftranscript|><|notimestamps|>",
