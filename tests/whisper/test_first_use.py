@@ -103,7 +103,7 @@ def test_a_waveform_alone_is_16khz_audio_in_generate(tiny_en, clips):
     paired = tiny_en.generate(audio_prompts(clips[:1]), params, use_tqdm=False)
     assert alone[0].outputs[0].token_ids == paired[0].outputs[0].token_ids
     for audio, message in ((np.stack([clips[0].audio] * 2), r"prompt 1: a waveform alone must be 1-D"),
-                           ({"samples": clips[0].audio}, r"prompt 1: expected a path, a 16 kHz waveform or a "
+                           ({"samples": clips[0].audio}, r"prompt 1: expected a path, a binary file object, a 16 kHz waveform or a "
                                                          r"\(waveform, sample_rate\) pair, got dict")):
         with pytest.raises(ValueError, match=message):
             tiny_en.generate([*audio_prompts(clips[:1]), {"prompt": "", "multi_modal_data": {"audio": audio}}],
