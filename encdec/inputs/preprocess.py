@@ -110,8 +110,7 @@ class InputPreprocessor:
             ids = self._tokenize(text=text, add_special_tokens=True)
         if not ids:
             raise ValueError("encoder_prompt is empty: give at least one token id")
-        if truncate is not None:
-            ids = ids[-(limit if truncate == -1 else truncate):]
+        ids = truncate_prompt(ids, truncate, limit)
         if len(ids) > limit:
             raise ValueError(f"encoder_prompt has {len(ids)} tokens, more than the model's "
                              f"maximum of {limit}")
@@ -146,6 +145,13 @@ class InputPreprocessor:
         bad = [t for t in ids if not isinstance(t, int) or t < 0 or t >= vocab]
         if bad:
             raise ValueError(f"{field} has token ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+
+
+def truncate_prompt(ids: list[int], truncate_prompt_tokens: Optional[int], limit: int) -> list[int]:
+    """vLLM's `truncate_prompt_tokens`: the last k ids (-1: the last `limit`; None: all)."""
+    if truncate_prompt_tokens is None:
+        return ids
+    return ids[-(limit if truncate_prompt_tokens == -1 else truncate_prompt_tokens):]
 
 
 def _parse_singleton(prompt: Any, field: str) -> tuple[Optional[str], Optional[list[int]], Optional[dict]]:

@@ -33,6 +33,7 @@ from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
 from encdec.generation_config import GenerationDefaults
+from encdec.inputs.preprocess import truncate_prompt
 from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput, SampleLogprobs
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
@@ -207,10 +208,8 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
         None, lambda: engine.tokenizer(texts)["input_ids"]) if texts else [])
     limit, vocab = engine.model_config.max_encoder_len, engine.model_config.encoder_vocab_size
     prompts = []
-    keep = {None: None, -1: limit}.get(body.truncate_prompt_tokens, body.truncate_prompt_tokens)
     for i, p in enumerate(prompt):
-        ids = next(encoded) if isinstance(p, str) else p
-        ids = ids if keep is None else ids[-keep:]  # vLLM's truncate_prompt_tokens: the last ones
+        ids = truncate_prompt(next(encoded) if isinstance(p, str) else p, body.truncate_prompt_tokens, limit)
         if not ids or len(ids) > limit:
             raise bad_request(f"prompt {i} has {len(ids)} tokens; the model takes 1 to {limit}", "prompt")
         if any(not 0 <= t < vocab for t in ids):
