@@ -97,7 +97,7 @@ def number_list(item: Callable[[str], Any], expected: str) -> Callable[[str], li
 def add_decoding(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
     g.add_argument("--beam_size", type=number(int, 1, MAX_SEQS, none=True), default=5,
-                   help=f"beams at temperature 0; 1 decodes greedily (default: 5; fastest: "
+                   help=f"beams at temperature 0; 1 decodes greedily, or with --patience as one beam (default: 5; fastest: "
                         f"{FAST_GREEDY}); at most {MAX_SEQS}")
     g.add_argument("--best_of", type=number(int, 1, MAX_SEQS, none=True), default=5,
                    help=f"samples per decode at temperatures above 0, the likeliest kept; at most "

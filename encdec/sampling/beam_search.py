@@ -74,7 +74,7 @@ class BeamSearch:
     """The finished hypotheses of one request and whether its search is over."""
 
     def __init__(self, params: SamplingParams):
-        assert params.use_beam_search and params.beam_width >= 2 and params.max_tokens is not None
+        assert params.use_beam_search and params.beam_width >= 1 and params.max_tokens is not None
         self.params = params
         self.finished: list[BeamHypothesis] = []
         self.improvable = True  # Hugging Face's is_early_stop_heuristic_unsatisfied

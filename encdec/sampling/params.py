@@ -249,8 +249,8 @@ class SamplingParams:
             _check(self.patience is None, "patience needs beam search")
             return
         width = self.beam_width
-        _check(width is None or width >= 2,
-               f"beam search needs beam_width >= 2, got beam_width={width}")
+        _check(width is None or width >= 2 or self.beam_rules == "whisper",
+               f"beam search needs beam_width >= 2 (1 with beam_rules='whisper'), got beam_width={width}")
         _check(self.temperature is None or self.temperature < _GREEDY_EPS,
                "temperature must be 0 (or unset): beam search is deterministic, "
                f"got {self.temperature}")

@@ -184,8 +184,8 @@ class TranscribeOptions:
         self.best_of = number("best_of", self.best_of, 1, integer=True)
         self.beam_size = number("beam_size", self.beam_size, 1, integer=True, none=True)
         if self.patience is not None and (not is_number(self.patience) or not self.patience > 0
-                                          or not self.beam_size or self.beam_size < 2):
-            raise ValueError(f"patience must be a number > 0, with beam_size >= 2; got "
+                                          or self.beam_size is None):
+            raise ValueError(f"patience must be a number > 0, with beam_size set; got "
                              f"patience={self.patience!r}, beam_size={self.beam_size!r}")
         for name in ("length_penalty", "compression_ratio_threshold", "logprob_threshold",
                      "no_speech_threshold"):
@@ -734,7 +734,7 @@ class TranscriptionJob:
         if temperature > 0.0:
             seed = None if o.seed is None else o.seed + window.start + len(window.decodes)
             return dict(temperature=temperature, n=o.best_of, seed=seed)
-        if o.beam_size and o.beam_size > 1:  # every kept hypothesis, ranked by `_best_decode`
+        if o.beam_size and (o.beam_size > 1 or o.patience):  # every kept hypothesis, ranked by `_best_decode`
             return dict(temperature=0.0, use_beam_search=True, beam_width=o.beam_size,
                         beam_rules="whisper", patience=o.patience,
                         n=max_candidates(o.beam_size, o.patience))

@@ -1,6 +1,6 @@
 """Transcripts equal to openai-whisper's (`whisper.transcribe`, the reference implementation)
 for the bundled tiny.en weights on the espeak-ng corpus: greedy with temperature fallback (its
-`transcribe()` defaults), its command line's beam search (beam 5, best_of 5) and a patient beam;
+`transcribe()` defaults), its command line's beam search (beam 5, best_of 5) and patient beams (one beam too);
 and on long audio, where the windows follow the decodes as its `seek` does. Each segment's
 times, text, tokens (timestamps included), average log-probability, no-speech probability, compression ratio and
 temperature."""
@@ -27,9 +27,10 @@ def segments_of(result: dict) -> list[tuple]:
 
 @pytest.mark.parametrize("options, num_clips", [({}, 20), ({"beam_size": 5, "best_of": 5}, 20),
                                                 ({"beam_size": 3, "patience": 2.0}, 10),
+                                                ({"beam_size": 1, "patience": 2.0}, 10),
                                                 ({"beam_size": 3, "length_penalty": 1.0}, 10),
                                                 ({"initial_prompt": "", "temperature": 0.0}, 4)],
-                         ids=["defaults", "beam5", "patience2", "length_penalty", "empty-prompt"])
+                         ids=["defaults", "beam5", "patience2", "one-beam-patience2", "length_penalty", "empty-prompt"])
 def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options, num_clips):
     """The whole corpus with the defaults and the command line's beams; half of it where one
     beam option changes (openai-whisper's beam search is the slow part)."""
