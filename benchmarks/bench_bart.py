@@ -53,10 +53,9 @@ def make_checkpoint(out: Path, seed: int) -> Path:
     Weights are drawn with the parity tests' DEEP_INIT_STDS, so greedy outputs vary and the
     token agreement between engines means something.
     """
-    import torch
-    from transformers import BartConfig, BartForConditionalGeneration, BartTokenizerFast
+    from transformers import BartTokenizerFast
 
-    from tests.bart_checkpoints import BART_BASE, DEEP_INIT_STDS, apply_init_stds
+    from tests.bart_checkpoints import BART_BASE, DEEP_INIT_STDS, make_bart_checkpoint
 
     if (out / "config.json").exists():
         return out
@@ -68,14 +67,7 @@ def make_checkpoint(out: Path, seed: int) -> Path:
     (out / "vocab.json").write_text(json.dumps(vocab))
     (out / "merges.txt").write_text("#version: 0.2\n")
     tokenizer = BartTokenizerFast(vocab=str(out / "vocab.json"), merges=str(out / "merges.txt"))
-    torch.manual_seed(seed)
-    model = BartForConditionalGeneration(BartConfig(**BART_BASE)).eval()
-    with torch.no_grad():
-        apply_init_stds(model, DEEP_INIT_STDS)
-        model.final_logits_bias.normal_(0.0, 0.05)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    return out
+    return make_bart_checkpoint(out, seed, init_stds=DEEP_INIT_STDS, tokenizer=tokenizer, **BART_BASE)
 
 
 def make_t5_checkpoint(out: Path, seed: int) -> Path:

@@ -38,7 +38,7 @@ def instrument(engine) -> dict[str, list[float]]:
     engine.scheduler.schedule = timed(engine.scheduler.schedule, "schedule", times)
     runner.prepare_inputs = timed(runner.prepare_inputs, "prepare_inputs", times)
     runner.sampler = timed(runner.sampler, "sampling", times)
-    engine._process_model_outputs = timed(engine._process_model_outputs, "process_outputs", times)
+    engine.process_model_outputs = timed(engine.process_model_outputs, "process_outputs", times)
     model = runner.model
     model.forward = timed(model.forward, "forward", times)
     model.compute_logits = timed(model.compute_logits, "logits", times)

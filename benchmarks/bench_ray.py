@@ -53,7 +53,7 @@ def batch_row(clips: list[str], replicas: int) -> list:
 def serve_row(replicas: int, requests: int, concurrency: int) -> list:
     from ray import serve
 
-    from benchmarks.bench_serve import free_port
+    from tests.entrypoints.remote_server import free_port
     from encdec.entrypoints.cli import build_parser
     from encdec.entrypoints.ray.serve import deploy
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -41,6 +40,7 @@ import numpy as np
 from fastapi import File, Form, UploadFile  # at module level: the route's annotations name them
 
 from benchmarks.common import POSITIVE, machine, markdown_table, write_json
+from tests.entrypoints.remote_server import free_port
 
 LEVELS = ((1, 6), (8, 24), (32, 64))  # (concurrent clients, requests)
 SUMMARY_TOKENS = 64  # bart-large-cnn summarizes in 56-142 tokens
@@ -154,12 +154,6 @@ def serve_baseline(kind: str, model: str, port: int, threads: int, compute_type:
 
 
 # ----------------------------------------------------------------------------- driving
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start(command: list[str], port: int, threads: int) -> subprocess.Popen:

@@ -4,9 +4,9 @@ Two ways to turn a 30 s window into the 3000 feature frames the encoder expects:
 
 * ``style="hf"`` (Hugging Face ``WhisperFeatureExtractor``): pad or trim the waveform to
   30 s, then take the log-mel of the padded window.
-* ``style="whisper"`` (openai-whisper / faster-whisper): take the log-mel of the clip
-  itself, keep its ``len(audio) // 160`` content frames and zero-pad the *features* to
-  3000 frames.
+* ``style="whisper"`` (openai-whisper / faster-whisper, the default and the engine's): take
+  the log-mel of the clip itself, keep its ``len(audio) // 160`` content frames and zero-pad
+  the *features* to 3000 frames.
 
 They differ in the dynamic-range clamp and in the padded frames, which is enough to
 change transcripts of short clips, so callers pick one on purpose. Long audio is cut into
@@ -295,14 +295,9 @@ def _log10_power_mel(power: torch.Tensor, n_mels: int) -> torch.Tensor:
     return torch.clamp(mel, min=1e-10).log10()
 
 
-def _normalize(log_spec: torch.Tensor, max_frames: torch.Tensor | None = None) -> torch.Tensor:
-    """Clamp to (per-item max - 8) and rescale; the max only sees frames ``< max_frames``."""
-    if max_frames is None:
-        peak = log_spec.amax(dim=(-2, -1), keepdim=True)
-    else:
-        frame = torch.arange(log_spec.shape[-1], device=log_spec.device)
-        outside = frame[None, None, :] >= max_frames.to(log_spec.device)[:, None, None]
-        peak = log_spec.masked_fill(outside, float("-inf")).amax(dim=(-2, -1), keepdim=True)
+def _normalize(log_spec: torch.Tensor) -> torch.Tensor:
+    """Clamp to (per-item max - 8) and rescale."""
+    peak = log_spec.amax(dim=(-2, -1), keepdim=True)
     return (torch.maximum(log_spec, peak - 8.0) + 4.0) / 4.0
 
 
@@ -333,7 +328,7 @@ def pad_or_trim(array: ArrayLike, length: int, axis: int = -1) -> torch.Tensor:
 
 
 def windows_features(
-    windows: Sequence[ArrayLike], n_mels: int = 80, style: str = "hf"
+    windows: Sequence[ArrayLike], n_mels: int = 80, style: str = "whisper"
 ) -> torch.Tensor:
     """Features ``[B, n_mels, 3000]`` for a batch of 16 kHz windows (see the module doc)."""
     if style not in STYLES:
@@ -379,6 +374,6 @@ def window_features(features: torch.Tensor, start: int, num_frames: int) -> torc
     return pad_or_trim(features[:, start:start + min(num_frames, N_FRAMES)], N_FRAMES).contiguous()
 
 
-def whisper_features(audio: ArrayLike, n_mels: int = 80, style: str = "hf") -> torch.Tensor:
+def whisper_features(audio: ArrayLike, n_mels: int = 80, style: str = "whisper") -> torch.Tensor:
     """Features ``[n_mels, 3000]`` for one 16 kHz window (first 30 s of ``audio``)."""
     return windows_features([audio], n_mels=n_mels, style=style)[0]

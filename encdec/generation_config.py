@@ -48,8 +48,7 @@ DEFAULT_NEW_TOKENS = 20
 @dataclass(frozen=True)
 class GenerationDefaults:
     """The generation fields a checkpoint sets; `found` is False when it has none at all.
-    `fallback` holds the values of the fields it leaves unset. `decoder_prompt_len` is the
-    length of the model's default decoder prompt, which `max_length` and `min_length` count.
+    `fallback` holds the values of the fields it leaves unset.
     `eos_token_ids` are the config's EOS tokens (`eos_token_id`, one or a list); those other
     than the model's own EOS stop every request as EOS does (vLLM adds them to stop_token_ids),
     set or not, unless it ignores EOS."""
@@ -57,7 +56,6 @@ class GenerationDefaults:
     values: dict[str, Any] = field(default_factory=dict)
     found: bool = False
     fallback: dict[str, Any] = field(default_factory=lambda: HF_DEFAULTS)
-    decoder_prompt_len: int = 1
     eos_token_ids: tuple[int, ...] = ()
 
     @classmethod

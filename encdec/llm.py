@@ -13,6 +13,7 @@ from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
+    from encdec.whisper.pipeline import InitialPrompt
     from encdec.whisper.transcript import Transcription
 
 
@@ -108,11 +109,12 @@ class LLM:
         return [BeamSearchOutput.of(out) for out in self.generate(prompts, params.sampling_params(), use_tqdm)]
 
     def transcribe(self, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
-                   timestamps: bool = True, initial_prompt: Optional[str] = None,
+                   timestamps: bool = True, initial_prompt: InitialPrompt = None,
                    on_progress: Optional[Callable[[float], None]] = None, verbose: Optional[bool] = None,
                    fp16: Optional[bool] = None, **options: Any) -> list[Transcription]:
-        """Whisper: transcribe (or translate) audio files, 16 kHz waveforms (arrays or tensors) or
-        `(waveform, sample_rate)` pairs of any length; one `Transcription` per input.
+        """Whisper: transcribe (or translate) audio files (paths or binary file objects), 16 kHz
+        waveforms (arrays or tensors) or `(waveform, sample_rate)` pairs of any length; one
+        `Transcription` per input. `initial_prompt`: text, or token ids.
         `on_progress(seconds)` gets the seconds of audio finished so far as windows finish.
         `verbose`: True prints each segment once it is final, False shows a progress bar, None
         (default) is silent; `fp16` warns if the LLM's `dtype` is not what it asks for

@@ -69,22 +69,20 @@ class Sequence:
     """One decoder sequence (or the encoder sequence) of a request."""
 
     def __init__(self, seq_id: int, prompt_token_ids: list[int], block_size: int,
-                 prompt: Optional[str] = None, eos_token_id: Optional[int] = None):
+                 prompt: Optional[str] = None):
         self.seq_id = seq_id
         self.data = SequenceData(list(prompt_token_ids))
         self.prompt = prompt
         self.block_size = block_size
-        self.eos_token_id = eos_token_id
         self.status = SequenceStatus.WAITING
         self.output_logprobs: SampleLogprobs = []
 
     @classmethod
     def from_inputs(cls, seq_id: int, inputs: "EncoderDecoderInputs", block_size: int,
-                    from_decoder_prompt: bool = True,
-                    eos_token_id: Optional[int] = None) -> "Sequence":
+                    from_decoder_prompt: bool = True) -> "Sequence":
         """Build the decoder sequence (from_decoder_prompt) or the encoder sequence."""
         if from_decoder_prompt:
-            return cls(seq_id, inputs.prompt_token_ids, block_size, inputs.prompt, eos_token_id)
+            return cls(seq_id, inputs.prompt_token_ids, block_size, inputs.prompt)
         return cls(seq_id, inputs.encoder_prompt_token_ids, block_size, inputs.encoder_prompt)
 
     def __len__(self) -> int:
@@ -169,9 +167,6 @@ class SequenceGroup:
 
     def get_unfinished_seqs(self) -> list[Sequence]:
         return [s for s in self.seqs.values() if not s.is_finished()]
-
-    def get_finished_seqs(self) -> list[Sequence]:
-        return [s for s in self.seqs.values() if s.is_finished()]
 
     def num_seqs(self, status: Optional[SequenceStatus] = None) -> int:
         return len(self.get_seqs(status))

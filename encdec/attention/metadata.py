@@ -49,7 +49,3 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens)
-
-    @property
-    def num_decodes(self) -> int:
-        return self.num_seqs - self.num_prefills

@@ -27,9 +27,6 @@ class SchedulerOutputs:
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     ignored_seq_groups: list[SequenceGroup] = field(default_factory=list)
 
-    def is_empty(self) -> bool:
-        return not (self.scheduled_seq_groups or self.blocks_to_swap_in or self.blocks_to_swap_out)
-
 
 @dataclass
 class SchedulerStats:

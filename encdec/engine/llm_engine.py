@@ -115,8 +115,7 @@ class LLMEngine:
                              f"request can need ({needed}: encoder + decoder positions)")
         defaults = load_generation_defaults(model)
         eos = loaded.model_config.eos_token_id
-        defaults = dataclasses.replace(defaults, decoder_prompt_len=len(loaded.default_decoder_prompt),
-                                       eos_token_ids=tuple(t for t in defaults.eos_token_ids if t != eos))
+        defaults = dataclasses.replace(defaults, eos_token_ids=tuple(t for t in defaults.eos_token_ids if t != eos))
         if loaded.audio_processor is not None:
             defaults = defaults.for_speech(loaded.model_config.max_decoder_len)
         return cls(loaded, cache_config, scheduler_config, device_config, seed, defaults,
@@ -162,8 +161,7 @@ class LLMEngine:
         self._check_token_ids(params)
         self._check_fits(inputs.prompt_token_ids, inputs.encoder_prompt_token_ids, params)
         block_size = self.cache_config.block_size
-        eos = self.model_config.eos_token_id
-        seq = Sequence.from_inputs(next(self.seq_ids), inputs, block_size, True, eos)
+        seq = Sequence.from_inputs(next(self.seq_ids), inputs, block_size, True)
         encoder_seq = Sequence.from_inputs(next(self.seq_ids), inputs, block_size, False)
         generator = (torch.Generator(device=self.device).manual_seed(params.seed)
                      if params.seed is not None else self.generator)
@@ -272,7 +270,7 @@ class LLMEngine:
         if metadata:
             self.num_steps += 1
             sampler_output = self.model_runner.execute_model(metadata, self.cache_engine.gpu_cache)
-            failed = self._process_model_outputs(sched.scheduled_seq_groups, sampler_output)
+            failed = self.process_model_outputs(sched.scheduled_seq_groups, sampler_output)
             for request_id in failed:
                 self.abort_request(request_id)
             self.failures.update(failed)
@@ -293,7 +291,7 @@ class LLMEngine:
         failures, self.failures = self.failures, {}
         return failures
 
-    def _process_model_outputs(self, groups: list[SequenceGroup], outputs: SamplerOutput) -> dict[str, Exception]:
+    def process_model_outputs(self, groups: list[SequenceGroup], outputs: SamplerOutput) -> dict[str, Exception]:
         """Append the samples to their sequences; returns the groups that failed, with the error."""
         by_id = {o.request_id: o for o in outputs}
         now = time.monotonic()

@@ -1,7 +1,7 @@
 """Summarization inputs and decoding settings, shared by `encdec summarize` and `/v1/summarize`.
 
 An article longer than the encoder's positions is cut to fit, as Hugging Face's tokenizer does
-with `truncation=True` (the closing special token kept), unless truncation is refused. A
+with `truncation=True` (the special tokens that close it kept), unless truncation is refused. A
 checkpoint whose config has `task_specific_params["summarization"]["prefix"]` (T5: "summarize: ")
 gets it in front of every article.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from encdec.generation_config import GenerationDefaults
+from encdec.generation_config import GenerationDefaults, task_prefix
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 DEFAULT_MAX_TOKENS = 128  # summaries of a checkpoint without any generation config
@@ -28,25 +28,29 @@ class Article:
     truncated_tokens: int  # how many tokens were cut off the end
 
 
-def summary_prefix(hf_config: Any) -> str:
-    task_params = getattr(hf_config, "task_specific_params", None) or {}
-    return (task_params.get("summarization") or {}).get("prefix") or ""
-
-
 def prepare_article(text: str, tokenizer: Any, hf_config: Any, max_tokens: int,
                     truncate: bool = True) -> Article:
     """The encoder token ids of one article, cut to `max_tokens` unless `truncate` is False
     (then ArticleTooLong names the limit)."""
     if not text.strip():
         raise ValueError("the text to summarize is empty")
-    text = summary_prefix(hf_config) + text
-    ids = tokenizer(text)["input_ids"]
+    return fit_article(tokenizer(task_prefix(hf_config, "summarization") + text)["input_ids"],
+                       tokenizer, max_tokens, truncate)
+
+
+def fit_article(ids: list[int], tokenizer: Any, max_tokens: int, truncate: bool = True) -> Article:
+    """Tokenized text cut to `max_tokens` as `truncation=True` cuts it: the text's end goes,
+    the special tokens after it stay (ArticleTooLong if it does not fit and `truncate` is False)."""
     if len(ids) <= max_tokens:
         return Article(ids, 0)
     if not truncate:
         raise ArticleTooLong(f"the text has {len(ids)} tokens, more than the model's limit of "
                              f"{max_tokens} input tokens")
-    kept = tokenizer(text, truncation=True, max_length=max_tokens)["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    closing = 0
+    while closing < max_tokens and ids[-1 - closing] in special:
+        closing += 1
+    kept = ids[:max_tokens - closing] + ids[len(ids) - closing:]
     return Article(kept, len(ids) - len(kept))
 
 

@@ -94,9 +94,10 @@ def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple
         raise UsageError("give at least one TEXT or --file")
     if failed == len(texts):
         return None, [], 1
+    from encdec.entrypoints import cli
+
     try:
-        llm = LLM(model=args.model, dtype=args.dtype, device=args.device,
-                  quantization=args.quantization)
+        llm = cli.load_llm(args)
     except (ValueError, OSError) as err:
         error(f"cannot load model {args.model!r}: {err}")
         return None, [], 1

@@ -17,10 +17,11 @@ import dataclasses
 from typing import Any
 
 from encdec.entrypoints.cli_messages import UsageError, error, warn
-from encdec.entrypoints.summaries import ArticleTooLong
+from encdec.entrypoints.summaries import ArticleTooLong, fit_article
 from encdec.entrypoints.summarize_cli import (add_decoding_options, cut_note, decoding_params,
                                               load_text_model, print_outputs, too_long)
 from encdec.models.registry import get_model_family, translation_inputs
+from encdec.models.t5 import t5_translation_pairs
 
 TRANSLATORS = "Marian, mBART-50 or T5"
 
@@ -46,16 +47,6 @@ def add_translate(subparsers) -> None:
     p.set_defaults(handler=run_translate)
 
 
-def t5_pairs(hf_config: Any) -> list[tuple[str, str]]:
-    """The (source, target) codes of a T5 checkpoint's translation tasks."""
-    pairs = []
-    for task in getattr(hf_config, "task_specific_params", None) or {}:
-        source, to, target = task.removeprefix("translation_").partition("_to_")
-        if task.startswith("translation_") and to:
-            pairs.append((source, target))
-    return pairs
-
-
 def check_languages(args: argparse.Namespace, hf_config: Any) -> None:
     """--model against what translates, and a T5 checkpoint's --source-lang and --target-lang
     against its translation tasks (UsageError)."""
@@ -64,24 +55,13 @@ def check_languages(args: argparse.Namespace, hf_config: Any) -> None:
     if family.translation is None:
         raise UsageError(f"--model {args.model}: a {family.model_type} checkpoint does not "
                          f"translate (translate takes {TRANSLATORS} checkpoints)")
-    pairs = t5_pairs(hf_config)
+    pairs = t5_translation_pairs(hf_config)
     if family.model_type == "t5" and (args.source_lang, args.target_lang) not in pairs:
         problem = (f"--source-lang {args.source_lang} --target-lang {args.target_lang}: no such "
                    f"task" if args.source_lang and args.target_lang else
                    "--source-lang and --target-lang are required for T5")
         known = ", ".join(f"{source} to {target}" for source, target in pairs) or "nothing"
         raise UsageError(f"{problem}; this checkpoint translates {known}")
-
-
-def fitted(ids: list[int], limit: int, truncate: bool) -> list[int]:
-    """`ids` cut to `limit` tokens as Hugging Face's `truncation=True` cuts them, the closing
-    special token kept (ArticleTooLong if they do not fit and `truncate` is False)."""
-    if len(ids) <= limit:
-        return ids
-    if not truncate:
-        raise ArticleTooLong(f"the text has {len(ids)} tokens, more than the model's limit of "
-                             f"{limit} input tokens")
-    return ids[:limit - 1] + ids[-1:]
 
 
 def run_translate(args: argparse.Namespace) -> int:
@@ -107,13 +87,14 @@ def run_translate(args: argparse.Namespace) -> int:
                 raise UsageError(f"--source-lang / --target-lang: {err}") from None
             unused.update(inputs.unused)
             try:
-                ids = fitted(inputs.prompt_token_ids, limit, args.truncate)
+                article = fit_article(inputs.prompt_token_ids, engine.tokenizer, limit, args.truncate)
             except ArticleTooLong as err:
                 too_long(label, err)
                 failed += 1
             else:
-                if len(ids) < len(inputs.prompt_token_ids):
-                    cut_note(label, limit, len(inputs.prompt_token_ids) - len(ids))
+                ids = article.token_ids
+                if article.truncated_tokens:
+                    cut_note(label, limit, article.truncated_tokens)
                 forced = inputs.forced_bos_token_id
         prompts.append(None if ids is None else {"prompt_token_ids": ids})
         request_params.append(params if forced is None

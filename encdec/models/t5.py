@@ -173,6 +173,16 @@ def t5_input_hooks(hf_config: Any, tokenizer: Any = None,
     return replace(text_input_hooks(hf_config, tokenizer, generation_config), max_lengths=(limit, limit))
 
 
+def t5_translation_pairs(hf_config: Any) -> list[tuple[str, str]]:
+    """The (source, target) codes of a T5 checkpoint's `translation_{source}_to_{target}` tasks."""
+    pairs = []
+    for task in getattr(hf_config, "task_specific_params", None) or {}:
+        source, to, target = task.removeprefix("translation_").partition("_to_")
+        if task.startswith("translation_") and to:
+            pairs.append((source, target))
+    return pairs
+
+
 def t5_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: Optional[str],
                    target_lang: Optional[str]) -> TranslationInputs:
     """T5 translates with the prefix of its `translation_{source}_to_{target}` task parameters
@@ -180,7 +190,6 @@ def t5_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: Optio
     task = f"translation_{source_lang}_to_{target_lang}"
     prefix = task_prefix(hf_config, task)
     if not prefix:
-        known = sorted(k for k in (getattr(hf_config, "task_specific_params", None) or {})
-                       if k.startswith("translation_"))
+        known = sorted(f"translation_{source}_to_{target}" for source, target in t5_translation_pairs(hf_config))
         raise ValueError(f"this T5 checkpoint has no {task} task; it has {known or 'none'}")
     return TranslationInputs(tokenizer(prefix + text)["input_ids"])

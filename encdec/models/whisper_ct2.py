@@ -67,10 +67,9 @@ class _Variables:
         return self.aliases.get(name) == target
 
 
-def _copy_linear(src: _Variables, out: dict, ct2: str, hf: str, bias: bool = True) -> None:
+def _copy_linear(src: _Variables, out: dict, ct2: str, hf: str) -> None:
     out[f"{hf}.weight"] = src.get(f"{ct2}/weight")
-    if bias:
-        out[f"{hf}.bias"] = src.get(f"{ct2}/bias")
+    out[f"{hf}.bias"] = src.get(f"{ct2}/bias")
 
 
 def _copy_norm(src: _Variables, out: dict, ct2: str, hf: str) -> None:

@@ -13,12 +13,13 @@ import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Iterable, Sequence, Union
+from typing import BinaryIO, Iterable, Sequence
 
 import numpy as np
 import torch
 
-PathLike = Union[str, os.PathLike]
+from encdec.weights import PathLike
+
 MAX_BINARY_VERSION = 6
 
 # dtype ids of binary version >= 4; "bfloat16" has no numpy dtype and is widened by hand.

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -24,6 +24,7 @@ from encdec.models.quantization import (check_quantization, float32_output_proje
                                        quantize_model, widen_convolutions)
 from encdec.models.registry import get_ct2_converter, get_model_family
 from encdec.models.vocab_padding import pad_lm_head, pads_lm_head
+from encdec.weights import PathLike
 from encdec.weights.ct2 import ct2_tensors, open_ct2_model
 from encdec.weights.tokenizer_file import TokenizerFile
 from encdec.weights.whisper_assets import (ALIASES, WhisperAssets, assets_from_parts,
@@ -32,7 +33,6 @@ from encdec.whisper.tokens import is_multilingual
 
 logger = logging.getLogger(__name__)
 
-PathLike = Union[str, os.PathLike]
 
 
 @dataclass

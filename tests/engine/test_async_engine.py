@@ -17,11 +17,9 @@ from encdec.engine import async_engine
 from encdec.engine.async_engine import Admission
 from encdec.engine.detokenizer import decode
 from tests.bart_checkpoints import make_bart_checkpoint
-from tests.conftest import assert_all_blocks_free
 from tests.family_checkpoints import make_family_checkpoint
 from tests.multibyte_tokenizers import MULTILINGUAL, byte_level_bpe, sentencepiece_bpe
-from tests.whisper.conftest import (Clip, corpus, speech_dir,  # noqa: F401 (fixtures)
-                                    tiny_en_assets)
+from tests.whisper.conftest import corpus, speech_dir, tiny_en_assets  # noqa: F401 (fixtures)
 
 DELTA = RequestOutputKind.DELTA
 

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from encdec.entrypoints.cli import main
-from encdec.entrypoints.translate_cli import fitted
+from encdec.entrypoints.summaries import fit_article
 from tests.family_checkpoints import make_family_checkpoint
 
 TEXTS = ["The rain in spain falls mainly on the plain.", "We need more chairs for the meeting room."]
@@ -127,7 +127,7 @@ def test_long_texts_are_cut_as_hugging_face_cuts_them(t5_dir, capsys):
 
     tokenizer = AutoTokenizer.from_pretrained(str(t5_dir))
     ids = tokenizer("translate English to German: " + long_text)["input_ids"]
-    assert fitted(ids, 512, truncate=True) == tokenizer(
+    assert fit_article(ids, tokenizer, 512).token_ids == tokenizer(
         "translate English to German: " + long_text, truncation=True, max_length=512)["input_ids"]
 
 

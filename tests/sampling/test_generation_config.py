@@ -1,7 +1,6 @@
 """A checkpoint's generation config fills the sampling params a request leaves unset."""
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 
@@ -132,7 +131,7 @@ def test_summaries_with_a_temperature_keep_the_config():
     the config, also with a set temperature: 0 keeps its beam search; above 0 samples within
     its lengths (counted as Hugging Face counts them: with the default decoder prompt, BART
     <DEC> <BOS>), no_repeat_ngram_size and forced tokens."""
-    defaults = dataclasses.replace(GenerationDefaults.from_dict(CNN), decoder_prompt_len=2)
+    defaults = GenerationDefaults.from_dict(CNN)
 
     def summary(**options) -> SamplingParams:
         return resolve_sampling_params(summary_params(defaults, **options), defaults, 2, MAX_DECODER_LEN)
@@ -160,11 +159,6 @@ def test_a_set_temperature_only_decides_sampling_when_each_field_takes_the_confi
     own = resolve(SamplingParams(temperature=0.0, no_repeat_ngram_size=0, use_beam_search=False,
                                  config_per_field=True))
     assert (own.use_beam_search, own.no_repeat_ngram_size, own.forced_eos_token_id) == (False, 0, 2)
-
-
-def test_engine_knows_its_default_decoder_prompt(tiny_bart_dir):
-    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=64)
-    assert llm.llm_engine.generation_defaults.decoder_prompt_len == 2  # <DEC> <BOS>
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])

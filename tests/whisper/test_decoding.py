@@ -5,8 +5,6 @@ timestamps 18-118 (<|0.00|> .. <|2.00|>).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
@@ -29,7 +27,6 @@ TOKENS = WhisperTokens(eot=EOT, sot=SOT, no_timestamps=NO_TS, multilingual=True,
                        sot_prev=SOT_PREV)
 TS = NO_TS + 1  # <|0.00|>
 VOCAB = TS + 101
-INF = math.inf
 
 
 def ts(seconds: float) -> int:

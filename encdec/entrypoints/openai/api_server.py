@@ -158,6 +158,12 @@ class ListenError(Exception):
     """The server's address cannot be listened on (in use, not this machine's, ...)."""
 
 
+def configure_logging(level: str) -> None:
+    """The servers' log lines: time, level, logger, message, at `--log-level`."""
+    logging.basicConfig(level=getattr(logging, level.upper()),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound to `host`:`port`, made before any model loads (as vLLM binds its own
     early), so that a port in use is an error at once, not after the models load."""
@@ -184,8 +190,7 @@ def server_url(host: str, port: int) -> str:
 def run_server(args: argparse.Namespace) -> int:
     """`encdec serve`: bind the address (ListenError), load the models (ModelLoadError if one
     fails), then serve until a signal."""
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     sock = listening_socket(args.host, args.port)
     use_one_arena()  # before the engines' and uploads' threads start
     served = ServedModels(load_models(args.models, args.served_model_names,

@@ -73,7 +73,7 @@ def value_error(err: ValueError, params: dict[str, str], default: Optional[str] 
     return bad_request(message, param)
 
 
-def validation_error(err: ValidationError | RequestValidationError, prefix: str = "") -> OpenAIError:
+def validation_error(err: ValidationError | RequestValidationError) -> OpenAIError:
     """A 400 for the first failed field of a request body or form. A field that takes one of
     several types is named alone, with the types it takes."""
     errors = err.errors()
@@ -83,18 +83,18 @@ def validation_error(err: ValidationError | RequestValidationError, prefix: str 
     param = ".".join(fields[:1] + [part for part in fields[1:] if not part.isdigit()]) if loc else None
     kind = first.get("type")
     if kind == "json_invalid":
-        return bad_request(f"{prefix}the body is not valid JSON: {first.get('msg')}")
+        return bad_request(f"the body is not valid JSON: {first.get('msg')}")
     if kind == "missing" and param is None:
-        return bad_request(f"{prefix}the body is empty: send a JSON object")
+        return bad_request("the body is empty: send a JSON object")
     if kind == "extra_forbidden":
-        return bad_request(f"{prefix}unknown field {param!r}", param)
+        return bad_request(f"unknown field {param!r}", param)
     if kind == "missing":
-        return bad_request(f"{prefix}{param!r} is required", param)
+        return bad_request(f"{param!r} is required", param)
     if fields != loc:
         field = fields[0]
-        return bad_request(f"{prefix}{field}: expected one of {', '.join(union_members(errors, field))}", field)
+        return bad_request(f"{field}: expected one of {', '.join(union_members(errors, field))}", field)
     message = str(first.get("ctx", {}).get("error", "")) if kind == "value_error" else first.get("msg", "")
-    return bad_request(f"{prefix}{'.'.join(fields)}: {message}" if loc else message, param)
+    return bad_request(f"{'.'.join(fields)}: {message}" if loc else message, param)
 
 
 def error_path(error: dict) -> list[str]:

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from encdec.entrypoints.ray.cluster import unschedulable
 
 RESULTS = "results.jsonl"
-ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache_space",
+ACTOR_ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache_space",
                   "swap_space")  # the options that go to each actor's LLM
 BATCH_EPILOG = """\
 Each input comes out once in OUTPUT/results.jsonl with its id (the path, or the JSONL/Parquet
@@ -135,7 +135,7 @@ def job_dataset(args: argparse.Namespace, inputs):
 
     pool = batch.PoolOptions(replicas=args.replicas, cpus=args.cpus_per_replica,
                              batch_size=args.batch_size,
-                             llm_options={name: getattr(args, name) for name in ENGINE_OPTIONS})
+                             llm_options={name: getattr(args, name) for name in ACTOR_ENGINE_OPTIONS})
     if args.job == "transcribe":
         return batch.transcribe_dataset(inputs, args.model, pool, language=args.language,
                                         task=args.task, timestamps=args.timestamps)

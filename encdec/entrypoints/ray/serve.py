@@ -144,12 +144,11 @@ def run_ray_server(args: argparse.Namespace) -> int:
     from ray import serve
 
     from encdec.entrypoints.cli_messages import error, warn
-    from encdec.entrypoints.openai.api_server import listening_socket, server_url
+    from encdec.entrypoints.openai.api_server import configure_logging, listening_socket, server_url
     from encdec.entrypoints.ray.cluster import unschedulable
     from encdec.entrypoints.ray.replica_board import drain
 
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     with listening_socket(args.host, args.port) as sock:  # a port in use fails now; 0 picks one
         args.port = sock.getsockname()[1]
     ray.init(address=args.ray_address, include_dashboard=False)
