@@ -318,6 +318,11 @@ class BlockSpaceManager:
     def get_num_free_cpu_blocks(self) -> int:
         return self.cpu_pool.num_free
 
+    def num_cross_gpu_blocks(self) -> int:
+        """Device blocks of the cross-attention tables (a swapped-out group's are in swap space)."""
+        return sum(len(table) for request_id, table in list(self.cross_block_tables.items())
+                   if request_id not in self._swapped_groups)
+
     def get_block_table(self, seq: Sequence) -> list[int]:
         return list(self.block_tables[seq.seq_id])
 

@@ -37,10 +37,14 @@ def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, Optional[str]]
     for name in args.files:
         try:
             texts.append((name, sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")))
-        except (OSError, UnicodeDecodeError) as err:
+        except UnicodeDecodeError:
+            error(f"{name}: not UTF-8 text")
+        except OSError as err:
             file_error(name, err)
-            texts.append((name, None))
-            failed += 1
+        else:
+            continue
+        texts.append((name, None))
+        failed += 1
     return texts, failed
 
 
@@ -91,7 +95,7 @@ def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple
         return None, [], 2
     texts, failed = read_texts(args)
     if not texts:
-        raise UsageError("give at least one TEXT or --file")
+        raise UsageError("give at least one TEXT or --file (--file - reads standard input)")
     if failed == len(texts):
         return None, [], 1
     from encdec.entrypoints import cli
@@ -101,6 +105,13 @@ def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple
     except (ValueError, OSError) as err:
         error(f"cannot load model {args.model!r}: {err}")
         return None, [], 1
+    engine = llm.llm_engine
+    if engine.input_preprocessor.audio_processor is not None:
+        raise UsageError(f"--model {args.model}: a Whisper checkpoint takes audio ({args.command} "
+                         f"takes a text model such as BART, PEGASUS or T5; for speech use encdec transcribe)")
+    if engine.tokenizer is None:
+        raise UsageError(f"--model {args.model}: the directory has no tokenizer files "
+                         f"(tokenizer.json, or the tokenizer's own files), so text cannot be read")
     return llm, texts, failed
 
 

@@ -257,6 +257,7 @@ def test_swap_out_and_in_arithmetic():
     gpu_self, gpu_cross = bm.get_block_table(seq), bm.get_cross_block_table(group)
     blocks = group_blocks(bm, group)
     free_gpu, free_cpu = bm.get_num_free_gpu_blocks(), bm.get_num_free_cpu_blocks()
+    assert bm.num_cross_gpu_blocks() == len(gpu_cross) == 3  # 9 encoder positions, 4 a block
 
     assert bm.can_swap_out(group)
     mapping = bm.swap_out(group)
@@ -269,7 +270,7 @@ def test_swap_out_and_in_arithmetic():
     assert set(to_cpu) == set(gpu_self + gpu_cross)
     assert bm.get_block_table(seq) == [to_cpu[b] for b in gpu_self]
     assert bm.get_cross_block_table(group) == [to_cpu[b] for b in gpu_cross]  # cross swapped too
-    assert bm.is_swapped_out(seq)
+    assert bm.is_swapped_out(seq) and bm.num_cross_gpu_blocks() == 0
 
     cpu_self, cpu_cross = bm.get_block_table(seq), bm.get_cross_block_table(group)
     free_gpu, free_cpu = bm.get_num_free_gpu_blocks(), bm.get_num_free_cpu_blocks()
@@ -283,7 +284,7 @@ def test_swap_out_and_in_arithmetic():
     assert set(to_gpu) == set(cpu_self + cpu_cross)
     assert bm.get_block_table(seq) == [to_gpu[b] for b in cpu_self]
     assert bm.get_cross_block_table(group) == [to_gpu[b] for b in cpu_cross]
-    assert not bm.is_swapped_out(seq)
+    assert not bm.is_swapped_out(seq) and bm.num_cross_gpu_blocks() == 3
     assert bm.get_num_free_cpu_blocks() == 32
 
 

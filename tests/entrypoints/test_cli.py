@@ -319,10 +319,35 @@ def test_summarize_words_errors_as_options(tiny_bart_dir, capsys):
         "--max-tokens=300 is more than the decoder has room for: it holds 256 positions and the "
         "decoder prompt takes 2 tokens, so at most 255 (the last new token takes no position)")
     assert cli.main(["summarize", "--model", str(tiny_bart_dir)]) == 2
-    assert usage_error(capsys.readouterr().err, "summarize") == "give at least one TEXT or --file"
+    assert usage_error(capsys.readouterr().err, "summarize") == "give at least one TEXT or --file (--file - reads standard input)"
     assert cli.main(["summarize", "--model", str(tiny_bart_dir / "missing"), "text"]) == 2
     assert error_lines(capsys.readouterr().err)[0].startswith(
         f"encdec: error: --model {tiny_bart_dir / 'missing'}: no such directory")
+
+
+def test_summarize_refuses_what_is_not_a_text_model(tiny_bart_dir, tmp_path, capsys):
+    from tests.models.test_whisper_parity import make_whisper_checkpoint
+
+    whisper_dir = make_whisper_checkpoint(tmp_path / "whisper")
+    capsys.readouterr()  # transformers' progress bars
+    assert cli.main(["summarize", "--model", str(whisper_dir), "text"]) == 2
+    assert usage_error(capsys.readouterr().err, "summarize") == (
+        f"--model {whisper_dir}: a Whisper checkpoint takes audio (summarize takes a text model such "
+        f"as BART, PEGASUS or T5; for speech use encdec transcribe)")
+    bare = tmp_path / "bare"  # weights and config, no tokenizer files
+    bare.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if (tiny_bart_dir / name).exists():
+            shutil.copy(tiny_bart_dir / name, bare / name)
+    assert cli.main(["summarize", "--model", str(bare), "text"]) == 2
+    assert usage_error(capsys.readouterr().err, "summarize").startswith(
+        f"--model {bare}: the directory has no tokenizer files")
+    binary = tmp_path / "notes.txt"
+    binary.write_bytes(b"\xff\xfe\x00 not text")
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "--file", str(binary), "text"]) == 1
+    captured = capsys.readouterr()
+    assert error_lines(captured.err) == [f"encdec: error: {binary}: not UTF-8 text"]
+    assert len(captured.out.splitlines()) == 2 and captured.out.splitlines()[1] == ""  # its line, empty
 
 
 def test_serve_help_lists_every_option(capsys):

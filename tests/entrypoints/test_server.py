@@ -406,20 +406,39 @@ def test_streamed_transcription_events(server, tiny_en, long_wav):
     assert "".join(e.delta for e in deltas).strip() == expected.text
 
 
-def test_metrics_time_to_first_token_and_prompt_tokens(server, bart, hello):
+def generated_tokens(llm: LLM, path) -> int:
+    """The tokens `llm`'s engine generates to transcribe `path` (every window and sample)."""
+    engine, step, total = llm.llm_engine, llm.llm_engine.step, 0
+
+    def counting_step():
+        nonlocal total
+        outputs = step()
+        total += sum(len(c.token_ids) for o in outputs if o.finished for c in o.outputs)
+        return outputs
+
+    engine.step = counting_step
+    try:
+        llm.transcribe(str(path))
+    finally:
+        del engine.step
+    return total
+
+
+def test_metrics_time_to_first_token_and_prompt_tokens(server, bart, tiny_en, hello):
     """/metrics: a completion's prompts each get a time to first token and count their prompt
-    tokens (usage's); a transcription, plain or streamed, gets one time to first token (its first
-    window's) and counts its windows' prompt tokens and its audio seconds."""
+    and generated tokens (usage's); a transcription, plain or streamed, gets one time to first
+    token (its first window's) and counts its windows' prompt tokens, the tokens the engine
+    generated for it and its audio seconds."""
     def changes(before, after, model):
         names = ("encdec_time_to_first_token_seconds_count", "encdec_time_to_first_token_seconds_sum",
-                 "encdec_prompt_tokens_total", "encdec_audio_seconds_total")
+                 "encdec_prompt_tokens_total", "encdec_audio_seconds_total", "encdec_generation_tokens_total")
         key = (("model", model),)
         return [after.get((n, key), 0.0) - before.get((n, key), 0.0) for n in names]
 
     before, start = server.metrics(), time.monotonic()
     result = server.client().completions.create(model="bart", prompt=ARTICLES, max_tokens=4)
-    count, seconds, prompt, _ = changes(before, server.metrics(), "bart")
-    assert (count, prompt) == (2, result.usage.prompt_tokens)
+    count, seconds, prompt, _, generated = changes(before, server.metrics(), "bart")
+    assert (count, prompt, generated) == (2, result.usage.prompt_tokens, result.usage.completion_tokens)
     assert 0 < seconds < 2 * (time.monotonic() - start)
 
     before, start = server.metrics(), time.monotonic()
@@ -427,10 +446,11 @@ def test_metrics_time_to_first_token_and_prompt_tokens(server, bart, hello):
         server.client().audio.transcriptions.create(model="tiny.en", file=audio)
     with open(SAMPLE, "rb") as audio:
         list(server.client().audio.transcriptions.create(model="tiny.en", file=audio, stream=True))
-    count, seconds, prompt, audio_seconds = changes(before, server.metrics(), "tiny.en")
+    count, seconds, prompt, audio_seconds, generated = changes(before, server.metrics(), "tiny.en")
     assert count == 2 and 0 < seconds < 2 * (time.monotonic() - start)
     assert prompt >= 2 and prompt % 2 == 0  # the same windows twice
     assert audio_seconds == pytest.approx(2 * hello.duration)
+    assert generated == 2 * generated_tokens(tiny_en, SAMPLE) > 2 * sum(len(s.tokens) for s in hello.segments)
 
 
 def test_metrics_show_the_requests_in_flight(server, hello):

@@ -276,10 +276,22 @@ def test_upload_limit_without_content_length(server, size, status):
     assert_error(response, status, "file")
 
 
+def requests_counted(server, endpoint: str, status: int) -> float:
+    return server.metrics().get(("encdec_http_requests_total", (("endpoint", endpoint), ("status", str(status)))), 0.0)
+
+
 def test_api_key(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
+    before = requests_counted(server, "/v1/models/{model_id:path}", 401)
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
         assert_error(httpx.get(f"{server.url}/v1/models", headers=headers), 401, None)
+    assert_error(httpx.get(f"{server.url}/v1/models/bart"), 401, None)
+    # refused before routing, still counted under its endpoint (an unknown path: "unmatched")
+    assert requests_counted(server, "/v1/models/{model_id:path}", 401) == before + 1
+    assert requests_counted(server, "/v1/models", 401) >= 3
+    unknown = requests_counted(server, "unmatched", 401)
+    assert_error(httpx.get(f"{server.url}/v1/nothing"), 401, None)
+    assert requests_counted(server, "unmatched", 401) == unknown + 1
     # a browser's CORS preflight carries no key: it is answered before the key is asked for
     origin = {"Origin": "https://app.example.com"}
     preflight = httpx.options(f"{server.url}/v1/completions", headers={

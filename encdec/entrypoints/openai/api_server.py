@@ -68,7 +68,7 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     app = FastAPI(title="encdec", version=__version__, lifespan=lifespan)
     add_error_handlers(app)
     app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key,
-                       max_body_bytes=max_body_bytes)
+                       max_body_bytes=max_body_bytes, routes=app.routes)  # filled in below
     if allowed_origins:  # added last: the outermost layer
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
                            allow_headers=["*"])

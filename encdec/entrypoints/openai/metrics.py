@@ -12,12 +12,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from encdec.entrypoints.openai.serving_models import ServedModels
-from encdec.outputs import RequestOutput
+from encdec.outputs import CompletionOutput, RequestOutput
 
 if TYPE_CHECKING:
     from encdec.entrypoints.openai.middleware import ServerState  # which imports this module
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                       2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0)  # vLLM's, and longer
 
 
 class EngineCollector:
@@ -31,10 +33,10 @@ class EngineCollector:
             ("num_requests_running", "Requests decoding now.", ["model"]),
             ("num_requests_waiting", "Requests queued, not yet running.", ["model"]),
             ("num_requests_swapped", "Requests preempted to swap space.", ["model"]),
-            ("kv_blocks_in_use", "KV cache blocks held by requests (device and swap), by "
-                                 "attention kind.", ["model", "attention"]),
-            ("kv_swap_blocks_in_use", "Swap-space KV blocks held by requests.", ["model"]),
-            ("kv_blocks_total", "KV cache blocks on the device.", ["model"]),
+            ("kv_blocks_in_use", "Device KV cache blocks held by requests, by attention kind.",
+             ["model", "attention"]),
+            ("kv_swap_blocks_in_use", "Swap-space KV blocks held by preempted requests.", ["model"]),
+            ("kv_blocks_capacity", "KV cache blocks on the device, in use or free.", ["model"]),
         )}
         preemptions = CounterMetricFamily("encdec_num_preemptions", "Requests preempted.",
                                           labels=["model"])
@@ -46,12 +48,12 @@ class EngineCollector:
             gauges["num_requests_waiting"].add_metric(name, served.engine.num_waiting())
             gauges["num_requests_swapped"].add_metric(name, len(scheduler.swapped))
             device_used = blocks.num_total_gpu_blocks - blocks.get_num_free_gpu_blocks()
-            swap_used = blocks.num_total_cpu_blocks - blocks.get_num_free_cpu_blocks()
-            cross = sum(len(table) for table in list(blocks.cross_block_tables.values()))
-            gauges["kv_blocks_in_use"].add_metric([served.name, "self"], device_used + swap_used - cross)
+            cross = blocks.num_cross_gpu_blocks()
+            gauges["kv_blocks_in_use"].add_metric([served.name, "self"], max(0, device_used - cross))
             gauges["kv_blocks_in_use"].add_metric([served.name, "cross"], cross)
-            gauges["kv_swap_blocks_in_use"].add_metric(name, swap_used)
-            gauges["kv_blocks_total"].add_metric(name, blocks.num_total_gpu_blocks)
+            gauges["kv_swap_blocks_in_use"].add_metric(
+                name, blocks.num_total_cpu_blocks - blocks.get_num_free_cpu_blocks())
+            gauges["kv_blocks_capacity"].add_metric(name, blocks.num_total_gpu_blocks)
             preemptions.add_metric(name, engine.stats.num_preemptions)
         yield from gauges.values()
         yield preemptions
@@ -72,10 +74,12 @@ class ServerMetrics:
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.first_token = Histogram("encdec_time_to_first_token_seconds",
                                      "Time from request to the first generated token.",
-                                     ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
-        self.prompt_tokens = Counter("encdec_prompt_tokens", "Prompt tokens (encoder and decoder).",
+                                     ["model"], buckets=FIRST_TOKEN_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter("encdec_prompt_tokens", "Prompt tokens of the engine's requests: "
+                                     "encoder (for Whisper, its audio positions) and decoder.",
                                      ["model"], registry=self.registry)
-        self.generation_tokens = Counter("encdec_generation_tokens", "Generated tokens.",
+        self.generation_tokens = Counter("encdec_generation_tokens", "Tokens the engine generated "
+                                         "(every sample and temperature fallback).",
                                          ["model"], registry=self.registry)
         self.audio_seconds = Counter("encdec_audio_seconds", "Seconds of audio transcribed.",
                                      ["model"], registry=self.registry)
@@ -91,6 +95,12 @@ class ServerMetrics:
         prompt = len(output.encoder_prompt_token_ids) + len(output.prompt_token_ids)
         self.prompt_tokens.labels(model).inc(prompt)
         return prompt
+
+    def count_generated(self, model: str, outputs: list[CompletionOutput]) -> int:
+        """Count the tokens of `outputs`; returns them."""
+        generated = sum(len(c.token_ids) for c in outputs)
+        self.generation_tokens.labels(model).inc(generated)
+        return generated
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

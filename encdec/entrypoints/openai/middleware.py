@@ -18,9 +18,10 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from encdec.entrypoints.openai.errors import CLIENT_CLOSED_REQUEST, OpenAIError
@@ -46,8 +47,8 @@ class ServerState:
 
 class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: ServerState, metrics: ServerMetrics,
-                 api_key: Optional[str], max_body_bytes: int):
-        self.app, self.state, self.metrics = app, state, metrics
+                 api_key: Optional[str], max_body_bytes: int, routes: Sequence[BaseRoute] = ()):
+        self.app, self.state, self.metrics, self.routes = app, state, metrics, routes
         self.max_body_bytes = max_body_bytes
         self.api_key = api_key.encode() if api_key else None
 
@@ -109,13 +110,18 @@ class ServingMiddleware:
             if started and not finished:  # a response the client left in the middle of
                 status = CLIENT_CLOSED_REQUEST
             self.state.inflight -= counted
-            route = scope.get("route")
-            endpoint = getattr(route, "path", "unmatched")
+            endpoint = self._endpoint(scope)
             seconds = time.monotonic() - start
             self.metrics.requests.labels(endpoint, str(status)).inc()
             self.metrics.latency.labels(endpoint).observe(seconds)
             logger.info("request %s: %s %s -> %d in %.3f s", request_id, scope["method"], path,
                         status, seconds)
+
+    def _endpoint(self, scope: Scope) -> str:
+        """The route's path, for a request refused here too; "unmatched" for an unknown path."""
+        route = scope.get("route") or next(
+            (r for r in self.routes if r.matches(scope)[0] == Match.FULL), None)
+        return getattr(route, "path", "unmatched")
 
     def _refusal(self, path: str, headers: Headers) -> Optional[OpenAIError]:
         if self.api_key is not None and path not in OPEN_PATHS:

@@ -65,9 +65,8 @@ class OutputCounter:
             self.seen.add(output.request_id)
             self.metrics.observe_first_token(self.model, output, self.start)
             self.prompt_tokens += self.metrics.count_prompt(self.model, output)
-        generated = sum(len(c.token_ids) for c in (output.outputs if sent is None else sent))
-        self.completion_tokens += generated
-        self.metrics.generation_tokens.labels(self.model).inc(generated)
+        self.completion_tokens += self.metrics.count_generated(
+            self.model, output.outputs if sent is None else sent)
 
     def usage(self) -> UsageInfo:
         return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,

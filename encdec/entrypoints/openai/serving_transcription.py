@@ -80,12 +80,11 @@ class OpenAIServingTranscription:
                 request, served.engine.transcribe([(audio, SAMPLE_RATE)], **options)))[0]
         except ValueError as err:
             raise transcribe_error(err) from err
-        self._count(served, result)
+        self._count_audio(served, result)
         return response(result, body, task)
 
-    def _count(self, served: ServedModel, result: Transcription) -> None:
+    def _count_audio(self, served: ServedModel, result: Transcription) -> None:
         self.metrics.audio_seconds.labels(served.name).inc(result.duration)
-        self.metrics.generation_tokens.labels(served.name).inc(sum(len(s.tokens) for s in result.segments))
 
     async def _events(self, served: ServedModel, audio: np.ndarray, options: dict) -> AsyncIterator[str]:
         """A delta per stretch of final segments, then the whole text."""
@@ -102,7 +101,7 @@ class OpenAIServingTranscription:
                     started = True
                     yield sse(TranscriptionDelta(delta=text))
             result = job.result()[0]
-            self._count(served, result)
+            self._count_audio(served, result)
             yield sse(TranscriptionDone(text=result.text))
             yield DONE
         finally:
@@ -112,8 +111,9 @@ class OpenAIServingTranscription:
 
 
 class WindowCounter:
-    """Counts a transcription's windows into the metrics as each finishes: their prompt tokens,
-    and once, the time from the request to the first token of the first window to finish."""
+    """Counts a transcription's windows into the metrics as each finishes: their prompt and
+    generated tokens, and once, the time from the request to the first token of the first window
+    to finish."""
 
     def __init__(self, metrics: ServerMetrics, model: str, start: float):
         self.metrics, self.model, self.start = metrics, model, start
@@ -124,6 +124,7 @@ class WindowCounter:
             self.observed = True
             self.metrics.observe_first_token(self.model, output, self.start)
         self.metrics.count_prompt(self.model, output)
+        self.metrics.count_generated(self.model, output.outputs)
 
 
 def transcribe_error(err: ValueError) -> OpenAIError:
