@@ -17,7 +17,8 @@ its `prompt_logprobs` and `logprobs` gets its token's text alone, special tokens
 Stop strings (`encdec.engine.stop_strings`) are looked for here, in each completion's text as
 it is detokenized after every step (also for FINAL_ONLY requests that have some): a completion
 that meets one is finished here and its blocks freed (`free_seq`), as vLLM's output processor
-aborts it. A beam search's hypotheses are cut at their first stop string once it is over.
+aborts it. A beam search's hypotheses are cut at their first stop string once it is over (text
+and token ids, as a stream stops).
 """
 from __future__ import annotations
 
@@ -155,22 +156,35 @@ class OutputProcessor:
 
     def _beam_outputs(self, group: SequenceGroup) -> list[CompletionOutput]:
         """The best `n` hypotheses of a finished search (its beams, if it was cut short), each
-        cut at its first stop string."""
+        cut at its first stop string (its text, and its tokens after the one that completed it)."""
         params = group.sampling_params
         search = group.beam_search
         if not search.finished:
             return [self._final(index, seq, params) for index, seq in enumerate(group.get_seqs())]
         outputs = []
         for index, h in enumerate(search.best(params.n)):
-            text, reason, stop_reason = self._text(h.token_ids, h.finish_reason, params), h.finish_reason, None
-            if params.stop:
-                stops = StopStrings(params)
-                stops.update(self._text(h.token_ids[:stops.min_tokens], None, params), 0)  # the floor
-                if stops.update(text, len(h.token_ids)) is not None:
-                    text, reason, stop_reason = stops.visible(text, True), "stop", stops.hit
-            outputs.append(CompletionOutput(index, text, list(h.token_ids), h.cumulative_logprob, None, reason,
-                                            stop_reason or stop_token(h.token_ids, reason, params)))
+            ids, reason = list(h.token_ids), h.finish_reason
+            cut = self._first_stop(ids, reason, params) if params.stop else None
+            if cut is None:
+                text, stop_reason = self._text(ids, reason, params), stop_token(ids, reason, params)
+            else:
+                (ids, text, stop_reason), reason = cut, "stop"
+            outputs.append(CompletionOutput(index, text, ids, h.cumulative_logprob, None, reason, stop_reason))
         return outputs
+
+    def _first_stop(self, ids: list[int], reason: Optional[str],
+                    params: SamplingParams) -> Optional[tuple[list[int], str, str]]:
+        """Where a stop string ends a finished hypothesis, read token by token as a stream is:
+        its ids up to the token that completed it, its text and the stop string; None if none does."""
+        if self.tokenizer is None or not params.detokenize:
+            return None
+        detokenizer, stops = IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens), StopStrings(params)
+        for n in range(1, len(ids) + 1):
+            last = n == len(ids)
+            detokenizer.step(self._shown(ids, reason, params) if last else ids[:n], last)
+            if stops.update(detokenizer.text, n) is not None:
+                return ids[:n], stops.visible(detokenizer.text, True), stops.hit
+        return None
 
 
 def stop_token(ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> Optional[int]:
