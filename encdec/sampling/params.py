@@ -29,6 +29,7 @@ EARLY_STOPPING_VALUES = (True, False, "never")
 BEAM_RULES = ("hf", "whisper")
 INTEGER_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "beam_width",
                   "no_repeat_ngram_size", "forced_bos_token_id", "forced_eos_token_id", "truncate_prompt_tokens")
+REPETITION_PENALTY_RANGE = (1e-30, 1e30)  # any penalty past these overflows float32 scores
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "length_penalty", "patience", "repetition_penalty",
                  "presence_penalty", "frequency_penalty")
 FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "use_beam_search", "config_per_field",
@@ -222,8 +223,10 @@ class SamplingParams:
     def _validate_processors(self) -> None:
         _check(self.no_repeat_ngram_size is None or self.no_repeat_ngram_size >= 0,
                f"no_repeat_ngram_size must be an integer >= 0, got {self.no_repeat_ngram_size!r}")
-        _check(self.repetition_penalty is None or 0.0 < self.repetition_penalty < math.inf,
-               f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        low, high = REPETITION_PENALTY_RANGE
+        _check(self.repetition_penalty is None or low <= self.repetition_penalty <= high,
+               f"repetition_penalty must be in [{low:g}, {high:g}] (float32 scores divided or "
+               f"multiplied by it stay finite), got {self.repetition_penalty!r}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             _check(value is not None and -2.0 <= value <= 2.0, f"{name} must be in [-2, 2], got {value!r}")

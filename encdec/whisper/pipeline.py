@@ -189,6 +189,9 @@ class TranscribeOptions:
                                           or self.beam_size is None):
             raise ValueError(f"patience must be a number > 0, with beam_size set; got "
                              f"patience={self.patience!r}, beam_size={self.beam_size!r}")
+        if self.patience is not None and max_candidates(self.beam_size, self.patience) < 1:
+            raise ValueError(f"patience={self.patience} with beam_size={self.beam_size} waits for no "
+                             f"finished beam: round(beam_size * patience) must be >= 1")
         for name in ("length_penalty", "compression_ratio_threshold", "logprob_threshold",
                      "no_speech_threshold"):
             setattr(self, name, number(name, getattr(self, name), none=True))

@@ -89,6 +89,7 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "frequency_penalty": -3}, 400, "frequency_penalty"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "min_p": 1.5}, 400, "min_p"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "repetition_penalty": 1e-39}, 400, "repetition_penalty"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "seed": 2**64, "temperature": 1}, 400, "seed"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": -1}, 400, "prompt_logprobs"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": 1001}, 400, "prompt_logprobs"),
@@ -408,6 +409,20 @@ def test_a_client_leaving_mid_upload_is_counted_499(server):
     assert leaving_uploads() == before + 1
     assert "500" not in {status for (name, labels), _ in server.metrics().items()
                          if name == "encdec_http_requests_total" for key, status in labels if key == "status"}
+
+
+def test_a_client_leaving_mid_json_body_is_counted_499(server):
+    """Not a 400 for the JSON it never finished sending."""
+    before = requests_counted(server, "/v1/completions", 499), requests_counted(server, "/v1/completions", 400)
+    body = json.dumps({"model": "bart", "prompt": TEXT, "max_tokens": 2}).encode()
+    head = ("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {API_KEY}\r\nContent-Length: {len(body)}\r\n"
+            "Content-Type: application/json\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head.encode() + body[:-10])  # then leave, 10 bytes short
+    wait_for(lambda: requests_counted(server, "/v1/completions", 499) > before[0])
+    assert (requests_counted(server, "/v1/completions", 499),
+            requests_counted(server, "/v1/completions", 400)) == (before[0] + 1, before[1])
 
 
 def test_still_serving_after_errors(server, tiny_bart_dir):

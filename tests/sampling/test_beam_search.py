@@ -186,7 +186,8 @@ def test_mixed_batch_equals_each_request_alone(llm):
     (dict(beam_width=2, top_p=0.5), "does not sample"),
     (dict(beam_width=2, logprobs=2), "logprobs is not supported"),
     (dict(no_repeat_ngram_size=-1), "no_repeat_ngram_size must be an integer >= 0"),
-    (dict(repetition_penalty=0.0), "repetition_penalty must be a finite number > 0"),
+    (dict(repetition_penalty=0.0), r"repetition_penalty must be in \[1e-30, 1e\+30\]"),
+    (dict(repetition_penalty=1e-39), r"repetition_penalty must be in \[1e-30, 1e\+30\]"),  # 1 / it overflows
     (dict(early_stopping="sometimes"), "early_stopping must be True, False or 'never'"),
     (dict(early_stopping=1), "early_stopping must be True, False or 'never'"),
     (dict(length_penalty=float("nan")), "length_penalty must be a finite number"),

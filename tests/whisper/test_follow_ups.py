@@ -337,6 +337,7 @@ def test_a_hot_decode_is_not_passed_on():
     ({"temperature": -0.1}, "temperature"), ({"temperature": ()}, "temperature"),
     ({"best_of": 0}, "best_of"), ({"logprob_threshold": "low"}, "logprob_threshold"),
     ({"beam_size": 0}, "beam_size"), ({"patience": 2.0}, "patience"),
+    ({"beam_size": 3, "patience": 0.1}, r"^patience=0.1 with beam_size=3 waits for no finished beam"),
     ({"suppress_tokens": "a,b"}, "suppress_tokens"), ({"clip_timestamps": "5,2"}, "clip_timestamps"),
     ({"clip_timestamps": "1,2", "vad_filter": True}, "exclude each other"),
     ({"vad_parameters": {"threshold": 1.5}}, "threshold"),

@@ -36,7 +36,7 @@ CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 class ConnectionGone(Exception):
-    """The client's connection closed while its response was being sent."""
+    """The client's connection closed before its body was read or while its response was sent."""
 
 
 @dataclass
@@ -89,7 +89,7 @@ class ServingMiddleware:
             else:
                 await self.app(scope, receive, send_with_id)
         except ConnectionGone:
-            pass  # counted and logged as 499 below
+            status = CLIENT_CLOSED_REQUEST
         except asyncio.CancelledError:  # uvicorn's, once --shutdown-timeout is over
             if not self.state.draining:
                 raise
@@ -139,13 +139,13 @@ class ServingMiddleware:
 
     async def _buffered(self, receive: Receive) -> tuple[Receive, Optional[OpenAIError]]:
         """Read the body whole; returns a `receive` that hands it over in one message and then
-        listens for the disconnect, or a 413 once the body passes the limit."""
+        listens for the disconnect, or a 413 once the body passes the limit (ConnectionGone if
+        the client leaves first)."""
         parts, size = [], 0
         while True:
             message = await receive()
-            if message["type"] != "http.request":  # the client left: the app sees it
-                first = message
-                break
+            if message["type"] != "http.request":  # the client left before its body was whole
+                raise ConnectionGone()
             parts.append(message.get("body", b""))
             size += len(parts[-1])
             if size > self.max_body_bytes:

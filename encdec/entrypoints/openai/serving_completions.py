@@ -13,7 +13,6 @@ as in vLLM, they are not streamed.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 from typing import Any, AsyncIterator, Optional
@@ -28,7 +27,8 @@ from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
                                                 CompletionRequest, CompletionResponse, PromptLogprob,
                                                 unix_time)
-from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, bad_input, random_id
+from encdec.entrypoints.openai.serving_engine import (Generated, OutputCounter, bad_input, random_id,
+                                                     tokenize_off_loop)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
@@ -204,8 +204,7 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
         raise bad_request("prompt contains an empty string", "prompt")
     if texts and engine.tokenizer is None:
         raise bad_request("this model has no tokenizer: send token ids", "prompt")
-    encoded = iter(await asyncio.get_running_loop().run_in_executor(
-        None, lambda: engine.tokenizer(texts)["input_ids"]) if texts else [])
+    encoded = iter(await tokenize_off_loop(lambda: engine.tokenizer(texts)["input_ids"]) if texts else [])
     limit, vocab = engine.model_config.max_encoder_len, engine.model_config.encoder_vocab_size
     prompts = []
     for i, p in enumerate(prompt):

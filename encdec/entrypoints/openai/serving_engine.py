@@ -1,10 +1,12 @@
 """What the text endpoints share: ids, engine outputs added up, ValueErrors as 400s."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
+from typing import Callable, Iterator, Optional, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -13,6 +15,17 @@ from encdec.entrypoints.openai.errors import value_error
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import UsageInfo
 from encdec.outputs import CompletionOutput, RequestOutput, SampleLogprobs
+
+
+T = TypeVar("T")
+# The text endpoints' own threads: tokenizing never waits behind the audio uploads that the
+# loop's default pool decodes (an hour of audio takes seconds).
+_TOKENIZING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="encdec-tokenize")
+
+
+async def tokenize_off_loop(tokenize: Callable[[], T]) -> T:
+    """Run `tokenize` off the event loop, on the text endpoints' threads."""
+    return await asyncio.get_running_loop().run_in_executor(_TOKENIZING, tokenize)
 
 
 def random_id(prefix: str) -> str:

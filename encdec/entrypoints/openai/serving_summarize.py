@@ -7,7 +7,6 @@ then a usage chunk and `data: [DONE]`.
 """
 from __future__ import annotations
 
-import asyncio
 from typing import AsyncIterator, Optional
 
 from fastapi import Request
@@ -18,7 +17,8 @@ from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (SummarizeRequest, SummarizeResponse, Summary,
                                                 UsageInfo, unix_time)
-from encdec.entrypoints.openai.serving_engine import Generated, OutputCounter, bad_input, random_id
+from encdec.entrypoints.openai.serving_engine import (Generated, OutputCounter, bad_input, random_id,
+                                                     tokenize_off_loop)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
@@ -75,7 +75,7 @@ class OpenAIServingSummarize:
             return articles
 
         with bad_input(SummarizeRequest, {}, "input"):
-            return await asyncio.get_running_loop().run_in_executor(None, prepare)
+            return await tokenize_off_loop(prepare)
 
     @staticmethod
     async def _collect(merged, counter: OutputCounter, num_articles: int) -> list[Generated]:
