@@ -71,7 +71,8 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
     (a 2-D waveform's smaller dimension is taken as the channel axis). A file's samples are
     clipped to [-1, 1], as the 16-bit decoding of openai-whisper and faster-whisper clips them;
     integer PCM is scaled to [-1, 1) (unsigned PCM, as 8-bit WAV, is centred on its midpoint:
-    (x - 128) / 128). The sample rate is an integer in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE]. A file
+    (x - 128) / 128); a float file's NaN samples become 0 (a waveform given as an array with
+    NaN or infinite samples is refused). The sample rate is an integer in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE]. A file
     with more than ``max_samples`` samples per channel, at its own rate, is refused while it is
     decoded (bounding the memory an upload can take).
     """
@@ -98,7 +99,9 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
             raise ValueError(f"{name}: a file object must be opened in binary mode ('rb')")
         audio, rate = _decode(io.BytesIO(data), name, max_samples)
     else:
-        raise ValueError(f"expected {AUDIO_SOURCES}, got {type(source).__name__}")
+        hint = ("; samples in a list are taken as inputs, one each: pass np.asarray(samples)"
+                if isinstance(source, numbers.Real) else "")
+        raise ValueError(f"expected {AUDIO_SOURCES}, got {type(source).__name__}{hint}")
     rate = _sample_rate(rate, name)
     if audio.size == 0:
         raise ValueError(f"{name}: contains no audio samples")
@@ -153,6 +156,7 @@ def _decode(source: Union[Path, io.BytesIO], name: str, max_samples: Optional[in
     except Exception as error:
         raise ValueError(f"{name}: not a readable audio file ({str(error) or type(error).__name__})") from error
     audio = np.concatenate(mono) if mono else np.zeros(0, np.float32)
+    np.nan_to_num(audio, copy=False, nan=0.0)  # a float file's NaN samples: silence
     return np.clip(audio, -1.0, 1.0, out=audio), rate
 
 
@@ -197,8 +201,9 @@ def _rewound(source):
 
 
 def _as_float_array(waveform: ArrayLike, name: str) -> np.ndarray:
-    if isinstance(waveform, torch.Tensor):
-        waveform = waveform.detach().cpu().numpy()
+    if isinstance(waveform, torch.Tensor):  # bfloat16 has no numpy dtype
+        waveform = waveform.detach().cpu()
+        waveform = (waveform.float() if waveform.dtype == torch.bfloat16 else waveform).numpy()
     array = np.asarray(waveform)
     if np.issubdtype(array.dtype, np.integer):  # PCM: signed around 0, unsigned around its midpoint
         info = np.iinfo(array.dtype)
@@ -214,6 +219,8 @@ def _downmix(audio: np.ndarray, name: str) -> np.ndarray:
         return audio
     if audio.ndim != 2:
         raise ValueError(f"{name}: expected a 1-D or 2-D waveform, got shape {audio.shape}")
+    if audio.size == 0:
+        raise ValueError(f"{name}: contains no audio samples (shape {audio.shape})")
     channel_axis = 0 if audio.shape[0] <= audio.shape[1] else 1
     return audio.mean(axis=channel_axis)
 

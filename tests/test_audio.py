@@ -321,6 +321,19 @@ def test_empty_file(tmp_path):
         A.load_audio(path)
 
 
+def test_a_float_files_nan_samples_are_silence_and_a_bfloat16_tensor_is_read(tmp_path):
+    """As the references decode such files (faster-whisper also reads NaN as a sample, not an
+    error); a bfloat16 tensor is widened (numpy has no bfloat16)."""
+    samples = np.random.default_rng(0).uniform(-0.5, 0.5, 1600).astype(np.float32)
+    samples[[3, 700]] = np.nan
+    path = tmp_path / "nan.wav"
+    soundfile.write(path, samples, 16000, subtype="FLOAT")
+    expected = np.where(np.isnan(samples), 0.0, samples)
+    np.testing.assert_array_equal(A.load_audio(path), expected)
+    tensor = torch.tensor(expected).to(torch.bfloat16)
+    np.testing.assert_array_equal(A.load_audio(tensor), tensor.float().numpy())
+
+
 def test_header_only_wav_has_no_samples(tmp_path):
     path = tmp_path / "silent.wav"
     soundfile.write(path, np.zeros(0, dtype=np.float32), 16000)
@@ -338,6 +351,8 @@ def test_header_only_wav_has_no_samples(tmp_path):
         ((np.array([0.0, np.inf], np.float32), 16000), "NaN or infinite"),
         ((np.array([0.0, -1e20], np.float32), 16000), "samples reach 1e\\+20"),
         ((np.zeros((2, 3, 4), np.float32), 16000), "1-D or 2-D"),
+        ((np.zeros((2, 0), np.float32), 16000), r"no audio samples \(shape \(2, 0\)\)"),
+        (0.5, r"got float; samples in a list are taken as inputs, one each: pass np.asarray\(samples\)"),
         ((np.zeros(100, np.float32), True), r"sample rate must be an integer in \[1000, 1000000\] Hz, got True"),
         ((np.zeros(100, np.float32), float("inf")), "sample rate must be an integer.*got inf"),
         ((np.zeros(100, np.float32), float("nan")), "sample rate"),

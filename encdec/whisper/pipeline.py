@@ -30,7 +30,7 @@ when another one finishes, while other files' windows keep the batch full.
   faster-whisper detects it; all the input's windows wait for it and are decoded in that
   language. The input's first window takes the detection's cross cache when it has the same
   frames (always when conditioned), so that too is one encoder run.
-* No speech: silent windows (below -60 dBFS) are not decoded; a decoded window is dropped
+* No speech: silent windows (below -84 dBFS) are not decoded; a decoded window is dropped
   when `no_speech_prob > 0.6` and its decode is unsure (`encdec.whisper.silence`).
   `avg_logprob` is the sampled tokens' log-probability sum over (their number + 1).
 * Conditioning (`condition_on_previous_text`, on by default as in openai-whisper and

@@ -2,8 +2,9 @@
 
 Two checks, no extra model:
 
-* `is_silent`: no 20 ms frame of the window is louder than -60 dBFS (RMS): digital silence
-  or dither. Such windows are not decoded at all (Whisper invents text for them, " you").
+* `is_silent`: no 20 ms frame of the window is louder than -84 dBFS (RMS, two steps of 16-bit
+  audio): digital silence or dither. Such windows are not decoded at all (Whisper invents text
+  for them, " you"). Quiet speech is far louder (speech peaking at -52 dBFS is transcribed).
 * `is_no_speech`: openai-whisper's rule (and faster-whisper's): a no-speech probability above
   0.6 drops the window unless its average log-probability is above -1. So text the model is
   sure of stays, also wordless (" .") or repetitive (a chorus, a list read twice).
@@ -17,7 +18,7 @@ import numpy as np
 
 from encdec.whisper.windows import HOP
 
-SILENCE_DBFS = -60.0
+SILENCE_DBFS = -84.0
 NO_SPEECH_THRESHOLD = 0.6
 LOGPROB_THRESHOLD = -1.0
 COMPRESSION_RATIO_THRESHOLD = 2.4

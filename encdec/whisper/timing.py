@@ -182,10 +182,10 @@ def words_into_segments(words: list[Word], segments: list[Segment], eot: int, of
     median = min(0.7, float(np.median(durations))) if len(durations) else 0.0
     longest = 2 * median
     for previous, word in zip(words, words[1:]):
-        if word.end - word.start > longest:
-            if word.word.strip() in SENTENCE_END_MARKS:
+        if word.end - word.start > longest:  # the word as it is: " ." (a space first) is no mark
+            if word.word in SENTENCE_END_MARKS:
                 word.end = word.start + longest
-            elif previous.word.strip() in SENTENCE_END_MARKS:
+            elif previous.word in SENTENCE_END_MARKS:
                 word.start = word.end - longest
     merge_punctuation(words, *punctuations)
     position = 0

@@ -206,8 +206,8 @@ def test_windows_cut_at_the_quietest_point_near_30_seconds():
 def test_silence_checks():
     rng = np.random.default_rng(0)
     assert is_silent(np.zeros(SAMPLE_RATE, np.float32))
-    assert is_silent(rng.normal(0, 1e-4, SAMPLE_RATE).astype(np.float32))
-    assert not is_silent(rng.normal(0, 1e-2, SAMPLE_RATE).astype(np.float32))
+    assert is_silent(rng.normal(0, 2 ** -15, SAMPLE_RATE).astype(np.float32))  # 16-bit dither
+    assert not is_silent(rng.normal(0, 1e-3, SAMPLE_RATE).astype(np.float32))  # -60 dBFS: quiet, not silent
     assert is_no_speech(0.9, -1.5) and not is_no_speech(0.5, -1.5)
     assert not is_no_speech(0.9, -0.3)  # the model is sure of its text, even " ." or a chorus
 
