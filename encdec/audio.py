@@ -61,7 +61,8 @@ class AudioFileNotFoundError(FileNotFoundError, ValueError):
 # --------------------------------------------------------------------------- loading
 
 
-def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional[int] = None) -> np.ndarray:
+def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional[int] = None,
+               allow_empty: bool = False) -> np.ndarray:
     """Return ``source`` as a mono float32 waveform at ``sr`` Hz.
 
     ``source`` is a path to a file that soundfile (WAV, FLAC, MP3, OGG, ...) or PyAV (FFmpeg:
@@ -74,7 +75,8 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
     (x - 128) / 128); a float file's NaN samples become 0 (a waveform given as an array with
     NaN or infinite samples is refused). The sample rate is an integer in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE]. A file
     with more than ``max_samples`` samples per channel, at its own rate, is refused while it is
-    decoded (bounding the memory an upload can take).
+    decoded (bounding the memory an upload can take). No samples at all is an error unless
+    ``allow_empty``.
     """
     if sr <= 0:
         raise ValueError(f"target sample rate must be positive, got {sr}")
@@ -103,15 +105,15 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
                 if isinstance(source, numbers.Real) else "")
         raise ValueError(f"expected {AUDIO_SOURCES}, got {type(source).__name__}{hint}")
     rate = _sample_rate(rate, name)
-    if audio.size == 0:
+    if audio.size == 0 and not allow_empty:
         raise ValueError(f"{name}: contains no audio samples")
     if not np.all(np.isfinite(audio)):
         raise ValueError(f"{name}: contains NaN or infinite samples")
-    peak = float(np.abs(audio).max())
+    peak = float(np.abs(audio).max(initial=0.0))
     if peak > MAX_AMPLITUDE:
         raise ValueError(f"{name}: samples reach {peak:.3g}, past the {MAX_AMPLITUDE:g} the features "
                          f"can hold (float audio is expected in [-1, 1])")
-    if rate != sr:
+    if rate != sr and audio.size:
         audio = _resample(audio, rate, sr)
     return np.ascontiguousarray(audio, dtype=np.float32)
 

@@ -70,7 +70,7 @@ def load_inputs(files: Sequence[str]) -> tuple[list[tuple[str, np.ndarray]], int
     loaded, failed = [], 0
     for name in files:
         try:
-            loaded.append((name, load_audio(name)))
+            loaded.append((name, load_audio(name, allow_empty=True)))
         except (ValueError, OSError) as err:
             file_error(name, err)
             failed += 1

@@ -109,7 +109,9 @@ def test_bad_files_are_reported_and_the_rest_finish(tmp_path, capsys):
     empty.touch()
     silence = tmp_path / "silence.wav"
     soundfile.write(str(silence), np.zeros(3 * 16000, dtype=np.int16), 16000)
-    files = [missing, text, SAMPLE, empty, silence]
+    no_samples = tmp_path / "no_samples.wav"  # a header alone: an empty transcript, as openai-whisper's
+    soundfile.write(str(no_samples), np.zeros(0, dtype=np.int16), 16000)
+    files = [missing, text, SAMPLE, empty, silence, no_samples]
     status = cli.main(["transcribe", *map(str, files), "--no-timestamps", "--output-format",
                        "txt", "--output-dir", str(tmp_path / "out")])
     captured = capsys.readouterr()
@@ -121,9 +123,9 @@ def test_bad_files_are_reported_and_the_rest_finish(tmp_path, capsys):
         assert error.startswith(f"encdec: error: {path}: ")
     assert "not found" in errors[0] and "not a readable audio file" in errors[1]
     assert "empty" in errors[2]
-    assert captured.out == f"==> {SAMPLE} <==\n{SAMPLE_TEXT}\n==> {silence} <==\n"
+    assert captured.out == f"==> {SAMPLE} <==\n{SAMPLE_TEXT}\n==> {silence} <==\n==> {no_samples} <==\n"
     assert (tmp_path / "out" / "hello.txt").read_text().strip() == SAMPLE_TEXT
-    assert (tmp_path / "out" / "silence.txt").read_text() == ""
+    assert (tmp_path / "out" / "silence.txt").read_text() == (tmp_path / "out" / "no_samples.txt").read_text() == ""
 
 
 def test_only_bad_files_never_loads_the_model(tmp_path, capsys, monkeypatch):

@@ -167,7 +167,7 @@ class Transcriber(_Worker):
         loaded, errors = {}, [None] * len(batch["path"])
         for i, path in enumerate(batch["path"]):
             try:
-                loaded[i] = (load_audio(str(path)), SAMPLE_RATE)
+                loaded[i] = (load_audio(str(path), allow_empty=True), SAMPLE_RATE)
             except (ValueError, OSError) as err:
                 errors[i] = str(err)
         transcribed = self.llm.transcribe(list(loaded.values()), **self.options) if loaded else []
