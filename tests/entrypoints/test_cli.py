@@ -165,7 +165,7 @@ def test_token_ids_beyond_the_vocabulary_are_refused_once(capsys):
 
 @pytest.mark.parametrize("output", ["afile", "afile/sub"])
 def test_output_dir_is_checked_before_transcribing(tmp_path, monkeypatch, capsys, output):
-    monkeypatch.setattr(cli, "load_audio", lambda name: pytest.fail("audio decoded"))
+    monkeypatch.setattr(cli, "load_audio", lambda name, **_: pytest.fail("audio decoded"))
     (tmp_path / "afile").touch()
     target = tmp_path / output
     assert cli.main(["transcribe", str(SAMPLE), "-o", str(target)]) == 2
@@ -173,14 +173,14 @@ def test_output_dir_is_checked_before_transcribing(tmp_path, monkeypatch, capsys
 
 
 def test_unwritable_output_dir_is_found_before_transcribing(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_audio", lambda name: pytest.fail("audio decoded"))
+    monkeypatch.setattr(cli, "load_audio", lambda name, **_: pytest.fail("audio decoded"))
     monkeypatch.setattr(cli.os, "access", lambda path, mode: False)  # tests may run as root
     assert cli.main(["transcribe", str(SAMPLE), "-o", str(tmp_path)]) == 2
     assert usage_error(capsys.readouterr().err, "transcribe") == f"--output_dir {tmp_path}: permission denied"
 
 
 def test_read_errors_say_what_went_wrong_once(monkeypatch, capsys):
-    def unreadable(name):  # as encdec.audio words what the decoders raise
+    def unreadable(name, **options):  # as encdec.audio words what the decoders raise
         cause = PermissionError(errno.EACCES, "Permission denied", f"/tmp/folder/{name}")
         raise ValueError(f"{name}: not a readable audio file ({cause})") from cause
 

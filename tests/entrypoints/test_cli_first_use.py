@@ -30,7 +30,7 @@ def tiny_en():
 def nothing_loads(monkeypatch):
     """The command must stop before it loads a model or decodes any audio."""
     monkeypatch.setattr(cli, "load_llm", lambda args: pytest.fail("the model was loaded"))
-    monkeypatch.setattr(cli, "load_audio", lambda source: pytest.fail("audio was decoded"))
+    monkeypatch.setattr(cli, "load_audio", lambda source, **_: pytest.fail("audio was decoded"))
 
 
 def test_version(capsys):
