@@ -221,8 +221,8 @@ def _downmix(audio: np.ndarray, name: str) -> np.ndarray:
         return audio
     if audio.ndim != 2:
         raise ValueError(f"{name}: expected a 1-D or 2-D waveform, got shape {audio.shape}")
-    if audio.size == 0:
-        raise ValueError(f"{name}: contains no audio samples (shape {audio.shape})")
+    if audio.size == 0:  # no samples on any channel: as empty as a 1-D waveform
+        return audio.reshape(0)
     channel_axis = 0 if audio.shape[0] <= audio.shape[1] else 1
     return audio.mean(axis=channel_axis)
 

@@ -334,6 +334,12 @@ def test_a_float_files_nan_samples_are_silence_and_a_bfloat16_tensor_is_read(tmp
     np.testing.assert_array_equal(A.load_audio(tensor), tensor.float().numpy())
 
 
+@pytest.mark.parametrize("shape", [(0,), (2, 0), (0, 2)])
+def test_empty_waveforms_are_allowed_when_asked(shape):
+    audio = A.load_audio((np.zeros(shape, np.float32), 8000), allow_empty=True)
+    assert audio.shape == (0,) and audio.dtype == np.float32
+
+
 def test_header_only_wav_has_no_samples(tmp_path):
     path = tmp_path / "silent.wav"
     soundfile.write(path, np.zeros(0, dtype=np.float32), 16000)
@@ -351,7 +357,7 @@ def test_header_only_wav_has_no_samples(tmp_path):
         ((np.array([0.0, np.inf], np.float32), 16000), "NaN or infinite"),
         ((np.array([0.0, -1e20], np.float32), 16000), "samples reach 1e\\+20"),
         ((np.zeros((2, 3, 4), np.float32), 16000), "1-D or 2-D"),
-        ((np.zeros((2, 0), np.float32), 16000), r"no audio samples \(shape \(2, 0\)\)"),
+        ((np.zeros((2, 0), np.float32), 16000), "no audio samples"),
         (0.5, r"got float; samples in a list are taken as inputs, one each: pass np.asarray\(samples\)"),
         ((np.zeros(100, np.float32), True), r"sample rate must be an integer in \[1000, 1000000\] Hz, got True"),
         ((np.zeros(100, np.float32), float("inf")), "sample rate must be an integer.*got inf"),

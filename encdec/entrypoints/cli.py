@@ -504,6 +504,9 @@ def add_serve(subparsers) -> None:
                         "(default: 25)")
     p.add_argument("--max-audio-seconds", type=positive_float, default=3600,
                    help="longest audio in seconds; longer ones get 400 (default: 3600)")
+    p.add_argument("--request-body-timeout", type=positive_float, default=60, metavar="SECONDS",
+                   help="seconds a request body may go without sending any part of it before "
+                        "the request gets 408 (default: 60)")
     p.add_argument("--max-waiting-requests", type=positive_int, default=None,
                    help="requests queued per model before new ones get 429 (default: no limit)")
     p.add_argument("--shutdown-timeout", type=non_negative_float, default=30,

@@ -28,6 +28,7 @@ from tests.entrypoints.remote_server import API_KEY, RemoteServer
 
 TEXT = "The rain in spain falls mainly on the plain."
 MAX_UPLOAD_MB = 1
+BODY_TIMEOUT = 4
 LONG = {"min_tokens": 150, "max_tokens": 150, "temperature": 0.0}  # about a second of decoding
 
 
@@ -37,7 +38,8 @@ def server(tiny_bart_dir):
                            "--model", "tiny.en", "--served-model-name", "tiny.en",
                            "--num-gpu-blocks", "2200", "--swap-space", "0.05",
                            "--max-upload-mb", str(MAX_UPLOAD_MB), "--max-audio-seconds", "5",
-                           "--max-num-seqs", "5", "--max-waiting-requests", "2"], api_key=API_KEY)
+                           "--max-num-seqs", "5", "--max-waiting-requests", "2",
+                           "--request-body-timeout", str(BODY_TIMEOUT)], api_key=API_KEY)
     yield remote
     remote.stop()
 
@@ -423,6 +425,35 @@ def test_a_client_leaving_mid_json_body_is_counted_499(server):
     wait_for(lambda: requests_counted(server, "/v1/completions", 499) > before[0])
     assert (requests_counted(server, "/v1/completions", 499),
             requests_counted(server, "/v1/completions", 400)) == (before[0] + 1, before[1])
+
+
+@pytest.mark.parametrize("path, content_type, part", [
+    ("/v1/completions", "application/json", b'{"model": "bart", "prompt": "'),
+    ("/v1/audio/transcriptions", "multipart/form-data; boundary=b",
+     b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF'),
+])
+def test_a_stalled_body_gets_408(server, path, content_type, part):
+    """A client that stops sending its body (and stays connected) is answered once the body has
+    been silent for --request-body-timeout seconds, in OpenAI's shape."""
+    before = requests_counted(server, path, 408)
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Length: 10000\r\nContent-Type: {content_type}\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=BODY_TIMEOUT + 30) as sock:
+        start = time.monotonic()
+        sock.sendall(head.encode() + part)
+        response = b""
+        while b"\r\n\r\n" not in response or not response.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            response += chunk
+    waited = time.monotonic() - start
+    status_line, _, rest = response.partition(b"\r\n")
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert status_line == b"HTTP/1.1 408 Request Timeout"
+    assert error["code"] == "request_timeout" and "--request-body-timeout" in error["message"]
+    assert BODY_TIMEOUT <= waited < BODY_TIMEOUT + 20
+    wait_for(lambda: requests_counted(server, path, 408) == before + 1)
 
 
 def test_still_serving_after_errors(server, tiny_bart_dir):

@@ -26,7 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from encdec import __version__
 from encdec.entrypoints.openai.errors import OpenAIError, add_error_handlers, bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
-from encdec.entrypoints.openai.middleware import ServerState, ServingMiddleware
+from encdec.entrypoints.openai.middleware import BODY_TIMEOUT_SECONDS, ServerState, ServingMiddleware
 from encdec.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse, ModelCard,
                                                 ModelList, SummarizeRequest, SummarizeResponse)
 from encdec.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -50,7 +50,8 @@ async def require_json(request: Request) -> None:
 
 def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] = None,
               max_upload_mb: float = 25, max_audio_seconds: float = 3600,
-              metrics: Optional[ServerMetrics] = None, allowed_origins: Sequence[str] = ("*",)) -> FastAPI:
+              metrics: Optional[ServerMetrics] = None, allowed_origins: Sequence[str] = ("*",),
+              request_body_timeout: float = BODY_TIMEOUT_SECONDS) -> FastAPI:
     """The server's app over `models`; `metrics` are its own unless given (Ray Serve's replicas
     render every replica's). Browsers at `allowed_origins` may call it (CORS, as vLLM's server:
     preflights are answered before the API key is asked for); none: same-origin only."""
@@ -68,7 +69,8 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     app = FastAPI(title="encdec", version=__version__, lifespan=lifespan)
     add_error_handlers(app)
     app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key,
-                       max_body_bytes=max_body_bytes, routes=app.routes)  # filled in below
+                       max_body_bytes=max_body_bytes, routes=app.routes,  # filled in below
+                       body_timeout=request_body_timeout)
     if allowed_origins:  # added last: the outermost layer
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
                            allow_headers=["*"])
@@ -197,7 +199,7 @@ def run_server(args: argparse.Namespace) -> int:
                                       args.max_waiting_requests, engine_options(args)))
     state = ServerState()
     app = build_app(served, state, args.api_key, args.max_upload_mb, args.max_audio_seconds,
-                    allowed_origins=args.allowed_origins)
+                    allowed_origins=args.allowed_origins, request_body_timeout=args.request_body_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS)

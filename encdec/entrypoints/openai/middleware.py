@@ -1,4 +1,4 @@
-"""Per HTTP request: an id, the API key, the body's size, refusal while shutting down (and a 503
+"""Per HTTP request: an id, the API key, the body's size and pace, refusal while shutting down (and a 503
 or a last error event for what is cut off when the shutdown timeout ends), metrics and a log
 line.
 
@@ -7,6 +7,8 @@ client's `x-request-id` when it sends a usable one, else a new one; it goes back
 `x-request-id` header and into every log line about the request. A body other than a multipart
 upload (which `uploads.read_form` counts as it streams) is read here whole, up to the limit, so
 that a chunked body without a Content-Length gets the same 413 as one that declares its size.
+A client that sends no part of its body for `body_timeout` seconds gets a 408, as nginx's
+`client_body_timeout`, so a stalled upload does not hold a connection and its buffers forever.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ logger = logging.getLogger("encdec.server")
 OPEN_PATHS = ("/health",)  # answered without an API key
 UNCOUNTED_PATHS = ("/health", "/metrics")  # not requests in flight for a graceful shutdown
 CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+BODY_TIMEOUT_SECONDS = 60.0  # --request-body-timeout's default, nginx's client_body_timeout
 
 
 class ConnectionGone(Exception):
@@ -47,9 +50,10 @@ class ServerState:
 
 class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: ServerState, metrics: ServerMetrics,
-                 api_key: Optional[str], max_body_bytes: int, routes: Sequence[BaseRoute] = ()):
+                 api_key: Optional[str], max_body_bytes: int, routes: Sequence[BaseRoute] = (),
+                 body_timeout: float = BODY_TIMEOUT_SECONDS):
         self.app, self.state, self.metrics, self.routes = app, state, metrics, routes
-        self.max_body_bytes = max_body_bytes
+        self.max_body_bytes, self.body_timeout = max_body_bytes, body_timeout
         self.api_key = api_key.encode() if api_key else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -78,6 +82,7 @@ class ServingMiddleware:
             finished = message["type"] == "http.response.body" and not message.get("more_body", False)
 
         path = scope["path"]
+        receive = self._paced(receive)
         counted = path not in UNCOUNTED_PATHS
         self.state.inflight += counted
         try:
@@ -90,6 +95,8 @@ class ServingMiddleware:
                 await self.app(scope, receive, send_with_id)
         except ConnectionGone:
             status = CLIENT_CLOSED_REQUEST
+        except OpenAIError as err:  # the body stalled while it was read here
+            await err.response()(scope, receive, send_with_id)
         except asyncio.CancelledError:  # uvicorn's, once --shutdown-timeout is over
             if not self.state.draining:
                 raise
@@ -136,6 +143,25 @@ class ServingMiddleware:
         if not multipart and declared.isdigit() and int(declared) > self.max_body_bytes:
             return self._too_large()
         return None
+
+    def _paced(self, receive: Receive) -> Receive:
+        """`receive` raising a 408 OpenAIError once the body is `body_timeout` seconds without
+        a new part; what follows a whole body (the wait for a disconnect) has no limit."""
+        whole = False
+
+        async def receive_paced() -> Message:
+            nonlocal whole
+            if whole:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout)
+            except asyncio.TimeoutError:
+                raise OpenAIError(408, f"the request body stalled: no part of it arrived for "
+                                       f"{self.body_timeout:g} s (--request-body-timeout)",
+                                  code="request_timeout") from None
+            whole = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+        return receive_paced
 
     async def _buffered(self, receive: Receive) -> tuple[Receive, Optional[OpenAIError]]:
         """Read the body whole; returns a `receive` that hands it over in one message and then
