@@ -90,10 +90,14 @@ def token_frames(weights: np.ndarray, rows: slice, num_frames: int) -> tuple[np.
     """`weights` [heads, tokens, frames] of the alignment heads over the whole pass (softmax
     over the window's `num_frames` encoder frames; each frame normalised over all the pass's
     tokens, the prompt's and <|endoftext|>'s too, as openai-whisper normalises it) -> the DTW
-    path (token index, frame index) of the tokens in `rows`."""
+    path (token index, frame index) of the tokens in `rows`. A window of one encoder frame
+    (the last 20-39 ms of an input) gives every token the same weight, 1: 0 / 0 makes the
+    matrix NaN and the path then runs through frame -1 (20 ms before the window), as in
+    openai-whisper."""
     w = weights[:, :, :num_frames]
     std, mean = w.std(axis=-2, keepdims=True), w.mean(axis=-2, keepdims=True)
-    w = (w - mean) / np.maximum(std, 1e-10)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = (w - mean) / std
     matrix = median_filter(w[:, rows], MEDIAN_FILTER_WIDTH).mean(axis=0)
     return dtw(-matrix)
 
