@@ -142,7 +142,8 @@ class Scheduler:
         while self.swapped:
             group = self.swapped[0]
             num_seqs = group.num_seqs(SequenceStatus.SWAPPED)
-            if num_seqs > min(budget_seqs, budget_tokens):
+            # alone in its step it may pass the token budget, as a first prefill may
+            if num_seqs > budget_seqs or (num_seqs > budget_tokens and decodes):
                 break
             status = self.block_manager.can_swap_in(group)
             if status == AllocStatus.NEVER:

@@ -181,7 +181,7 @@ class AsyncLLMEngine:
     async def abort(self, request_id: Union[str, Iterable[str]]) -> None:
         """Stop a request, or each of a list of them (vLLM's signature), wherever it is (done by
         the engine thread before its next step); its caller gets a last output (finish_reason
-        "abort")."""
+        "abort" where a completion had not finished)."""
         for one in [request_id] if isinstance(request_id, str) else request_id:
             self._abort(one, None)
 

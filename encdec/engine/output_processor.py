@@ -155,14 +155,15 @@ class OutputProcessor:
                                 logprobs[sent:] if logprobs is not None else None, reason, stop_reason)
 
     def _beam_outputs(self, group: SequenceGroup) -> list[CompletionOutput]:
-        """The best `n` hypotheses of a finished search (its beams, if it was cut short), each
-        cut at its first stop string (its text, and its tokens after the one that completed it)."""
+        """The best `n` hypotheses of a finished search (ranked with its running beams if it was
+        cut short), each cut at its first stop string (its text, and its tokens after the one
+        that completed it)."""
         params = group.sampling_params
         search = group.beam_search
-        if not search.finished:
-            return [self._final(index, seq, params) for index, seq in enumerate(group.get_seqs())]
+        hypotheses = search.best(params.n) if search.done else search.cut_short(
+            [(seq.data.output_token_ids, seq.data.cumulative_logprob) for seq in group.get_seqs()], params.n)
         outputs = []
-        for index, h in enumerate(search.best(params.n)):
+        for index, h in enumerate(hypotheses):
             ids, reason = list(h.token_ids), h.finish_reason
             cut = self._first_stop(ids, reason, params) if params.stop else None
             if cut is None:

@@ -140,6 +140,19 @@ class BeamSearch:
             return sorted(self.finished, key=lambda h: -h.score)[:n]
         return self.finished[:n]
 
+    def cut_short(self, beams: list[tuple[list[int], float]], n: int) -> list[BeamHypothesis]:
+        """The best `n` of the finished hypotheses and the running `beams` (output ids, running
+        score) of a search stopped before its end (aborted): each beam is scored as a hypothesis
+        of its length would be, and its finish_reason is "abort"."""
+        cut = [BeamHypothesis(list(ids), score, score, "abort") for ids, score in beams]
+        if self.params.beam_rules == "whisper":
+            for h in cut:
+                h.score /= max(len(h.token_ids), 1)
+        else:
+            for h in cut:
+                (h.score,) = _normalize([h.cumulative_logprob], max(len(h.token_ids), 1), self.params.length_penalty)
+        return sorted(self.finished + cut, key=lambda h: -h.score)[:n]
+
 
 def _normalize(scores: list[float], length: int, length_penalty: float) -> list[float]:
     try:

@@ -244,3 +244,23 @@ def test_a_forked_group_without_swap_room_is_recomputed_whole():
     for group in (b, c):
         assert s.abort_seq_group(group.request_id)
     assert_all_free(s)
+
+
+def test_a_swapped_group_with_more_sequences_than_the_token_budget_comes_back():
+    """Alone in its step it may pass max_num_batched_tokens, as a first prefill may; held to
+    the budget it would stay swapped out forever, and the engine would step doing nothing."""
+    s = make_scheduler(num_gpu_blocks=9, num_cpu_blocks=32, max_num_batched_tokens=2, preemption_mode="swap")
+    a, b = make_group("a"), make_group("b", n=3)
+    add(s, a, b)
+    step(s)
+    step(s)  # b is admitted in the second step, its first prefill
+    fork(s, b)
+    fork(s, b)
+    while not s.swapped:
+        step(s)
+    assert ids(s.swapped) == ["b"] and b.num_seqs(SequenceStatus.SWAPPED) == 3
+    finish(s, a)
+    out = step(s)
+    assert ids(out.scheduled_seq_groups) == ["b"] and not s.swapped and len(out.blocks_to_swap_in) > 0
+    finish(s, b)
+    assert_all_free(s)

@@ -369,6 +369,39 @@ def test_a_beam_search_goes_on_while_one_beam_has_a_token_left(llm):
     assert_all_blocks_free(llm)
 
 
+@pytest.mark.parametrize("one_ends", [False, True])
+def test_an_aborted_beam_search_gives_its_best_n(llm, one_ends):
+    """At most `n` completions: the finished hypotheses and the running beams ranked together,
+    the beams with finish_reason "abort" (before, every beam came back, or the hypotheses alone)."""
+    ended: list[list[int]] = []
+
+    def eos_for_the_first_beam_at_step_two(output_ids, row):
+        if len(output_ids) == 2 and not ended:
+            ended.append(list(output_ids))
+            row = row.clone()
+            row[2] += 30.0
+        return row
+
+    engine = llm.llm_engine
+    params = SamplingParams(beam_width=4, n=2, max_tokens=30, ignore_eos=not one_ends,
+                            logits_processors=[eos_for_the_first_beam_at_step_two] if one_ends else [])
+    engine.add_request("beams", TEXT, params)
+    for _ in range(5):
+        engine.step()
+    group = engine.groups["beams"]
+    beams = [(list(seq.data.output_token_ids), seq.data.cumulative_logprob) for seq in group.get_seqs()]
+    finished = [(h.token_ids, "stop") for h in group.beam_search.finished]
+    outputs = engine.abort_request("beams", final_output=True).outputs
+    assert len(finished) == one_ends and len(beams) == 4
+    got = [(o.token_ids, o.finish_reason) for o in outputs]
+    if one_ends:  # a hypothesis ending in a likely EOS outranks the running beams
+        assert got == finished + [(beams[0][0], "abort")] and finished[0][0] == ended[0] + [2]
+    else:  # running beams, best first
+        assert got == [(ids, "abort") for ids, _ in beams[:2]]
+        assert [o.cumulative_logprob for o in outputs] == [score for _, score in beams[:2]]
+    assert_all_blocks_free(llm)
+
+
 def test_abort_frees_self_and_cross_blocks(llm):
     engine = llm.llm_engine
     engine.add_request("a", TEXT, SamplingParams(temperature=0.0, max_tokens=50))
