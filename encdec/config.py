@@ -15,7 +15,7 @@ def resolve_dtype(dtype: Any) -> torch.dtype:
         return dtype
     if dtype in (None, "auto"):
         return torch.float32
-    if dtype not in _DTYPES:
+    if not isinstance(dtype, str) or dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {dtype!r}")
     return _DTYPES[dtype]
 

@@ -33,7 +33,7 @@ GENERATION_FIELDS = (
     "do_sample", "num_beams", "temperature", "top_k", "top_p", "min_p", "length_penalty", "early_stopping",
     "no_repeat_ngram_size", "repetition_penalty", "min_length", "max_length", "min_new_tokens",
     "max_new_tokens", "forced_bos_token_id", "forced_eos_token_id", "bad_words_ids",
-    "suppress_tokens", "begin_suppress_tokens",
+    "suppress_tokens", "begin_suppress_tokens", "renormalize_logits",
 )
 # Hugging Face GenerationConfig defaults for the fields above; without max_length (or
 # max_new_tokens) `generate()` makes DEFAULT_NEW_TOKENS tokens after the decoder prompt.
@@ -41,7 +41,8 @@ HF_DEFAULTS = dict(do_sample=False, num_beams=1, temperature=1.0, top_k=50, top_
                    length_penalty=1.0, early_stopping=False, no_repeat_ngram_size=0,
                    repetition_penalty=1.0, min_length=0, max_length=None, min_new_tokens=None,
                    max_new_tokens=None, forced_bos_token_id=None, forced_eos_token_id=None,
-                   bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None)
+                   bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None,
+                   renormalize_logits=False)
 DEFAULT_NEW_TOKENS = 20
 
 
@@ -94,7 +95,8 @@ class GenerationDefaults:
             forced_bos_token_id=self.get("forced_bos_token_id"),
             forced_eos_token_id=self.get("forced_eos_token_id"),
             bad_words_ids=self.get("bad_words_ids"), suppress_tokens=self.get("suppress_tokens"),
-            begin_suppress_tokens=self.get("begin_suppress_tokens"))
+            begin_suppress_tokens=self.get("begin_suppress_tokens"),
+            renormalize_logits=bool(self.get("renormalize_logits")))
         config_samples = bool(self.get("do_sample"))
         sample = config_samples if sample is None else sample
         if self.get("num_beams") > 1:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from encdec.config import resolve_dtype
 from encdec.kernels.cpu_int8_linear import Int8Linear, int8_linear_supported
 from encdec.kernels.cpu_linear import PackedLinear, packed_linear_supported
 from encdec.models.layers import convert_linears
@@ -45,11 +46,11 @@ def resolve_compute_type(compute_type: Optional[str], dtype: str = "auto",
     name, or one that contradicts a `dtype` or `quantization` also given."""
     if compute_type in (None, "default", "auto"):
         return dtype, quantization
-    if compute_type not in COMPUTE_TYPES:
+    if not isinstance(compute_type, str) or compute_type not in COMPUTE_TYPES:
         raise ValueError(f"compute_type must be one of {[*COMPUTE_TYPES, 'default', 'auto']}, got "
                          f"{compute_type!r} (int8 runs with float32 activations)")
     wanted_dtype, wanted_quantization = COMPUTE_TYPES[compute_type]
-    if dtype not in ("auto", None, wanted_dtype):
+    if dtype not in ("auto", None) and resolve_dtype(dtype) != resolve_dtype(wanted_dtype):
         raise ValueError(f"compute_type={compute_type!r} runs in {wanted_dtype}, which contradicts "
                          f"dtype={dtype!r}; give one of the two")
     if quantization not in (None, wanted_quantization):

@@ -23,7 +23,7 @@ BUILTIN_DEFAULTS = dict(
     max_tokens=16, min_tokens=0, temperature=1.0, top_k=-1, top_p=1.0, min_p=0.0, use_beam_search=False,
     beam_width=1, length_penalty=1.0, early_stopping=False, no_repeat_ngram_size=0,
     repetition_penalty=1.0, forced_bos_token_id=None, forced_eos_token_id=None,
-    bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None,
+    bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None, renormalize_logits=False,
 )
 EARLY_STOPPING_VALUES = (True, False, "never")
 BEAM_RULES = ("hf", "whisper")
@@ -32,7 +32,8 @@ INTEGER_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed", "logprobs", 
 REPETITION_PENALTY_RANGE = (1e-30, 1e30)  # any penalty past these overflows float32 scores
 NUMBER_FIELDS = ("temperature", "top_p", "min_p", "length_penalty", "patience", "repetition_penalty",
                  "presence_penalty", "frequency_penalty")
-FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "use_beam_search", "config_per_field",
+OPTIONAL_FLAG_FIELDS = ("use_beam_search", "renormalize_logits")  # None: unset
+FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "use_beam_search", "renormalize_logits", "config_per_field",
                "include_stop_str_in_output", "detokenize")
 
 
@@ -82,6 +83,9 @@ class SamplingParams:
     `beam_rules="whisper"` follows openai-whisper's `BeamSearchDecoder` instead (see
     `encdec.sampling.beam_search`): `length_penalty` and `early_stopping` do not apply, and `n`
     may be up to `round(beam_width * patience)`, every hypothesis it keeps.
+    `renormalize_logits` (Hugging Face's) turns a beam's processed scores back into
+    log-probabilities before they are ranked (what is left after `bad_words_ids` and the other
+    processors sums to 1 again); it changes nothing for greedy decoding and sampling.
     `forced_bos_token_id` is forced as the first generated token (the default decoder prompt is
     then just <DEC>), `forced_eos_token_id` as the last one allowed by `max_tokens`. As in
     Hugging Face's generation config: `bad_words_ids` (token sequences that are never completed;
@@ -127,6 +131,7 @@ class SamplingParams:
     bad_words_ids: Optional[list[list[int]]] = None
     suppress_tokens: Optional[list[int]] = None
     begin_suppress_tokens: Optional[list[int]] = None
+    renormalize_logits: Optional[bool] = None
     logit_bias: Optional[dict[int, float]] = None
     allowed_token_ids: Optional[list[int]] = None
     truncate_prompt_tokens: Optional[int] = None
@@ -157,7 +162,7 @@ class SamplingParams:
                 setattr(self, name, float(value))
         for name in FLAG_FIELDS:
             value = getattr(self, name)
-            if value is not None or name != "use_beam_search":
+            if value is not None or name not in OPTIONAL_FLAG_FIELDS:
                 setattr(self, name, flag(name, value))
         stop = self.stop_token_ids if self.stop_token_ids is not None else []
         self.stop_token_ids = _token_ids("stop_token_ids", stop)

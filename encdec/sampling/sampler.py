@@ -71,18 +71,20 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, meta: SamplingMetadata) -> SamplerOutput:
         scores = logits[:, :self.vocab_size]
         beam = [bool(g.sampling_params.use_beam_search) for g in meta.groups]
-        # Hugging Face's beam search processes log-probabilities; openai-whisper's takes the
-        # log-probabilities of the processed logits.
+        # Hugging Face's beam search processes log-probabilities (and with renormalize_logits
+        # normalizes them again); openai-whisper's takes the log-probabilities of the processed logits.
         whisper = [is_beam and g.sampling_params.beam_rules == "whisper"
                    for g, is_beam in zip(meta.groups, beam)]
         hf = [is_beam and not w for is_beam, w in zip(beam, whisper)]
+        renormalized = [w or (h and bool(g.sampling_params.renormalize_logits))
+                        for g, w, h in zip(meta.groups, whisper, hf)]
         for rows in _runs(hf, meta.row_slices):
             scores[rows] = torch.log_softmax(scores[rows], dim=-1)
         failed = apply_logits_processors(scores, [(data, g.sampling_params) for g in meta.groups
                                                   for data in g.seq_data.values()], self.eos_token_id)
         for row, error in unusable_rows(scores, meta, beam).items():
             failed.setdefault(row, error)
-        for rows in _runs(whisper, meta.row_slices):
+        for rows in _runs(renormalized, meta.row_slices):
             scores[rows] = torch.log_softmax(scores[rows], dim=-1)
         # log-probability = score - log_normalizer; beam rows already hold log-probabilities.
         log_normalizer = torch.zeros(scores.shape[0], dtype=scores.dtype, device=scores.device)

@@ -2,10 +2,15 @@
 source and target vocabularies) through the engine equals Hugging Face."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 
-from encdec import LLM
+from encdec import LLM, SamplingParams, TokensPrompt
 from encdec.models.registry import translation_inputs
+from tests.bart_parity import prompt_text
+from tests.conftest import assert_all_blocks_free
 from tests.family_parity import FamilyParity
 
 
@@ -39,6 +44,25 @@ class TestMarianParity(FamilyParity):
         inputs = llm.llm_engine.input_preprocessor.preprocess(
             {"encoder_prompt": "Hello world.", "decoder_prompt": text})
         assert inputs.prompt_token_ids == [start] + target
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_beam_scores_renormalized_as_opus_mt_asks(family_dir, reference, tmp_path, renormalize):
+    """opus-mt's generation config bans pad (`bad_words_ids`) in 4-beam search and sets
+    `renormalize_logits`: after the ban each beam's scores are log-probabilities again, which
+    ranks beams differently (it used to be ignored, and 1 in 8 of these searches differed)."""
+    model_dir = tmp_path / "opus-mt"
+    shutil.copytree(family_dir, model_dir)
+    pad = json.loads((model_dir / "config.json").read_text())["pad_token_id"]
+    (model_dir / "generation_config.json").write_text(json.dumps(
+        {"bad_words_ids": [[pad]], "num_beams": 4, "max_length": 31, "renormalize_logits": renormalize}))
+    llm = LLM(model=str(model_dir), num_gpu_blocks=512)
+    encoder_ids = [llm.get_tokenizer()(prompt_text(i))["input_ids"] for i in range(8)]
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in encoder_ids], SamplingParams(),
+                           use_tqdm=False)
+    expected = reference.beam_search(encoder_ids, 4, 30, bad_words_ids=[[pad]], renormalize_logits=renormalize)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
+    assert_all_blocks_free(llm)
 
 
 def test_multilingual_target_token(tmp_path):

@@ -136,6 +136,11 @@ def test_cli_quantization_option_reaches_the_llm(monkeypatch):
     ("int8_float32", "float32", "int8", ("float32", "int8")),
     ("default", "bfloat16", None, ("bfloat16", None)),
     (None, "auto", "int8", ("auto", "int8")),
+    # the same dtype spelled another way is no contradiction
+    ("bfloat16", torch.bfloat16, None, ("bfloat16", None)),
+    ("int8", "float", None, ("float32", "int8")),
+    ("float16", "half", None, ("float16", None)),
+    ("int8", torch.float32, "int8", ("float32", "int8")),
 ])
 def test_compute_type_names(compute_type, dtype, quantization, expected):
     assert resolve_compute_type(compute_type, dtype, quantization) == expected
@@ -147,6 +152,8 @@ def test_compute_type_names(compute_type, dtype, quantization, expected):
     ("int8_bfloat16", "auto", None, "got 'int8_bfloat16' \\(int8 runs with float32 activations\\)"),
     ("int8", "bfloat16", None, "compute_type='int8' runs in float32, which contradicts dtype='bfloat16'"),
     ("bfloat16", "auto", "int8", "compute_type='bfloat16' contradicts quantization='int8'"),
+    (["int8"], "auto", None, r"compute_type must be one of .*got \['int8'\]"),
+    ("int8", ["float32"], None, r"dtype must be one of .*got \['float32'\]"),
 ])
 def test_bad_compute_type_is_refused(compute_type, dtype, quantization, message):
     with pytest.raises(ValueError, match=message):
