@@ -26,8 +26,11 @@ def marian_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: O
     if codes:
         token = f">>{target_lang}<<"
         if token not in codes:
+            known = sorted(c[2:-2] for c in codes)
             raise ValueError(f"this Marian model translates into several languages: give the "
-                             f"target language, one of {sorted(c[2:-2] for c in codes)}")
+                             f"target language, one of {known}" if not target_lang else
+                             f"unknown target language {target_lang!r} for this Marian model; "
+                             f"it translates into {known}")
         text = f"{token} {text}"
     elif target_lang:
         unused.append(("target_lang", "this Marian model translates into the one language it "

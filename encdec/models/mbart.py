@@ -31,7 +31,9 @@ def language_code_id(tokenizer: Any, language: str) -> int:
 def mbart50_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: Optional[str],
                         target_lang: Optional[str]) -> TranslationInputs:
     if not source_lang or not target_lang:
-        raise ValueError("mBART-50 translates with a source and a target language (e.g. en_XX, fr_XX)")
+        missing = [name for name, lang in (("source", source_lang), ("target", target_lang)) if not lang]
+        raise ValueError(f"mBART-50 translates with a source and a target language (e.g. en_XX, "
+                         f"fr_XX): give the {' and '.join(missing)} language{'s' * (len(missing) - 1)}")
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     return TranslationInputs([language_code_id(tokenizer, source_lang), *ids, tokenizer.eos_token_id],
                              language_code_id(tokenizer, target_lang))

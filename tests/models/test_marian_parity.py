@@ -73,5 +73,7 @@ def test_multilingual_target_token(tmp_path):
     inputs = translation_inputs(tokenizer, config, "The rain in spain.", "en", "fr")
     assert inputs.prompt_token_ids == tokenizer(">>fr<< The rain in spain.")["input_ids"]
     assert inputs.forced_bos_token_id is None
-    with pytest.raises(ValueError, match=r"one of \['de', 'fr'\]"):
+    with pytest.raises(ValueError, match=r"unknown target language 'it' for this Marian model; it translates into \['de', 'fr'\]"):
         translation_inputs(tokenizer, config, "The rain in spain.", "en", "it")
+    with pytest.raises(ValueError, match=r"give the target language, one of \['de', 'fr'\]"):
+        translation_inputs(tokenizer, config, "The rain in spain.", None, None)

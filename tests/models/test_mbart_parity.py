@@ -47,5 +47,7 @@ def test_translation_inputs(family_dir, tokenizer):
     assert out.prompt_token_ids == [2] and out.outputs[0].token_ids[0] == inputs.forced_bos_token_id
     with pytest.raises(ValueError, match="unknown language 'xx'"):
         translation_inputs(tokenizer, config, text, "en_XX", "xx")
-    with pytest.raises(ValueError, match="source and a target language"):
+    with pytest.raises(ValueError, match="source and a target language .*: give the source language$"):
         translation_inputs(tokenizer, config, text, None, "fr_XX")
+    with pytest.raises(ValueError, match=": give the source and target languages$"):
+        translation_inputs(tokenizer, config, text, None, None)
