@@ -144,13 +144,12 @@ class BeamSearch:
         """The best `n` of the finished hypotheses and the running `beams` (output ids, running
         score) of a search stopped before its end (aborted): each beam is scored as a hypothesis
         of its length would be, and its finish_reason is "abort"."""
-        cut = [BeamHypothesis(list(ids), score, score, "abort") for ids, score in beams]
-        if self.params.beam_rules == "whisper":
-            for h in cut:
-                h.score /= max(len(h.token_ids), 1)
-        else:
-            for h in cut:
-                (h.score,) = _normalize([h.cumulative_logprob], max(len(h.token_ids), 1), self.params.length_penalty)
+        def score(total: float, length: int) -> float:
+            if self.params.beam_rules == "whisper":
+                return total / length
+            return _normalize([total], length, self.params.length_penalty)[0]
+
+        cut = [BeamHypothesis(list(ids), score(total, max(len(ids), 1)), total, "abort") for ids, total in beams]
         return sorted(self.finished + cut, key=lambda h: -h.score)[:n]
 
 
