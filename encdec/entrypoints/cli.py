@@ -580,8 +580,9 @@ MODEL_OPTIONS = {"compute_type": "--compute_type", "dtype": "--dtype", "quantiza
 
 
 def runs_here(args: argparse.Namespace) -> bool:
-    """Whether the command's engines run in this process (not in Ray actors)."""
-    return args.command != "batch" and not getattr(args, "ray", False)
+    """Whether the command's engines run on this machine: in this process, or in the actors of
+    the local Ray instance that `batch` and `serve --ray` start without --ray-address."""
+    return getattr(args, "ray_address", None) is None
 
 
 def local_device(name: Optional[str]) -> torch.device:

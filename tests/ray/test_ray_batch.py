@@ -1,7 +1,8 @@
 """`encdec batch` on a local Ray instance (2 CPUs, two actors at half a CPU each): 20 clips and
 50 documents give the offline `LLM`'s results, each once; resuming skips finished inputs; an
-actor killed mid-job is restarted and its batch retried, and every input still comes out once.
-(The same jobs on two nodes: test_ray_cluster.py.)"""
+actor killed mid-job is restarted and its batch retried, and every input still comes out once;
+an input the engine refuses is its error row, and a job whose actors fail stops with the reason
+on one line. (The same jobs on two nodes: test_ray_cluster.py.)"""
 from __future__ import annotations
 
 import shutil
@@ -61,6 +62,37 @@ def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summarie
             f"(another --output runs them again)") in err
     assert (f"encdec: note: {long}: cut to the model's limit of 256 input tokens "
             f"({cut['truncated_tokens']} tokens left out)") in err
+
+
+def test_a_text_the_engine_refuses_is_its_error_row(tiny_bart_dir, documents, offline_summaries, tmp_path,
+                                                    capsys):
+    """Its KV cache can never fit the actor's: the other texts of its batch are summarized."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    short = list(documents)[:3]  # 26 to 60 tokens: 4 to 6 blocks
+    for doc_id in short:
+        (folder / f"{doc_id}.txt").write_text(documents[doc_id])
+    long = folder / "long.txt"
+    long.write_text(" ".join(documents.values()))  # cut to 256 tokens: 18 blocks
+    out = tmp_path / "out"
+    assert main(["batch", "summarize", str(folder), "--model", str(tiny_bart_dir), "--output", str(out),
+                 "--temperature", "0", "--max-tokens", str(SUMMARY_TOKENS), "--num-gpu-blocks", "12",
+                 "--swap-space", "0.01"]) == 1
+    rows = {r["id"]: r for r in read_results(out)}
+    assert {k: rows[str(folder / f"{k}.txt")]["summary"] for k in short} == {k: offline_summaries[k] for k in short}
+    refused = ("the request needs 18 KV cache blocks (encoder 256 tokens, decoder up to 18 tokens, 1 "
+               "sequences) but the cache has only num_gpu_blocks=12, less a watermark of 0 kept free")
+    assert (rows[str(long)]["summary"], rows[str(long)]["error"]) == (None, refused)
+    assert f"encdec: error: {long}: {refused}" in capsys.readouterr().err
+
+
+def test_actors_that_fail_stop_the_job_with_the_reason_on_one_line(clip_paths, tmp_path, capsys):
+    assert main(["batch", "transcribe", clip_paths[0], "--output", str(tmp_path), "--num-gpu-blocks", "1",
+                 "--swap-space", "0.01"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (  # (Ray's own log lines above it)
+        "encdec: error: ValueError: the request needs 109 KV cache blocks (encoder 1500 tokens, decoder "
+        "up to 225 tokens, 1 sequences) but the cache has only num_gpu_blocks=1, less a watermark of 0 "
+        "kept free")
 
 
 def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offline_summaries, tmp_path):

@@ -19,7 +19,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import ray
@@ -202,14 +202,32 @@ class Summarizer(_Worker):
                                               self.limit, self.truncate)
             except ValueError as err:
                 errors[i] = str(err)
-        prompts = [{"prompt_token_ids": article.token_ids} for article in articles.values()]
-        outputs = self.llm.generate(prompts, self.params, use_tqdm=False) if prompts else []
-        summaries = dict(zip(articles, (out.outputs[0].text.strip() for out in outputs)))
+        summaries = {}
+        for i, summary in zip(articles, self.summarize([{"prompt_token_ids": article.token_ids}
+                                                        for article in articles.values()])):
+            if isinstance(summary, str):
+                summaries[i] = summary
+            else:
+                errors[i] = str(summary)
         done = [articles.get(i) for i in range(len(errors))]
         return self.finish(batch, dict(
             summary=[summaries.get(i) for i in range(len(errors))],
             input_tokens=[len(a.token_ids) if a else None for a in done],
             truncated_tokens=[a.truncated_tokens if a else None for a in done], error=errors))
+
+    def summarize(self, prompts: list[dict]) -> list[Union[str, Exception]]:
+        """Each prompt's summary, decoded together; if the engine refuses one (a ValueError, such
+        as a text whose KV cache can never fit), each alone, so that only those it refuses get
+        their error (the engine's own, without "prompt 0: ")."""
+        if not prompts:
+            return []
+        try:
+            outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
+        except ValueError as err:
+            if len(prompts) == 1:
+                return [err.__cause__ or err]
+            return [summary for prompt in prompts for summary in self.summarize([prompt])]
+        return [out.outputs[0].text.strip() for out in outputs]
 
 
 @dataclasses.dataclass
