@@ -29,7 +29,7 @@ def ray_local():
 
 def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summaries, tmp_path, capsys):
     """The second run computes only the new inputs and the one whose record the first run did not
-    finish writing; an empty input is an error row (exit 1)."""
+    finish writing; an empty input and one that is not UTF-8 are error rows (exit 1)."""
     folder = tmp_path / "docs"
     folder.mkdir()
     for doc_id in list(documents)[:6]:
@@ -41,6 +41,8 @@ def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summarie
     results = out / "results.jsonl"
     results.write_bytes(results.read_bytes()[:-40])  # the third record's write cut short
     (folder / "empty.txt").write_text(" \n")
+    latin1 = folder / "latin1.txt"
+    latin1.write_bytes(b"Caf\xe9 au lait.")
     long = folder / "long.txt"
     long.write_text(" ".join(documents.values()))  # past the encoder's 256 positions
     assert main(["batch", "summarize", str(folder), "--model", str(tiny_bart_dir), "--output", str(out),
@@ -49,14 +51,15 @@ def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summarie
     assert [r["id"] for r in rows[:2]] == first[:2]
     assert sorted(r["id"] for r in rows) == sorted(str(p) for p in folder.glob("*.txt"))
     empty = str(folder / "empty.txt")
-    assert {r["id"]: r["summary"] for r in rows if r["id"] not in (empty, str(long))} == {
+    assert {r["id"]: r["summary"] for r in rows if r["id"] not in (empty, str(latin1), str(long))} == {
         str(folder / f"{k}.txt"): offline_summaries[k] for k in list(documents)[:6]}
-    assert [(r["summary"], r["error"]) for r in rows if r["id"] == empty] == [
-        (None, "the text to summarize is empty")]
+    assert [(r["id"], r["summary"], r["error"]) for r in rows if r["error"]] == [
+        (empty, None, "the text to summarize is empty"), (str(latin1), None, "not UTF-8 text")]
     [cut] = [r for r in rows if r["truncated_tokens"]]
     assert (cut["id"], cut["input_tokens"]) == (str(long), 256) and cut["summary"]
     err = capsys.readouterr().err
     assert f"encdec: error: {empty}: the text to summarize is empty" in err
+    assert f"encdec: error: {latin1}: not UTF-8 text" in err
     assert f"encdec: warning: {results}: dropped its incomplete last line" in err
     assert (f"encdec: warning: {results}: 2 results of an earlier run; their inputs are skipped "
             f"(another --output runs them again)") in err
