@@ -307,6 +307,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from encdec.entrypoints.openai.serving_models import ModelLoadError
 
     check_serve(args)
+    try:
+        for model in args.models:  # as each engine checks it, but before Ray starts (no weights read)
+            check_model(model, "--model")
+    except ValueError as err:
+        error(str(err))
+        return 2
     if args.ray:
         from encdec.entrypoints.ray.serve import run_ray_server
         try:
