@@ -307,6 +307,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from encdec.entrypoints.openai.serving_models import ModelLoadError
 
     check_serve(args)
+    try:
+        for model in args.models:  # as each engine checks it, but before Ray starts (no weights read)
+            check_model(model, "--model")
+    except ValueError as err:
+        error(str(err))
+        return 2
     if args.ray:
         from encdec.entrypoints.ray.serve import run_ray_server
         try:
@@ -580,8 +586,9 @@ MODEL_OPTIONS = {"compute_type": "--compute_type", "dtype": "--dtype", "quantiza
 
 
 def runs_here(args: argparse.Namespace) -> bool:
-    """Whether the command's engines run in this process (not in Ray actors)."""
-    return args.command != "batch" and not getattr(args, "ray", False)
+    """Whether the command's engines run on this machine: in this process, or in the actors of
+    the local Ray instance that `batch` and `serve --ray` start without --ray-address."""
+    return getattr(args, "ray_address", None) is None
 
 
 def local_device(name: Optional[str]) -> torch.device:

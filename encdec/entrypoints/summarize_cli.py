@@ -19,9 +19,9 @@ from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error,
 from encdec.entrypoints.summaries import Article, ArticleTooLong, prepare_article, summary_params
 from encdec.entrypoints.transcribe_args import (MAX_SEQS, non_negative_int, number,
                                                 positive_int)
-from encdec.generation_config import resolve_sampling_params
+from encdec.generation_config import GenerationDefaults, resolve_sampling_params
 from encdec.llm import LLM
-from encdec.weights.loader import checkpoint_dir_problem
+from encdec.weights.loader import checkpoint_dir_problem, has_tokenizer, is_whisper
 
 # SamplingParams names in messages -> the options that set them
 OPTIONS = {"max_tokens": "--max-tokens", "min_tokens": "--min-tokens", "beam_width": "--num-beams",
@@ -93,6 +93,7 @@ def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple
         error(f"--model {args.model}: {problem} ({args.command} takes a local Hugging Face "
               f"checkpoint directory)")
         return None, [], 2
+    check_text_model(args.model, args.command)
     texts, failed = read_texts(args)
     if not texts:
         raise UsageError("give at least one TEXT or --file (--file - reads standard input)")
@@ -105,14 +106,18 @@ def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple
     except (ValueError, OSError) as err:
         error(f"cannot load model {args.model!r}: {err}")
         return None, [], 1
-    engine = llm.llm_engine
-    if engine.input_preprocessor.audio_processor is not None:
-        raise UsageError(f"--model {args.model}: a Whisper checkpoint takes audio ({args.command} "
-                         f"takes a text model such as BART, PEGASUS or T5; for speech use encdec transcribe)")
-    if engine.tokenizer is None:
-        raise UsageError(f"--model {args.model}: the directory has no tokenizer files "
-                         f"(tokenizer.json, or the tokenizer's own files), so text cannot be read")
     return llm, texts, failed
+
+
+def check_text_model(model: str, command: str) -> None:
+    """The checkpoint directory `model` of `command` (summarize, translate, batch summarize) must
+    hold a text model and its tokenizer (UsageError); told without reading its weights."""
+    if is_whisper(model):
+        raise UsageError(f"--model {model}: a Whisper checkpoint takes audio ({command} takes a text "
+                         f"model such as BART, PEGASUS or T5; for speech use encdec transcribe)")
+    if not has_tokenizer(Path(model).expanduser()):
+        raise UsageError(f"--model {model}: the directory has no tokenizer files (tokenizer.json, "
+                         f"or the tokenizer's own files), so text cannot be read")
 
 
 def decoding_options(args: argparse.Namespace) -> dict:
@@ -123,29 +128,36 @@ def decoding_options(args: argparse.Namespace) -> dict:
                 temperature=args.temperature, seed=args.seed)
 
 
-def decoding_params(llm: LLM, args: argparse.Namespace):
-    """SamplingParams from the decoding options of `summarize` / `translate` over the
-    checkpoint's generation config (UsageError for a bad value)."""
+def decoding_params(defaults: GenerationDefaults, args: argparse.Namespace):
+    """SamplingParams from the decoding options of `summarize`, `translate` and `batch
+    summarize` over the checkpoint's generation config `defaults` (UsageError for a bad value)."""
     try:
-        return summary_params(llm.llm_engine.generation_defaults, **decoding_options(args))
+        return summary_params(defaults, **decoding_options(args))
     except ValueError as err:
         raise UsageError(option_wording(err, OPTIONS)) from None
 
 
 def check_lengths(llm: LLM, prompt: dict, params, args: argparse.Namespace) -> None:
-    """--max-tokens against the room the model's decoder has, and --min-tokens against the
-    longest output `prompt` may get, which the checkpoint's generation config and the model's
-    length set when --max-tokens does not (UsageError)."""
+    """`check_output_lengths` for `prompt`'s decoder prompt on the loaded model."""
     engine = llm.llm_engine
     decoder_ids = engine.input_preprocessor.preprocess(prompt).prompt_token_ids
+    check_output_lengths(engine.generation_defaults, len(decoder_ids),
+                         engine.model_config.max_decoder_len, params, args.min_tokens)
+
+
+def check_output_lengths(defaults: GenerationDefaults, prompt_len: int, max_decoder_len: int,
+                         params, min_tokens: Optional[int]) -> None:
+    """--max-tokens against the room a decoder of `max_decoder_len` positions has after a
+    decoder prompt of `prompt_len` tokens, and --min-tokens against the longest output, which
+    the checkpoint's generation config and the model's length set when --max-tokens does not
+    (UsageError)."""
     try:
-        longest = resolve_sampling_params(dataclasses.replace(params, min_tokens=None),
-                                          engine.generation_defaults, len(decoder_ids),
-                                          engine.model_config.max_decoder_len).max_tokens
+        longest = resolve_sampling_params(dataclasses.replace(params, min_tokens=None), defaults,
+                                          prompt_len, max_decoder_len).max_tokens
     except ValueError as err:  # --max-tokens past the decoder's room
         raise UsageError(option_wording(err, OPTIONS)) from None
-    if args.min_tokens is not None and args.min_tokens > longest:
-        raise UsageError(f"--min-tokens {args.min_tokens}: the checkpoint's default max tokens is "
+    if min_tokens is not None and min_tokens > longest:
+        raise UsageError(f"--min-tokens {min_tokens}: the checkpoint's default max tokens is "
                          f"{longest}; set --max-tokens")
 
 
@@ -181,7 +193,7 @@ def run_summarize(args: argparse.Namespace) -> int:
     llm, texts, failed = load_text_model(args)
     if llm is None:
         return failed
-    params = decoding_params(llm, args)
+    params = decoding_params(llm.llm_engine.generation_defaults, args)
     inputs, unusable = articles(llm, texts, args.truncate)
     prompts = [None if a is None else {"prompt_token_ids": a.token_ids} for a in inputs]
     status = print_outputs(llm, prompts, params, args)

@@ -72,7 +72,7 @@ def run_translate(args: argparse.Namespace) -> int:
     engine = llm.llm_engine
     hf_config, limit = engine.model_config.hf_config, engine.model_config.max_encoder_len
     check_languages(args, hf_config)
-    params = decoding_params(llm, args)
+    params = decoding_params(engine.generation_defaults, args)
     prompts, request_params, unused = [], [], {}
     for label, text in texts:
         ids = forced = None

@@ -22,7 +22,7 @@ from encdec.kernels.cpu_linear import WidenedLinear, packed_linear_for
 from encdec.models.layers import pack_linears
 from encdec.models.quantization import (check_quantization, float32_output_projection,
                                        quantize_model, widen_convolutions)
-from encdec.models.registry import get_ct2_converter, get_model_family
+from encdec.models.registry import InputHooks, get_ct2_converter, get_model_family
 from encdec.models.vocab_padding import pad_lm_head, pads_lm_head
 from encdec.weights import PathLike
 from encdec.weights.ct2 import ct2_tensors, open_ct2_model
@@ -97,16 +97,13 @@ def load_checkpoint(name: str, hf_config: Any, weights: Iterable[tuple[str, torc
                     tokenizer: Any, generation_config: Optional[dict], dtype: torch.dtype,
                     device: torch.device, attention_backend: Optional[str],
                     quantization: Optional[str] = None) -> LoadedModel:
-    """The model, its family's input hooks, its KV cache shape, and the length limits: the
-    family's (T5), else one per side (max_source_positions / max_target_positions) or one for
-    both (max_position_embeddings) from the config."""
+    """The model, its family's input hooks, its KV cache shape, and the length limits
+    (`max_lengths`)."""
     family = get_model_family(getattr(hf_config, "architectures", None))
     model = build_model(family.get_model_class(), hf_config, weights, dtype, device,
                         attention_backend, quantization)
     hooks = family.get_input_hooks(hf_config, tokenizer, generation_config)
-    max_encoder, max_decoder = hooks.max_lengths or (
-        getattr(hf_config, "max_source_positions", None) or hf_config.max_position_embeddings,
-        getattr(hf_config, "max_target_positions", None) or hf_config.max_position_embeddings)
+    max_encoder, max_decoder = max_lengths(hf_config, hooks)
     num_layers, num_heads, head_size = model.kv_cache_shape
     vocab_size = getattr(hf_config, "decoder_vocab_size", None) or hf_config.vocab_size
     model_config = ModelConfig(
@@ -116,6 +113,15 @@ def load_checkpoint(name: str, hf_config: Any, weights: Iterable[tuple[str, torc
         encoder_vocab_size=hf_config.vocab_size)
     return LoadedModel(model, model_config, tokenizer, hooks.default_decoder_prompt,
                        hooks.audio_processor)
+
+
+def max_lengths(hf_config: Any, hooks: InputHooks) -> tuple[int, int]:
+    """The encoder's and the decoder's positions: the family's (T5), else one per side
+    (max_source_positions / max_target_positions) or one for both (max_position_embeddings)
+    from the config."""
+    return hooks.max_lengths or (
+        getattr(hf_config, "max_source_positions", None) or hf_config.max_position_embeddings,
+        getattr(hf_config, "max_target_positions", None) or hf_config.max_position_embeddings)
 
 
 def load_hf_directory(path: Path, dtype: torch.dtype, device: torch.device,
@@ -129,8 +135,7 @@ def load_hf_directory(path: Path, dtype: torch.dtype, device: torch.device,
 
     hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     tokenizer = None
-    if any((path / f).exists() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json",
-                                         "spiece.model", "sentencepiece.bpe.model")):
+    if has_tokenizer(path):
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     return load_checkpoint(str(path), hf_config, iterate_weights(path), tokenizer,
                            _read_json(path / "generation_config.json"), dtype, device,
@@ -223,6 +228,39 @@ def checkpoint_dir_problem(path: Path) -> Optional[str]:
     if not ((path / "config.json").is_file() or _has_ct2_weights(path)):
         return "no config.json in the directory"
     return None
+
+
+def has_tokenizer(path: Path) -> bool:
+    """Whether the Hugging Face checkpoint directory `path` has tokenizer files (without them
+    the model takes token ids only)."""
+    return any((path / f).exists() for f in ("tokenizer.json", "vocab.json", "tokenizer_config.json",
+                                             "spiece.model", "sentencepiece.bpe.model"))
+
+
+def is_whisper(model: str) -> bool:
+    """Whether `model` is a Whisper model (a bundled one, a CTranslate2 directory, or a Hugging
+    Face directory whose config.json says so), told without reading its weights."""
+    path = Path(model).expanduser()
+    if model in ALIASES or _has_ct2_weights(path):
+        return True
+    try:
+        config = _read_json(path / "config.json") or {}
+    except ValueError:  # not JSON: loading the model says so
+        return False
+    return config.get("model_type") == "whisper"
+
+
+def decoder_room(model: str) -> tuple[int, int]:
+    """The default decoder prompt's length and the decoder's positions of the Hugging Face text
+    checkpoint directory `model`, as `load_checkpoint` finds them, from its config files alone
+    (ValueError for a family encdec does not run)."""
+    from transformers import AutoConfig
+
+    path = Path(model).expanduser()
+    hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    family = get_model_family(getattr(hf_config, "architectures", None))
+    hooks = family.get_input_hooks(hf_config, None, _read_json(path / "generation_config.json"))
+    return len(hooks.default_decoder_prompt), max_lengths(hf_config, hooks)[1]
 
 
 def _has_ct2_weights(path: Path) -> bool:

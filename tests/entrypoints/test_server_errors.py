@@ -539,10 +539,26 @@ def test_what_the_shutdown_timeout_cuts_off_gets_openai_errors(tiny_bart_dir):
 
 
 def test_model_that_fails_to_load_stops_start_up(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--model", str(tmp_path / "missing")],
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint directory, of no model
+    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--model", str(tmp_path)],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
-    assert f"encdec: error: cannot load model '{tmp_path / 'missing'}'" in done.stderr
+    assert f"encdec: error: cannot load model '{tmp_path}'" in done.stderr
+
+
+@pytest.mark.parametrize("ray", [[], ["--ray"]])
+def test_a_model_that_is_not_there_is_refused_before_the_server_starts(monkeypatch, tmp_path, capsys, ray):
+    from encdec.entrypoints import cli
+    from encdec.entrypoints.openai import api_server
+    from encdec.entrypoints.ray import serve
+
+    for module, name in ((api_server, "run_server"), (serve, "run_ray_server")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("the server started"))
+    missing = tmp_path / "missing"
+    assert cli.main(["serve", *ray, "--model", "tiny.en", "--model", str(missing)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"encdec: error: --model '{missing}' is neither a bundled Whisper model (tiny.en, base) nor a "
+        f"local checkpoint directory: no such directory"]
 
 
 def test_dead_engine_makes_health_503(tiny_bart_dir, monkeypatch):

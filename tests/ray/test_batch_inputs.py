@@ -1,5 +1,6 @@
 """The documents of a JSONL or Parquet input are checked before any work starts: each record needs
-an id of its own and a text; the error names the bad lines (or rows). No Ray job runs here."""
+an id of its own and a text; the error names the bad lines (or rows). A document that is not
+UTF-8 is its row's error. No Ray job runs here."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from encdec.entrypoints.ray.batch import not_done, table_documents  # noqa: E402  (imports Ray)
+from encdec.entrypoints.ray.batch import document_rows, not_done, table_documents  # noqa: E402  (imports Ray)
 
 
 def write_jsonl(path, lines):
@@ -19,7 +20,20 @@ def write_jsonl(path, lines):
 def test_good_records_keep_their_order_and_integer_ids_become_strings(tmp_path):
     source = write_jsonl(tmp_path / "docs.jsonl", [
         json.dumps({"id": "a", "text": "First."}), "", json.dumps({"id": 7, "text": "Second.", "x": 1})])
-    assert table_documents(source) == [{"id": "a", "text": "First."}, {"id": "7", "text": "Second."}]
+    assert table_documents(source) == [{"id": "a", "text": "First.", "error": ""},
+                                       {"id": "7", "text": "Second.", "error": ""}]
+
+
+def test_a_document_that_is_not_utf8_is_its_rows_error(tmp_path):
+    table = tmp_path / "docs.jsonl"
+    table.write_bytes(b'{"id": 1, "text": "Fine."}\n\n{"id": 2, "text": "Caf\xe9"}\n')
+    assert document_rows([str(table)]) == [{"id": "1", "text": "Fine.", "error": ""},
+                                           {"id": "2", "text": "", "error": "line 3: not UTF-8 text"}]
+    (tmp_path / "good.txt").write_text("Fine.")
+    (tmp_path / "latin1.txt").write_bytes(b"Caf\xe9 au lait")
+    assert document_rows([str(tmp_path / "*.txt")]) == [
+        {"id": str(tmp_path / "good.txt"), "text": "Fine.", "error": ""},
+        {"id": str(tmp_path / "latin1.txt"), "text": "", "error": "not UTF-8 text"}]
 
 
 def test_every_bad_record_is_named_by_its_line(tmp_path):
@@ -47,7 +61,8 @@ def test_parquet_rows_are_checked_the_same_way(tmp_path):
 
     good = tmp_path / "good.parquet"
     pq.write_table(pa.table({"id": ["x", "y"], "text": ["One.", "Two."], "extra": [1, 2]}), good)
-    assert table_documents(str(good)) == [{"id": "x", "text": "One."}, {"id": "y", "text": "Two."}]
+    assert table_documents(str(good)) == [{"id": "x", "text": "One.", "error": ""},
+                                          {"id": "y", "text": "Two.", "error": ""}]
     twice = tmp_path / "twice.parquet"
     pq.write_table(pa.table({"id": ["x", "x"], "text": ["One.", None]}), twice)
     with pytest.raises(ValueError, match=r'row 2: id "x" again \(first on row 1\)$'):

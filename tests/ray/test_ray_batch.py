@@ -1,7 +1,8 @@
 """`encdec batch` on a local Ray instance (2 CPUs, two actors at half a CPU each): 20 clips and
 50 documents give the offline `LLM`'s results, each once; resuming skips finished inputs; an
-actor killed mid-job is restarted and its batch retried, and every input still comes out once.
-(The same jobs on two nodes: test_ray_cluster.py.)"""
+actor killed mid-job is restarted and its batch retried, and every input still comes out once;
+an input the engine refuses is its error row, and a job whose actors fail stops with the reason
+on one line. (The same jobs on two nodes: test_ray_cluster.py.)"""
 from __future__ import annotations
 
 import shutil
@@ -28,7 +29,7 @@ def ray_local():
 
 def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summaries, tmp_path, capsys):
     """The second run computes only the new inputs and the one whose record the first run did not
-    finish writing; an empty input is an error row (exit 1)."""
+    finish writing; an empty input and one that is not UTF-8 are error rows (exit 1)."""
     folder = tmp_path / "docs"
     folder.mkdir()
     for doc_id in list(documents)[:6]:
@@ -40,6 +41,8 @@ def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summarie
     results = out / "results.jsonl"
     results.write_bytes(results.read_bytes()[:-40])  # the third record's write cut short
     (folder / "empty.txt").write_text(" \n")
+    latin1 = folder / "latin1.txt"
+    latin1.write_bytes(b"Caf\xe9 au lait.")
     long = folder / "long.txt"
     long.write_text(" ".join(documents.values()))  # past the encoder's 256 positions
     assert main(["batch", "summarize", str(folder), "--model", str(tiny_bart_dir), "--output", str(out),
@@ -48,19 +51,51 @@ def test_resume_skips_finished_inputs(tiny_bart_dir, documents, offline_summarie
     assert [r["id"] for r in rows[:2]] == first[:2]
     assert sorted(r["id"] for r in rows) == sorted(str(p) for p in folder.glob("*.txt"))
     empty = str(folder / "empty.txt")
-    assert {r["id"]: r["summary"] for r in rows if r["id"] not in (empty, str(long))} == {
+    assert {r["id"]: r["summary"] for r in rows if r["id"] not in (empty, str(latin1), str(long))} == {
         str(folder / f"{k}.txt"): offline_summaries[k] for k in list(documents)[:6]}
-    assert [(r["summary"], r["error"]) for r in rows if r["id"] == empty] == [
-        (None, "the text to summarize is empty")]
+    assert [(r["id"], r["summary"], r["error"]) for r in rows if r["error"]] == [
+        (empty, None, "the text to summarize is empty"), (str(latin1), None, "not UTF-8 text")]
     [cut] = [r for r in rows if r["truncated_tokens"]]
     assert (cut["id"], cut["input_tokens"]) == (str(long), 256) and cut["summary"]
     err = capsys.readouterr().err
     assert f"encdec: error: {empty}: the text to summarize is empty" in err
+    assert f"encdec: error: {latin1}: not UTF-8 text" in err
     assert f"encdec: warning: {results}: dropped its incomplete last line" in err
     assert (f"encdec: warning: {results}: 2 results of an earlier run; their inputs are skipped "
             f"(another --output runs them again)") in err
     assert (f"encdec: note: {long}: cut to the model's limit of 256 input tokens "
             f"({cut['truncated_tokens']} tokens left out)") in err
+
+
+def test_a_text_the_engine_refuses_is_its_error_row(tiny_bart_dir, documents, offline_summaries, tmp_path,
+                                                    capsys):
+    """Its KV cache can never fit the actor's: the other texts of its batch are summarized."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    short = list(documents)[:3]  # 26 to 60 tokens: 4 to 6 blocks
+    for doc_id in short:
+        (folder / f"{doc_id}.txt").write_text(documents[doc_id])
+    long = folder / "long.txt"
+    long.write_text(" ".join(documents.values()))  # cut to 256 tokens: 18 blocks
+    out = tmp_path / "out"
+    assert main(["batch", "summarize", str(folder), "--model", str(tiny_bart_dir), "--output", str(out),
+                 "--temperature", "0", "--max-tokens", str(SUMMARY_TOKENS), "--num-gpu-blocks", "12",
+                 "--swap-space", "0.01"]) == 1
+    rows = {r["id"]: r for r in read_results(out)}
+    assert {k: rows[str(folder / f"{k}.txt")]["summary"] for k in short} == {k: offline_summaries[k] for k in short}
+    refused = ("the request needs 18 KV cache blocks (encoder 256 tokens, decoder up to 18 tokens, 1 "
+               "sequences) but the cache has only num_gpu_blocks=12, less a watermark of 0 kept free")
+    assert (rows[str(long)]["summary"], rows[str(long)]["error"]) == (None, refused)
+    assert f"encdec: error: {long}: {refused}" in capsys.readouterr().err
+
+
+def test_actors_that_fail_stop_the_job_with_the_reason_on_one_line(clip_paths, tmp_path, capsys):
+    assert main(["batch", "transcribe", clip_paths[0], "--output", str(tmp_path), "--num-gpu-blocks", "1",
+                 "--swap-space", "0.01"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (  # (Ray's own log lines above it)
+        "encdec: error: ValueError: the request needs 109 KV cache blocks (encoder 1500 tokens, decoder "
+        "up to 225 tokens, 1 sequences) but the cache has only num_gpu_blocks=1, less a watermark of 0 "
+        "kept free")
 
 
 def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offline_summaries, tmp_path):

@@ -1,7 +1,8 @@
 """`encdec serve --ray` as a user runs it, in a subprocess: `--port 0` logs the port Serve's
 proxy took, and on SIGTERM a transcription in flight finishes (its upload still arriving when the
 signal comes) while new requests get 503 in OpenAI's error shape; replicas that cannot fit the
-local instance are refused instead of waited for."""
+local instance are refused instead of waited for, and replicas that cannot load their model stop
+the server with the reason on one line."""
 from __future__ import annotations
 
 import os
@@ -54,3 +55,15 @@ def test_replicas_that_cannot_fit_the_local_instance_are_refused():
     assert done.returncode == 2, done.stderr
     assert (f"encdec: error: --replicas {cpus + 1} x --cpus-per-replica 1 need {cpus + 1} CPUs; the Ray "
             f"cluster has {cpus} (the server could never start)") in done.stderr
+
+
+def test_replicas_that_cannot_load_the_model_stop_the_server(tmp_path):
+    (tmp_path / "config.json").write_text("{}")  # a checkpoint directory, of no model
+    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--ray", "--model", str(tmp_path),
+                           "--cpus-per-replica", "0.5", "--port", "0"], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("encdec: error:")]
+    assert line.startswith(f"encdec: error: the replicas could not start: ModelLoadError: cannot load "
+                           f"model '{tmp_path}': ValueError: Unrecognized model in {tmp_path}.")
+    assert not [line for line in done.stderr.splitlines() if line.startswith("Traceback")]

@@ -9,7 +9,8 @@ once. Actors take a fraction of a CPU by default: at one CPU each, actors on a s
 nothing to Ray Data's own tasks and the job stalls.
 
 Audio inputs are paths that every node can read (a shared filesystem); documents are text files,
-or a JSONL or Parquet file with `id` and `text` fields, read and checked by the driver.
+or a JSONL or Parquet file with `id` and `text` fields, read and checked by the driver (a
+document it cannot read carries the reason in its row's `error`).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 import ray
@@ -32,6 +33,7 @@ from encdec.llm import LLM
 AUDIO_SUFFIXES = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".mp4", ".webm", ".aac", ".mpga")
 TEXT_SUFFIXES = (".txt", ".md")
 TABLE_SUFFIXES = (".jsonl", ".json", ".parquet")
+NOT_UTF8 = "not UTF-8 text"  # the error of a document that cannot be read as text
 
 
 def expand_inputs(inputs: Sequence[str], suffixes: Sequence[str]) -> list[str]:
@@ -66,8 +68,9 @@ def audio_rows(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> lis
 
 
 def document_rows(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> list[dict[str, str]]:
-    """Rows `{id, text}`: of one JSONL or Parquet file with those fields (`table_documents`), or
-    of text files (id: the path). Ids in `done` are left out."""
+    """Rows `{id, text, error}`: of one JSONL or Parquet file with `id` and `text` fields
+    (`table_documents`), or of text files (id: the path). `error` is "" unless the input cannot
+    be read (text that is not UTF-8); its text is then "". Ids in `done` are left out."""
     paths = expand_inputs(inputs, TEXT_SUFFIXES)
     tables = [p for p in paths if p.lower().endswith(TABLE_SUFFIXES)]
     if tables and len(paths) > 1:
@@ -75,7 +78,15 @@ def document_rows(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> 
                          f"all the documents; the other inputs would be read as text)")
     if tables:
         return [row for row in table_documents(tables[0]) if row["id"] not in done]
-    return [{"id": p, "text": Path(p).read_text(encoding="utf-8")} for p in not_done(paths, done)]
+    return [text_file_row(p) for p in not_done(paths, done)]
+
+
+def text_file_row(path: str) -> dict[str, str]:
+    """The `document_rows` row of one text file."""
+    try:
+        return {"id": path, "text": Path(path).read_text(encoding="utf-8"), "error": ""}
+    except UnicodeDecodeError:
+        return {"id": path, "text": "", "error": NOT_UTF8}
 
 
 def rows_dataset(rows: list[dict[str, Any]]) -> ray.data.Dataset:
@@ -89,9 +100,10 @@ def audio_dataset(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> 
 
 
 def table_documents(source: str) -> list[dict[str, str]]:
-    """The `{id, text}` records of a JSONL or Parquet file, checked before any work starts, as
-    OpenAI's Batch API checks its input file: each needs an id (a string or an integer) of its
-    own and a text (a string). A ValueError lists the first bad records by line (JSONL) or row."""
+    """The `{id, text, error}` rows of a JSONL or Parquet file, checked before any work starts, as
+    OpenAI's Batch API checks its input file: each record needs an id (a string or an integer)
+    of its own and a text (a string). A ValueError lists the first bad records by line (JSONL)
+    or row. A JSONL line that is not UTF-8 is its row's error ("line N: not UTF-8 text")."""
     if source.lower().endswith(".parquet"):
         import pyarrow.parquet as pq
 
@@ -99,12 +111,12 @@ def table_documents(source: str) -> list[dict[str, str]]:
         missing = [name for name in ("id", "text") if name not in table.column_names]
         if missing:
             raise ValueError(f"{source}: no {' or '.join(missing)} column (it has {', '.join(table.column_names)})")
-        records = [(f"row {n}", r) for n, r in enumerate(table.select(["id", "text"]).to_pylist(), 1)]
+        records = [(f"row {n}", r, "") for n, r in enumerate(table.select(["id", "text"]).to_pylist(), 1)]
     else:
-        with open(source, encoding="utf-8") as file:
-            records = [(f"line {n}", _json_record(line)) for n, line in enumerate(file, 1) if line.strip()]
+        with open(source, "rb") as file:
+            records = [(f"line {n}", *_json_record(line)) for n, line in enumerate(file, 1) if line.strip()]
     rows, first_seen, problems = [], {}, []
-    for where, record in records:
+    for where, record, unread in records:
         doc_id = record.get("id") if isinstance(record, dict) else None
         if not isinstance(record, dict):
             problems.append(f"{where}: not a JSON object")
@@ -116,7 +128,8 @@ def table_documents(source: str) -> list[dict[str, str]]:
             problems.append(f"{where}: text must be a string, not {json.dumps(record.get('text'), default=str)[:40]}")
         else:
             first_seen[str(doc_id)] = where
-            rows.append({"id": str(doc_id), "text": record["text"]})
+            rows.append({"id": str(doc_id), "text": "" if unread else record["text"],
+                         "error": unread and f"{where}: {unread}"})
     if problems:
         more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
         raise ValueError(f"{source}: {'; '.join(problems[:5])}{more}")
@@ -125,11 +138,17 @@ def table_documents(source: str) -> list[dict[str, str]]:
     return rows
 
 
-def _json_record(line: str) -> Any:
+def _json_record(line: bytes) -> tuple[Any, str]:
+    """A JSONL line's record (None if it is not JSON), and "", or NOT_UTF8 for bytes that are
+    not UTF-8 (the record is then read with replacement characters, for its id)."""
     try:
-        return json.loads(line)
+        text, unread = line.decode("utf-8"), ""
+    except UnicodeDecodeError:
+        text, unread = line.decode("utf-8", errors="replace"), NOT_UTF8
+    try:
+        return json.loads(text), unread
     except ValueError:
-        return None  # reported as "not a JSON object"
+        return None, unread  # reported as "not a JSON object"
 
 
 class _Worker:
@@ -195,21 +214,42 @@ class Summarizer(_Worker):
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
         engine = self.llm.llm_engine
-        articles, errors = {}, [None] * len(batch["text"])
+        unread = batch.get("error", [""] * len(batch["text"]))  # the driver's reasons, if any
+        articles, errors = {}, [str(reason) or None for reason in unread]
         for i, text in enumerate(batch["text"]):
+            if errors[i] is not None:
+                continue
             try:
                 articles[i] = prepare_article(str(text), engine.tokenizer, engine.model_config.hf_config,
                                               self.limit, self.truncate)
             except ValueError as err:
                 errors[i] = str(err)
-        prompts = [{"prompt_token_ids": article.token_ids} for article in articles.values()]
-        outputs = self.llm.generate(prompts, self.params, use_tqdm=False) if prompts else []
-        summaries = dict(zip(articles, (out.outputs[0].text.strip() for out in outputs)))
+        summaries = {}
+        for i, summary in zip(articles, self.summarize([{"prompt_token_ids": article.token_ids}
+                                                        for article in articles.values()])):
+            if isinstance(summary, str):
+                summaries[i] = summary
+            else:
+                errors[i] = str(summary)
         done = [articles.get(i) for i in range(len(errors))]
         return self.finish(batch, dict(
             summary=[summaries.get(i) for i in range(len(errors))],
             input_tokens=[len(a.token_ids) if a else None for a in done],
             truncated_tokens=[a.truncated_tokens if a else None for a in done], error=errors))
+
+    def summarize(self, prompts: list[dict]) -> list[Union[str, Exception]]:
+        """Each prompt's summary, decoded together; if the engine refuses one (a ValueError, such
+        as a text whose KV cache can never fit), each alone, so that only those it refuses get
+        their error (the engine's own, without "prompt 0: ")."""
+        if not prompts:
+            return []
+        try:
+            outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
+        except ValueError as err:
+            if len(prompts) == 1:
+                return [err.__cause__ or err]
+            return [summary for prompt in prompts for summary in self.summarize([prompt])]
+        return [out.outputs[0].text.strip() for out in outputs]
 
 
 @dataclasses.dataclass
@@ -242,7 +282,8 @@ def transcribe_dataset(ds: ray.data.Dataset, model: str, pool: PoolOptions = Poo
 
 def summarize_dataset(ds: ray.data.Dataset, model: str, pool: PoolOptions = PoolOptions(),
                       truncate: bool = True, **decoding: Any) -> ray.data.Dataset:
-    """Rows `{id, text}` -> `{id, summary, input_tokens, truncated_tokens, error, node_id}`; texts
+    """Rows `{id, text}` (with `error`, a reason the driver could not read the text: that row's
+    error unless "") -> `{id, summary, input_tokens, truncated_tokens, error, node_id}`; texts
     over the model's input limit are cut to fit (an error with `truncate=False`), and
     `truncated_tokens` says how many tokens were left out; `decoding`: the options of `encdec
     summarize` (max_tokens, num_beams, temperature, ...), unset ones from the checkpoint's

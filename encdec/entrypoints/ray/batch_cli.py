@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from encdec.entrypoints.ray.cluster import unschedulable
+from encdec.entrypoints.ray.cluster import root_cause, unschedulable
 
 RESULTS = "results.jsonl"
 ACTOR_ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache_space",
@@ -202,11 +202,10 @@ def check_job(args: argparse.Namespace) -> None:
     """Check the model and the options on the driver, before any actor starts (ValueError worded
     for the command line)."""
     from encdec.entrypoints.cli import check_english_only
-    from encdec.entrypoints.cli_messages import option_wording
-    from encdec.entrypoints.summarize_cli import OPTIONS, decoding_options
-    from encdec.entrypoints.summaries import summary_params
+    from encdec.entrypoints.summarize_cli import check_output_lengths, check_text_model, decoding_params
     from encdec.generation_config import load_generation_defaults
-    from encdec.weights.loader import check_model, checkpoint_dir_problem, whisper_multilingual
+    from encdec.weights.loader import (check_model, checkpoint_dir_problem, decoder_room,
+                                       whisper_multilingual)
     from encdec.whisper.languages import requested_language
 
     if args.job == "transcribe":
@@ -220,10 +219,13 @@ def check_job(args: argparse.Namespace) -> None:
     if problem:
         raise ValueError(f"--model {args.model}: {problem} (batch summarize takes a local Hugging "
                          f"Face checkpoint directory)")
+    check_text_model(args.model, "batch summarize")
     try:
-        summary_params(load_generation_defaults(args.model), **decoding_options(args))
-    except ValueError as err:
-        raise ValueError(option_wording(err, OPTIONS)) from None
+        room = decoder_room(args.model)
+    except (ValueError, OSError) as err:  # as `encdec summarize` words a model it cannot load
+        raise ValueError(f"cannot load model {args.model!r}: {err}") from None
+    defaults = load_generation_defaults(args.model)
+    check_output_lengths(defaults, *room, decoding_params(defaults, args), args.min_tokens)
 
 
 def run_batch(args: argparse.Namespace) -> int:
@@ -268,6 +270,9 @@ def run_batch(args: argparse.Namespace) -> int:
             warn(f"{problem}: the job waits until it has them")
         results = job_dataset(args, rows_dataset(rows)).iter_rows()
         return 1 if write_results(results, args, done, len(rows)) else 0
+    except ray.exceptions.RayError as err:  # actors that failed (the results so far are kept)
+        error(root_cause(str(err)))
+        return 1
     finally:
         if started:
             ray.shutdown()

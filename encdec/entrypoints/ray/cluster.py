@@ -1,7 +1,12 @@
-"""Whether the replicas a job or a deployment asks for can ever all start on the Ray cluster."""
+"""The Ray cluster as `encdec batch` and `encdec serve --ray` see it: whether the replicas a job
+or a deployment asks for can ever all start, and what a failure inside it comes down to."""
 from __future__ import annotations
 
+import re
 from typing import Optional
+
+# the last line of a Python traceback: "ValueError: ...", "ray.exceptions.RayTaskError: ..."
+_EXCEPTION_LINE = re.compile(r"^((?:\w+\.)*)(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 
 
 def unschedulable(replicas: int, cpus_per_replica: float, asked: str) -> Optional[str]:
@@ -14,3 +19,12 @@ def unschedulable(replicas: int, cpus_per_replica: float, asked: str) -> Optiona
         return None
     return (f"{asked} x --cpus-per-replica {cpus_per_replica:g} need {needed:g} CPUs; the Ray "
             f"cluster has {total:g}")
+
+
+def root_cause(report: str) -> str:
+    """What a Ray failure `report` (an error's text, with the tracebacks of the actors it
+    carries) comes down to, on one line: the last exception that is not Ray's own, as
+    "ValueError: ..."; else the report's first line."""
+    causes = [f"{name}: {message}" for module, name, message in _EXCEPTION_LINE.findall(report)
+              if not module.startswith("ray.")]
+    return causes[-1] if causes else report.strip().split("\n", 1)[0]

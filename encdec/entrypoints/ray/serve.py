@@ -137,10 +137,23 @@ def deploy(args: argparse.Namespace):
     return board
 
 
+def deploy_failure(err: Exception) -> str:
+    """Why `deploy` failed with `err`, on one line: the replicas' error in Serve's status of the
+    app (`root_cause`), else `err`'s."""
+    from ray import serve
+
+    from encdec.entrypoints.ray.cluster import root_cause
+
+    status = serve.status().applications.get(APP_NAME)
+    reports = [deployment.message for deployment in status.deployments.values()] if status else []
+    return root_cause("\n".join([str(err), *reports]))
+
+
 def run_ray_server(args: argparse.Namespace) -> int:
     """`encdec serve --ray`: deploy, then serve until SIGINT or SIGTERM, then drain. Replicas
     that need more CPUs than a local instance has are refused (on a cluster, warned about: it
-    may grow); a signal while they start stops the server before it serves."""
+    may grow); replicas that fail to start, or a signal while they start, stop the server
+    before it serves."""
     import ray
     from ray import serve
 
@@ -177,6 +190,10 @@ def run_ray_server(args: argparse.Namespace) -> int:
             board = deploy(args)
         except KeyboardInterrupt:
             logger.info("stopped while the replicas were starting")
+            serve.shutdown()
+            return 1
+        except (RuntimeError, ray.exceptions.RayError) as err:
+            error(f"the replicas could not start: {deploy_failure(err)}")
             serve.shutdown()
             return 1
         replicas = args.replicas if args.autoscale is None else "%d-%d" % args.autoscale
