@@ -250,7 +250,7 @@ def is_whisper(model: str) -> bool:
     return config.get("model_type") == "whisper"
 
 
-def decoder_room(model: str) -> tuple[int, int]:
+def decoder_lengths(model: str) -> tuple[int, int]:
     """The default decoder prompt's length and the decoder's positions of the Hugging Face text
     checkpoint directory `model`, as `load_checkpoint` finds them, from its config files alone
     (ValueError for a family encdec does not run)."""
