@@ -265,7 +265,8 @@ class SamplingParams:
         _check(self.top_k in (None, -1) and self.top_p in (None, 1.0),
                f"top_k must be -1 and top_p 1: beam search does not sample, "
                f"got top_k={self.top_k}, top_p={self.top_p}")
-        _check(self.logprobs is None, "logprobs is not supported with beam search")
+        _check(self.logprobs is None, "logprobs is not supported with beam search (use_beam_search=False "
+                                      "decodes without the beams a checkpoint's num_beams asks for)")
         _check(self.patience is None or 0 < self.patience < math.inf,
                f"patience must be a finite number > 0, got {self.patience!r}")
         _check(width is None or max_candidates(width, self.patience) >= 1,

@@ -15,7 +15,9 @@ import pytest
 import soundfile
 
 from encdec import LLM, SamplingParams, TokensPrompt
-from encdec.entrypoints.openai.serving_completions import LogprobsBuilder, json_prompt_logprobs
+from encdec.entrypoints.openai.protocol import CompletionRequest
+from encdec.entrypoints.openai.serving_completions import LogprobsBuilder, json_prompt_logprobs, sampling_params
+from encdec.generation_config import GenerationDefaults, resolve_sampling_params
 from encdec.outputs import Logprob
 from encdec.whisper.writers import write_srt, write_vtt
 from tests.audio_files import av_encoded
@@ -124,6 +126,18 @@ def test_logprobs_of_a_forced_token(server, stream):
                                                 logprobs=3, stream=stream)
     choices = [c for chunk in result for c in chunk.choices] if stream else result.choices
     assert [top for c in choices for top in c.logprobs.top_logprobs][-1] == {"": 0.0}
+
+
+def test_use_beam_search_false_gives_logprobs_with_a_beam_config():
+    """A bart-large-cnn-style config searches 4 beams, which report no logprobs: vLLM's extra
+    `use_beam_search: false` decodes greedily instead, and the refusal without it says so."""
+    beams = GenerationDefaults.from_dict({"num_beams": 4, "max_length": 20})
+    request = dict(model="bart", prompt="text", logprobs=2, temperature=0)
+    greedy = resolve_sampling_params(sampling_params(CompletionRequest(**request, use_beam_search=False),
+                                                     1000, beams, 256), beams, 1, 128)
+    assert (greedy.use_beam_search, greedy.beam_width, greedy.logprobs, greedy.max_tokens) == (False, 1, 2, 19)
+    with pytest.raises(ValueError, match=r"logprobs is not supported with beam search \(use_beam_search=False"):
+        resolve_sampling_params(sampling_params(CompletionRequest(**request), 1000, beams, 256), beams, 1, 128)
 
 
 def test_a_ruled_out_alternative_gets_vllms_lowest_logprob(bart):

@@ -83,7 +83,8 @@ class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
     `decoder_prompt`, `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
     `include_stop_str_in_output`, `ignore_eos`, `skip_special_tokens`, `truncate_prompt_tokens`,
-    `prompt_logprobs` (of the decoder prompt)."""
+    `prompt_logprobs` (of the decoder prompt), `use_beam_search` (unset: the checkpoint's
+    `num_beams` decides)."""
 
     model: str
     prompt: Union[list[int], list[list[int]], str, list[str]]
@@ -114,6 +115,7 @@ class CompletionRequest(JSONRequest):
     skip_special_tokens: bool = True
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
     prompt_logprobs: Optional[int] = Field(None, ge=0)
+    use_beam_search: Optional[bool] = None
 
 
 class CompletionLogProbs(BaseModel):

@@ -79,7 +79,7 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
             stop=body.stop, include_stop_str_in_output=body.include_stop_str_in_output,
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
             ignore_eos=body.ignore_eos, skip_special_tokens=body.skip_special_tokens,
-            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            truncate_prompt_tokens=body.truncate_prompt_tokens, use_beam_search=body.use_beam_search,
             logit_bias=logit_bias(body.logit_bias, vocab_size) if body.logit_bias else None,
             output_kind=RequestOutputKind.DELTA, config_per_field=True)
 
