@@ -359,14 +359,14 @@ def run_bench(args: argparse.Namespace) -> int:
 def run_warmup(args: argparse.Namespace) -> int:
     """Compile the CPU kernels (decode and prefill attention, word-timestamp alignment) once,
     where every later process loads them from."""
-    start = time.perf_counter()
-    for made in compile_decode_kernels(resolve_dtype(args.dtype)):
+    start, dtype = time.perf_counter(), resolve_dtype(args.dtype)
+    for made in compile_decode_kernels(dtype):
         print(f"{PROG}: decode attention: {made}")
     prefill = (f"compiled at {cpu_attention.library_path()}" if cpu_attention.available()
                else "torch's SDPA (the C kernel needs AVX-512 with AVX512_BF16 and a C compiler)")
     print(f"{PROG}: prefill attention: {prefill}")
     dtw(np.zeros((1, 1)))
-    print(f"{PROG}: CPU kernels ({args.dtype}) ready in {time.perf_counter() - start:.1f} s")
+    print(f"{PROG}: CPU kernels ({str(dtype).removeprefix('torch.')}) ready in {time.perf_counter() - start:.1f} s")
     return 0
 
 
@@ -547,10 +547,12 @@ def add_warmup(subparsers) -> None:
                     "a C compiler; without one it stays Numba's). Run it once after installing or "
                     "upgrading encdec (or Numba, or NumPy); without it the first run compiles what "
                     "it needs.")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="the KV cache dtype to compile for (default: float32, what --dtype auto "
-                        "runs on the CPU)")
-    p.set_defaults(handler=run_warmup)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="the KV cache dtype to compile for (default: auto, float32 on the CPU)")
+    p.add_argument("--compute_type", "--compute-type", default=None,
+                   choices=[name for name, (dtype, _) in COMPUTE_TYPES.items() if dtype != "float16"],
+                   help="faster-whisper's name for it (int8 runs a float32 cache)")
+    p.set_defaults(handler=run_warmup, quantization=None, device="cpu")
 
 
 class Parser(argparse.ArgumentParser):

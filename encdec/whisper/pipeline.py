@@ -779,18 +779,22 @@ class TranscriptionJob:
         """Hand `on_segments` the input's next decoded windows, up to the first one pending."""
         if self.on_segments is None:
             return
+        first_id = 0
         for window in self._windows_of(index):
             if not window.done:
                 return
             if not window.reported:
                 window.reported = True
                 if window.segments:
-                    self.on_segments(index, self._in_input_time(index, window.segments))
+                    self.on_segments(index, self._in_input_time(index, window.segments, first_id))
+            first_id += len(window.segments)
 
-    def _in_input_time(self, index: int, segments: list[Segment]) -> list[Segment]:
-        """With VAD, segment times in the joined speech -> times in the input."""
+    def _in_input_time(self, index: int, segments: list[Segment], first_id: int = 0) -> list[Segment]:
+        """The segments numbered from `first_id`, and with VAD, their times in the joined speech
+        -> times in the input."""
         speech = self.speech_maps[index]
-        return segments if speech is None else [speech.segment_to_original(seg) for seg in segments]
+        return [dataclasses.replace(seg if speech is None else speech.segment_to_original(seg), id=first_id + i)
+                for i, seg in enumerate(segments)]
 
     def _progress(self, seconds: float) -> None:
         self.seconds_done += seconds

@@ -31,6 +31,9 @@ class Segment:
     compression_ratio: float = 0.0  # of that decode's text
     seek: int = 0  # where the segment's window starts, in 10 ms frames (openai-whisper's seek)
     words: list[Word] = field(default_factory=list)  # with word timestamps
+    # its place among the input's segments, from 0 (openai-whisper's and OpenAI's; faster-whisper
+    # counts from 1)
+    id: int = 0
 
 
 @dataclass

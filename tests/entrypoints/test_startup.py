@@ -54,6 +54,22 @@ def test_warmup_compiles_the_kernels(warm_cache):
     assert lines[-1].startswith("encdec: CPU kernels (float32) ready in ")
 
 
+def test_warmup_takes_faster_whispers_compute_type(warm_cache):
+    """int8 runs a float32 cache, so warms float32's kernels; a contradicting --dtype is a
+    usage error before anything compiles."""
+    def warmup(*options):
+        return subprocess.run([sys.executable, "-m", "encdec", "warmup", *options], cwd=ROOT,
+                              env=warm_cache[0], capture_output=True, text=True)
+
+    int8 = warmup("--compute_type", "int8")
+    assert int8.returncode == 0 and int8.stdout.splitlines()[-1].startswith("encdec: CPU kernels (float32)")
+    both = warmup("--compute-type", "bfloat16", "--dtype", "float32")
+    assert both.returncode == 2 and both.stdout == ""
+    assert both.stderr.splitlines()[-1] == ("encdec warmup: error: --compute_type=bfloat16 runs in "
+                                            "bfloat16, which contradicts --dtype=float32; give one "
+                                            "of the two")
+
+
 def test_transcribing_with_a_bundled_model_needs_no_transformers_nor_numba(warm_cache):
     """openai-whisper's default 5 beams decode on the ahead-of-time loop: Numba stays unloaded;
     a language by name needs no transformers either."""

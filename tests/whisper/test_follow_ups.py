@@ -267,13 +267,15 @@ def test_segments_are_reported_in_time_order_as_soon_as_what_precedes_them_is_de
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
                            TranscribeOptions(condition_on_previous_text=False),
                            on_segments=lambda index, segments: reported.append(
-                               [(round(s.start, 2), s.text) for s in segments]))
+                               [(s.id, round(s.start, 2), s.text) for s in segments]))
     engine = ScriptedEngine(script)
     engine.run(job)
     # decoded in the order 0, 27.5, 55, then the follow-up at 5.0: its segment comes before
     # the later windows', so they wait for it
     assert [r[0] for r in engine.requests] == [0.0, 27.5, 55.0, 5.0]
-    assert reported == [[(0.0, " w1")], [(5.0, " w2")], [(27.5, " w2")], [(55.0, " w2")]]
+    # numbered in time order across the windows, as the transcript's segments are
+    assert reported == [[(0, 0.0, " w1")], [(1, 5.0, " w2")], [(2, 27.5, " w2")], [(3, 55.0, " w2")]]
+    assert [s.id for s in job.results([None])[0].segments] == [0, 1, 2, 3]
 
 
 def test_conditioned_windows_follow_the_decodes_prompted_with_the_text_before_them():
