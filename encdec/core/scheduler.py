@@ -46,6 +46,8 @@ class Scheduler:
         self.running: deque[SequenceGroup] = deque()
         self.swapped: deque[SequenceGroup] = deque()
         self.stats = SchedulerStats()
+        # whether the last step left groups waiting or swapped for want of device blocks
+        self.out_of_blocks = False
 
     # -- queue management ---------------------------------------------------------------
     def add_seq_group(self, seq_group: SequenceGroup) -> None:
@@ -101,7 +103,8 @@ class Scheduler:
         if not preempted:
             budget_seqs, budget_tokens = self._schedule_swapped(out, decodes, budget_seqs, budget_tokens)
         prefills = []
-        if not preempted and not self.swapped:
+        self.out_of_blocks = preempted or bool(self.swapped)
+        if not self.out_of_blocks:
             prefills = self._schedule_prefills(out, budget_seqs, budget_tokens)
         out.scheduled_seq_groups = prefills + decodes
         out.num_prefill_groups = len(prefills)
@@ -178,7 +181,8 @@ class Scheduler:
                     seq.status = SequenceStatus.FINISHED_LENGTH_CAPPED
                 out.ignored_seq_groups.append(group)
                 continue
-            if status == AllocStatus.LATER or group.get_max_num_running_seqs() > budget_seqs or (
+            self.out_of_blocks = status == AllocStatus.LATER
+            if self.out_of_blocks or group.get_max_num_running_seqs() > budget_seqs or (
                     num_tokens > budget_tokens and scheduled):
                 break
             self.waiting.popleft()

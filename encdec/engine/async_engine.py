@@ -13,10 +13,10 @@ the engine runs.
   refused duplicate id named). `abort(request_id)` from anywhere else also ends the
   caller's stream, as vLLM's does: with a last output whose unfinished completions say
   finish_reason "abort".
-* `max_waiting_requests` bounds the requests not yet running (the inbox plus the scheduler's
-  waiting queue); past it `generate()` raises `EngineOverloaded` at once. A job of several
-  requests (a list of prompts, a Whisper upload's windows) shares an `Admission`: it is taken
-  or refused whole.
+* `max_waiting_requests` bounds the requests that wait for a place in the running batch (those
+  not yet running beyond its free places, `num_queued`); past it `generate()` raises
+  `EngineOverloaded` at once. A job of several requests (a list of prompts, a Whisper upload's
+  windows) shares an `Admission`: it is taken or refused whole.
 * A request whose own logits processor fails gets that error, alone (`LLMEngine.take_failures`);
   the others go on.
 * If a step raises, every request in flight gets `EngineDeadError` (caused by the step's
@@ -30,7 +30,7 @@ import itertools
 import logging
 import threading
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Optional, Union
 
 from encdec.engine.llm_engine import LLMEngine
@@ -55,9 +55,18 @@ class EngineDeadError(RuntimeError):
 @dataclass
 class Admission:
     """A job of several requests, taken or refused whole: the first of them to reach
-    `generate()` is checked against `max_waiting_requests`, the rest follow it in."""
+    `generate()` is checked against `max_waiting_requests`, the rest follow it in. `taken` is
+    set once `size` of them are in the engine, validated (the server then starts its stream)."""
 
+    size: int = 1
     admitted: bool = False
+    added: int = 0
+    taken: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add(self) -> None:
+        self.added += 1
+        if self.added >= self.size:
+            self.taken.set()
 
 
 @dataclass
@@ -136,6 +145,15 @@ class AsyncLLMEngine:
         """Requests taken but not yet running (the inbox and the scheduler's waiting queue)."""
         return sum(1 for item in list(self._inbox) if item[0] == "add") + len(self.engine.scheduler.waiting)
 
+    def num_queued(self) -> int:
+        """The waiting requests that the running batch has no place for: those beyond its free
+        places (`max_num_seqs` less the running and swapped groups; none while the cache is out of
+        blocks). `max_waiting_requests` bounds them."""
+        scheduler = self.engine.scheduler
+        free = 0 if scheduler.out_of_blocks else (
+            self.engine.scheduler_config.max_num_seqs - len(scheduler.running) - len(scheduler.swapped))
+        return max(0, self.num_waiting() - max(0, free))
+
     async def transcribe(self, inputs: Any, **options: Any) -> list:
         """Whisper: `LLM.transcribe`'s call and result, its windows in this engine's batch
         (`encdec.whisper.transcribe.transcribe_async`), taken or refused whole."""
@@ -166,6 +184,8 @@ class AsyncLLMEngine:
             except ValueError:
                 refused = True
                 raise
+            if admission is not None:
+                admission.add()
             while True:
                 item = await stream.queue.get()
                 if isinstance(item, BaseException):
@@ -196,8 +216,8 @@ class AsyncLLMEngine:
         if self._stopping:
             raise EngineDeadError("the engine is shutting down")
         if (count_waiting and self.max_waiting_requests is not None
-                and self.num_waiting() >= self.max_waiting_requests):
-            raise EngineOverloaded(f"{self.num_waiting()} requests are waiting "
+                and self.num_queued() >= self.max_waiting_requests):
+            raise EngineOverloaded(f"{self.num_queued()} requests are waiting for a place in the batch "
                                    f"(max_waiting_requests={self.max_waiting_requests}); try again later")
 
     # -- the engine loop -------------------------------------------------------------------

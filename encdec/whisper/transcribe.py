@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.engine.async_engine import Admission
 from encdec.outputs import RequestOutput
 from encdec.whisper.languages import AUTO, language_code
 from encdec.whisper.pipeline import InitialPrompt, TranscribeOptions, TranscriptionJob, prompt_ids
@@ -70,12 +71,13 @@ async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = N
                            on_progress: Optional[Callable[[float], None]] = None,
                            on_segments: Optional[Callable[[int, list[Segment]], None]] = None,
                            on_output: Optional[Callable[[RequestOutput], None]] = None,
-                           **options: Any) -> list[Transcription]:
+                           admission: Optional[Admission] = None, **options: Any) -> list[Transcription]:
     """`transcribe` through an `AsyncLLMEngine`: its windows join the engine's batch with every
     other caller's requests; audio decoding and the job's set-up (voice activity detection,
     window cuts) run off the event loop. `on_segments(index, segments)` gets each input's
     segments in time order as they are final (`TranscriptionJob`); `on_output` each window's
-    final engine output (the server's metrics)."""
+    final engine output (the server's metrics); `admission` is the job's (the server's, which
+    starts its stream once the first window is taken)."""
     sources = _as_input_list(inputs)
     loop = asyncio.get_running_loop()
 
@@ -91,7 +93,7 @@ async def transcribe_async(engine: Any, inputs: Any, language: Optional[str] = N
     job = await loop.run_in_executor(None, set_up)
     try:
         await run_job_async(engine, job, word_aligner(engine.engine.model_runner.model, engine.model_config),
-                            on_output)
+                            on_output, admission)
         return job.results(_names(sources))
     finally:
         del job
@@ -166,13 +168,13 @@ def run_job(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = No
 
 
 async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = None,
-                        on_output: Optional[Callable[[RequestOutput], None]] = None) -> None:
+                        on_output: Optional[Callable[[RequestOutput], None]] = None,
+                        admission: Optional[Admission] = None) -> None:
     """Drive `job` through an `AsyncLLMEngine`: each window a task; cancelling aborts them all.
-    Its windows are one job, taken or refused (`EngineOverloaded`) whole. Alignment passes
-    run off the event loop; `on_output` gets each window's final output."""
-    from encdec.engine.async_engine import Admission
-
-    admission = Admission()
+    Its windows are one job (`admission`, a new one by default), taken or refused
+    (`EngineOverloaded`) whole. Alignment passes run off the event loop; `on_output` gets each
+    window's final output."""
+    admission = Admission() if admission is None else admission
 
     async def decode(request):
         final = None

@@ -86,7 +86,8 @@ def test_32_streams_of_deltas_equal_the_offline_results(multibyte_model):
 
 
 def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
-    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), max_waiting_requests=2, num_gpu_blocks=200)
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), max_waiting_requests=2, max_num_seqs=2,
+                                       num_gpu_blocks=200)
 
     async def collect(prompt, params):
         return [out async for out in engine.generate(prompt, params)]
@@ -102,11 +103,11 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
             await collect("Hello", "greedy")
         outputs = await good
         assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 4
-        # a burst past max_waiting_requests: the ones over the bound are refused at once
-        results = await asyncio.gather(*(collect("A burst", SamplingParams(temperature=0, max_tokens=2))
-                                          for _ in range(6)), return_exceptions=True)
-        refused = [r for r in results if isinstance(r, EngineOverloaded)]
-        assert refused and len(refused) + sum(isinstance(r, list) for r in results) == 6
+        # a burst on an idle engine: max_num_seqs (2) run, max_waiting_requests (2) wait for
+        # a place, the rest are refused at once
+        burst = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+        results = await asyncio.gather(*(collect("A burst", burst) for _ in range(7)), return_exceptions=True)
+        assert [isinstance(r, EngineOverloaded) for r in results] == [False] * 4 + [True] * 3
         # a job of several requests is checked once, then added whole past the bound
         admission = Admission()
         params = SamplingParams(temperature=0, max_tokens=2)

@@ -15,6 +15,7 @@ import pytest
 import soundfile
 
 from encdec import LLM, SamplingParams, TokensPrompt
+from encdec.entrypoints.openai.errors import OpenAIError
 from encdec.entrypoints.openai.protocol import CompletionRequest
 from encdec.entrypoints.openai.serving_completions import LogprobsBuilder, json_prompt_logprobs, sampling_params
 from encdec.generation_config import GenerationDefaults, resolve_sampling_params
@@ -128,16 +129,53 @@ def test_logprobs_of_a_forced_token(server, stream):
     assert [top for c in choices for top in c.logprobs.top_logprobs][-1] == {"": 0.0}
 
 
+def test_completions_beam_search(server, bart):
+    """vLLM's `use_beam_search`, with `best_of` as the beam width: the n best beams, streamed
+    (in one chunk each, at the end) or not."""
+    expected = offline_texts(bart, ARTICLES[0], SamplingParams(use_beam_search=True, beam_width=3, n=2,
+                                                                max_tokens=12, temperature=0))
+    for stream in (False, True):
+        result = server.client().completions.create(
+            model="bart", prompt=ARTICLES[0], n=2, best_of=3, max_tokens=12, temperature=0, stream=stream,
+            extra_body={"use_beam_search": True})
+        choices = [c for chunk in result for c in chunk.choices] if stream else result.choices
+        texts = ["".join(c.text for c in choices if c.index == i) for i in range(2)]
+        assert texts == expected, stream
+
+
+def resolved(request: dict, defaults: GenerationDefaults) -> SamplingParams:
+    """The engine's settings for a completions request on a checkpoint with `defaults`."""
+    return resolve_sampling_params(sampling_params(CompletionRequest(model="bart", prompt="text", **request),
+                                                   1000, defaults, 256), defaults, 1, 128)
+
+
+def test_several_completions_of_a_beam_config_are_its_best_beams():
+    """A bart-large-cnn-style config searches 4 beams: n completions are its n best (as Hugging
+    Face's num_return_sequences), with or without temperature 0; a wider n widens the search (as
+    vLLM's), and use_beam_search without a width to search is refused naming best_of."""
+    beams = GenerationDefaults.from_dict({"num_beams": 4, "max_length": 20})
+    for temperature in ({}, {"temperature": 0}):
+        params = resolved({"n": 2, **temperature}, beams)
+        assert (params.use_beam_search, params.beam_width, params.n) == (True, 4, 2)
+    params = resolved({"n": 5, "temperature": 0}, beams)
+    assert (params.use_beam_search, params.beam_width, params.n) == (True, 5, 5)
+    sampled = resolved({"n": 2}, GenerationDefaults.from_dict({"max_length": 20}))
+    assert (sampled.use_beam_search, sampled.temperature, sampled.n) == (False, 1.0, 2)
+    with pytest.raises(OpenAIError) as caught:
+        resolved({"use_beam_search": True}, GenerationDefaults.from_dict({"max_length": 20}))
+    assert caught.value.param == "best_of"
+
+
 def test_use_beam_search_false_gives_logprobs_with_a_beam_config():
     """A bart-large-cnn-style config searches 4 beams, which report no logprobs: vLLM's extra
     `use_beam_search: false` decodes greedily instead, and the refusal without it says so."""
     beams = GenerationDefaults.from_dict({"num_beams": 4, "max_length": 20})
-    request = dict(model="bart", prompt="text", logprobs=2, temperature=0)
-    greedy = resolve_sampling_params(sampling_params(CompletionRequest(**request, use_beam_search=False),
-                                                     1000, beams, 256), beams, 1, 128)
+    request = dict(logprobs=2, temperature=0)
+    greedy = resolved({**request, "use_beam_search": False}, beams)
     assert (greedy.use_beam_search, greedy.beam_width, greedy.logprobs, greedy.max_tokens) == (False, 1, 2, 19)
-    with pytest.raises(ValueError, match=r"logprobs is not supported with beam search \(use_beam_search=False"):
-        resolve_sampling_params(sampling_params(CompletionRequest(**request), 1000, beams, 256), beams, 1, 128)
+    with pytest.raises(OpenAIError, match=r"logprobs is not supported with beam search \(use_beam_search=False") as caught:
+        resolved(request, beams)
+    assert caught.value.param == "logprobs"
 
 
 def test_a_ruled_out_alternative_gets_vllms_lowest_logprob(bart):
@@ -356,6 +394,21 @@ def test_summarize_plain_and_streamed(server, bart):
     assert texts == expected
     assert chunks[-1]["usage"] == result["usage"]
     assert len({chunk["created"] for chunk in chunks}) == 1
+
+
+def test_a_streamed_beam_search_answers_at_once(server, bart):
+    """A beam search's text comes in one event at its end, but the status line and headers come
+    as soon as the request is taken, as vLLM's and OpenAI's streams do (a client's read timeout
+    counts from there)."""
+    body = {"model": "bart", "input": ARTICLES[1], "num_beams": 4, "min_tokens": 150, "max_tokens": 150}
+    with server.http() as http, http.stream("POST", "/v1/summarize", json={**body, "stream": True}) as response:
+        assert response.status_code == 200
+        assert server.engine_load()  # the search still runs
+        text = response.read().decode()
+        plain = http.post("/v1/summarize", json=body).json()
+    events = [json.loads(line[len("data: "):]) for line in text.splitlines()
+              if line.startswith("data: {")]
+    assert "".join(p["text"] for e in events for p in e["summaries"]) == plain["summaries"][0]["text"]
 
 
 def test_stream_is_ignored_for_formats_that_cannot_stream(server):

@@ -84,7 +84,7 @@ class CompletionRequest(JSONRequest):
     `decoder_prompt`, `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
     `include_stop_str_in_output`, `ignore_eos`, `skip_special_tokens`, `truncate_prompt_tokens`,
     `prompt_logprobs` (of the decoder prompt), `use_beam_search` (unset: the checkpoint's
-    `num_beams` decides)."""
+    `num_beams` decides) and `length_penalty` (of a beam search)."""
 
     model: str
     prompt: Union[list[int], list[list[int]], str, list[str]]
@@ -116,6 +116,7 @@ class CompletionRequest(JSONRequest):
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
     prompt_logprobs: Optional[int] = Field(None, ge=0)
     use_beam_search: Optional[bool] = None
+    length_penalty: Optional[float] = None
 
 
 class CompletionLogProbs(BaseModel):

@@ -3,10 +3,12 @@
 `prompt` (text, texts, token ids or lists of them) goes to the encoder, one engine request per
 prompt, all in the engine's one batch; the extra field `decoder_prompt` starts the decoder.
 Choice `i * n + k` is completion k of prompt i. `best_of` > n samples best_of completions and
-returns the n likeliest. Each unset decoding field takes the checkpoint's generation config,
-also when `temperature` is set (which then only decides whether to sample), except that several
-completions of a prompt are sampled at OpenAI's default temperature, 1, when the config does
-not sample. Stop strings are cut out of the text (the request is aborted once
+returns the n likeliest. A beam search (`use_beam_search`, or a checkpoint's num_beams when the
+request does not sample) returns its n best beams; `best_of` is then the beam width (vLLM's),
+which is otherwise the config's num_beams, or n if that is more. Each unset decoding field takes
+the checkpoint's generation config, also when `temperature` is set (which then only decides
+whether to sample), except that several completions of a prompt are sampled at OpenAI's default
+temperature, 1, when the config neither samples nor searches beams. Stop strings are cut out of the text (the request is aborted once
 every completion has met one); a streamed completion holds back text that could start one.
 vLLM's `prompt_logprobs` scores the decoder prompt; each choice of the prompt carries them, and,
 as in vLLM, they are not streamed.
@@ -37,16 +39,14 @@ from encdec.inputs.preprocess import truncate_prompt
 from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput, SampleLogprobs
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
-ENGINE_NAMES = {"encoder_prompt": "prompt", "beam_width": "n"}
+ENGINE_NAMES = {"encoder_prompt": "prompt", "beam_width": "best_of"}
 LOWEST_LOGPROB = -9999.0  # what vLLM sends for -inf
 OPENAI_TEMPERATURE = 1.0  # the API's default
 
 
 def sampling_params(body: CompletionRequest, vocab_size: int, defaults: GenerationDefaults,
                     max_num_seqs: int) -> SamplingParams:
-    """The engine's settings for every prompt of `body` (each unset one: the checkpoint's config;
-    several completions of a prompt are samples at OpenAI's default temperature, 1, when neither
-    the request nor a sampling config sets one)."""
+    """The engine's settings for every prompt of `body` (see the module docstring)."""
     for name, unsupported in (("echo", body.echo), ("suffix", body.suffix is not None)):
         if unsupported:
             raise bad_request(f"{name} is not supported by encoder/decoder completions", name)
@@ -55,24 +55,33 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
     if body.stream and body.prompt_logprobs is not None:
         raise bad_request("prompt_logprobs are not available with stream=true", "prompt_logprobs")
     best_of = body.best_of or body.n
+    field = "best_of" if body.best_of else "n"
     if best_of < body.n:
         raise bad_request(f"best_of={best_of} must be >= n={body.n}", "best_of")
-    if body.stream and best_of > body.n:
+    temperature, beam_width = body.temperature, None
+    if searches_beams(body, defaults):  # best_of is the beam width (vLLM's), else the config's
+        config_beams = defaults.get("num_beams") if defaults.found else 1
+        beam_width = body.best_of or max(body.n, config_beams)
+        if beam_width < 2:
+            raise bad_request("beam search needs a beam width >= 2: set best_of (the checkpoint's "
+                              f"num_beams is {config_beams})", "best_of")
+        asked = f"a beam width of {beam_width}"
+    elif body.stream and best_of > body.n:
         raise bad_request("best_of > n cannot be streamed", "best_of")
-    if best_of > max_num_seqs:
-        field = "best_of" if body.best_of else "n"
-        raise bad_request(f"{field}={best_of} is more than the engine runs at once "
-                          f"(max_num_seqs={max_num_seqs})", field)
-    temperature = body.temperature
-    if temperature is None and best_of > 1 and not defaults.get("do_sample"):
-        temperature = OPENAI_TEMPERATURE
-    if temperature == 0 and best_of > 1:
-        field = "best_of" if body.best_of else "n"
-        raise bad_request(f"{field}={best_of} needs random sampling: set temperature > 0 (greedy "
-                          f"decoding would give {best_of} identical completions)", field)
+    elif best_of > 1 and temperature == 0:
+        raise bad_request(f"{field}={best_of} needs random sampling or use_beam_search: set "
+                          f"temperature > 0 (greedy decoding would give {best_of} identical "
+                          f"completions)", field)
+    else:
+        if best_of > 1 and temperature is None and not defaults.get("do_sample"):
+            temperature = OPENAI_TEMPERATURE
+        asked = f"{field}={best_of}"
+    if (beam_width or best_of) > max_num_seqs:
+        raise bad_request(f"{asked} is more than the engine runs at once (max_num_seqs={max_num_seqs})", field)
     with bad_input(CompletionRequest, ENGINE_NAMES, None):
         return SamplingParams(
-            n=best_of, max_tokens=body.max_tokens, min_tokens=body.min_tokens,
+            n=body.n if beam_width else best_of, beam_width=beam_width,
+            max_tokens=body.max_tokens, min_tokens=body.min_tokens,
             temperature=temperature, top_p=body.top_p, top_k=body.top_k, min_p=body.min_p, seed=body.seed,
             presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
             logprobs=body.logprobs, prompt_logprobs=body.prompt_logprobs,
@@ -80,8 +89,18 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
             ignore_eos=body.ignore_eos, skip_special_tokens=body.skip_special_tokens,
             truncate_prompt_tokens=body.truncate_prompt_tokens, use_beam_search=body.use_beam_search,
+            length_penalty=body.length_penalty,
             logit_bias=logit_bias(body.logit_bias, vocab_size) if body.logit_bias else None,
             output_kind=RequestOutputKind.DELTA, config_per_field=True)
+
+
+def searches_beams(body: CompletionRequest, defaults: GenerationDefaults) -> bool:
+    """Whether `body` decodes with beam search: `use_beam_search` when set, else the checkpoint's
+    num_beams unless the request samples (temperature > 0, or unset with a sampling config)."""
+    if body.use_beam_search is not None:
+        return body.use_beam_search
+    samples = defaults.get("do_sample") if body.temperature is None else body.temperature > 0
+    return defaults.found and defaults.get("num_beams") > 1 and not samples
 
 
 def logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
@@ -109,13 +128,14 @@ class OpenAIServingCompletion:
         prompts = await encoder_prompts(served, body)
         response_id = random_id("cmpl")
         counter = OutputCounter(self.metrics, served.name, request)
-        admission = Admission()  # the prompts are taken or refused (429) together
+        admission = Admission(len(prompts))  # the prompts are taken or refused (429) together
         streams = [self._outputs(served, prompt, params, f"{response_id}-{i}", admission)
                    for i, prompt in enumerate(prompts)]
         merged = merge_async_iterators(*streams)
         with bad_input(CompletionRequest, ENGINE_NAMES, "prompt"):
             if body.stream:
-                return await event_stream(request, self._chunks(served, body, response_id, merged, counter))
+                return await event_stream(request, self._chunks(served, body, response_id, merged, counter),
+                                          admission)
             choices, prompt_logprobs = await cancel_on_disconnect(
                 request, self._collect(merged, counter, len(prompts), params.n))
         return JSONResponse(CompletionResponse(

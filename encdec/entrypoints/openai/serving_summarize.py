@@ -41,13 +41,14 @@ class OpenAIServingSummarize:
                 seed=body.seed, output_kind=RequestOutputKind.DELTA)
             response_id = random_id("sum")
             counter = OutputCounter(self.metrics, served.name, request)
-            admission = Admission()  # the articles are taken or refused (429) together
+            admission = Admission(len(articles))  # the articles are taken or refused (429) together
             merged = merge_async_iterators(*(
                 served.engine.generate({"prompt_token_ids": a.token_ids}, params, f"{response_id}-{i}",
                                        admission=admission)
                 for i, a in enumerate(articles)))
             if body.stream:
-                return await event_stream(request, self._chunks(body, response_id, articles, merged, counter))
+                return await event_stream(request, self._chunks(body, response_id, articles, merged, counter),
+                                          admission)
             generated = await cancel_on_disconnect(request, self._collect(merged, counter, len(articles)))
         summaries = [summary(i, g.text, g.finish_reason, a) for i, (g, a) in enumerate(zip(generated, articles))]
         return JSONResponse(SummarizeResponse(id=response_id, model=body.model, summaries=summaries,

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import ValidationError
 
 from encdec.audio import SAMPLE_RATE
+from encdec.engine.async_engine import Admission
 from encdec.entrypoints.openai.errors import OpenAIError, bad_request, validation_error, value_error
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (ServerVad, TranscriptionDelta, TranscriptionDone,
@@ -75,7 +76,8 @@ class OpenAIServingTranscription:
         options["on_output"] = WindowCounter(self.metrics, served.name, request.state.start_time)
         try:
             if streamed(body):
-                return await event_stream(request, self._events(served, audio, options))
+                admission = Admission()  # the stream starts once the first window is taken
+                return await event_stream(request, self._events(served, audio, options, admission), admission)
             result = (await cancel_on_disconnect(
                 request, served.engine.transcribe([(audio, SAMPLE_RATE)], **options)))[0]
         except ValueError as err:
@@ -86,11 +88,13 @@ class OpenAIServingTranscription:
     def _count_audio(self, served: ServedModel, result: Transcription) -> None:
         self.metrics.audio_seconds.labels(served.name).inc(result.duration)
 
-    async def _events(self, served: ServedModel, audio: np.ndarray, options: dict) -> AsyncIterator[str]:
+    async def _events(self, served: ServedModel, audio: np.ndarray, options: dict,
+                      admission: Admission) -> AsyncIterator[str]:
         """A delta per stretch of final segments, then the whole text."""
         queue: asyncio.Queue[Optional[list[Segment]]] = asyncio.Queue()
         job = asyncio.ensure_future(served.engine.transcribe(
-            [(audio, SAMPLE_RATE)], on_segments=lambda _, segments: queue.put_nowait(segments), **options))
+            [(audio, SAMPLE_RATE)], on_segments=lambda _, segments: queue.put_nowait(segments),
+            admission=admission, **options))
         job.add_done_callback(lambda _: queue.put_nowait(None))
         started = False
         try:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from typing import AsyncIterator, Awaitable, TypeVar
+from typing import AsyncIterator, Awaitable, Optional, TypeVar
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from encdec.engine.async_engine import EngineDeadError
+from encdec.engine.async_engine import Admission, EngineDeadError
 from encdec.entrypoints.openai.errors import ClientDisconnected, OpenAIError
 
 logger = logging.getLogger("encdec.server")
@@ -84,20 +84,38 @@ def error_event(err: BaseException, request_id: str) -> str:
     return sse(OpenAIError(500, f"{type(err).__name__}: {err}").body())
 
 
-async def event_stream(request: Request, events: AsyncIterator[str]) -> StreamingResponse:
-    """An SSE response of `events`. The first event is awaited here, so errors before it (bad
-    input, a full queue) are plain HTTP errors; later ones become an error event."""
-    first = await cancel_on_disconnect(request, anext(events))
+async def event_stream(request: Request, events: AsyncIterator[str],
+                       admission: Optional[Admission] = None) -> StreamingResponse:
+    """An SSE response of `events`. It starts at the first event, or once the job's requests are
+    all taken (`admission`), whichever comes first: errors before then (bad input, a full queue)
+    are plain HTTP errors, later ones an error event. So a beam search, whose first event is
+    its result, does not hold back the status line."""
+    first = asyncio.ensure_future(anext(events))
+    started = {first} if admission is None else {first, asyncio.ensure_future(admission.taken.wait())}
+    try:
+        await cancel_on_disconnect(request, asyncio.wait(started, return_when=asyncio.FIRST_COMPLETED))
+    except BaseException:
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        raise
+    finally:
+        for waiter in started - {first}:
+            waiter.cancel()
+    if first.done():
+        first.result()  # raises an error before the stream started
     request_id = request.state.request_id
 
     async def body() -> AsyncIterator[str]:
-        yield first
         try:
+            yield await first
             async for event in events:
                 yield event
         except Exception as err:  # the status line is sent: report it in the stream
             yield error_event(err, request_id)
         finally:
+            if not first.done():
+                first.cancel()
+                await asyncio.gather(first, return_exceptions=True)
             await events.aclose()
 
     return StreamingResponse(body(), media_type="text/event-stream",
