@@ -151,7 +151,7 @@ def _decode(source: Union[Path, io.BytesIO], name: str, max_samples: Optional[in
         for block in blocks:  # (frames, channels) blocks, averaged as they come
             total += len(block)
             if max_samples is not None and total > max_samples:
-                raise TooManySamples(f"{name}: more than {max_samples} samples per channel")
+                raise TooManySamples(f"{name}: more than {max_samples} samples per channel", total / rate)
             mono.append(block.mean(axis=1))
     except TooManySamples:
         raise
@@ -163,7 +163,12 @@ def _decode(source: Union[Path, io.BytesIO], name: str, max_samples: Optional[in
 
 
 class TooManySamples(ValueError):
-    """An audio file with more samples than its reader was allowed."""
+    """An audio file with more samples than its reader was allowed; `seconds`: the audio read
+    by then, at the file's own sample rate."""
+
+    def __init__(self, message: str, seconds: float):
+        super().__init__(message)
+        self.seconds = seconds
 
 
 def _soundfile_blocks(source) -> tuple[Iterator[np.ndarray], int]:

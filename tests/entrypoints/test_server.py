@@ -541,6 +541,7 @@ def test_translation(server):
                                                            response_format="verbose_json")
     assert (result.text, result.language) == (expected.text, "english")
     assert [s.text for s in result.segments] == [s.text for s in expected.segments]
+    assert "usage" not in result.to_dict()  # OpenAI's is a transcription's, as in the json format
 
 
 def test_translation_takes_the_speech_language_and_streams(server):

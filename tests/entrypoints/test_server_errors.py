@@ -197,7 +197,10 @@ AUDIO_CASES = [  # (files, form fields, status, param)
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"chunking_strategy": "fixed"}, 400,
      "chunking_strategy"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")},
-     {"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "1.5"}, 400, "chunking_strategy"),
+     {"chunking_strategy[type]": "server_vad", "chunking_strategy[threshold]": "1.5"}, 400,
+     "chunking_strategy.threshold"),  # the object member's own field
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")},
+     {"chunking_strategy[type]": "server_vad", "chunking_strategy[colour]": "red"}, 400, "chunking_strategy.colour"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")},
      {"chunking_strategy": "auto", "chunking_strategy[type]": "server_vad"}, 400, "chunking_strategy"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")},
@@ -209,7 +212,6 @@ AUDIO_CASES = [  # (files, form fields, status, param)
      {"prompt": "words " * 1000}, 400, "file"),
     # more samples than --max-audio-seconds at 48 kHz: from the header, or counted while decoding
     ({"file": ("dense.flac", dense_audio("flac"), "audio/flac")}, {}, 400, "file"),
-    ({"file": ("dense.m4a", dense_audio("mp4"), "audio/mp4")}, {}, 400, "file"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"temperature": "nan"}, 400, "temperature"),
     # more beams or fallback samples than the server runs at once (--max-num-seqs 5)
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"beam_size": "6"}, 400, "beam_size"),
@@ -244,6 +246,16 @@ def test_bad_audio_requests(server):
             assert_error(response, status, param)
         as_json = http.post("/v1/audio/transcriptions", json={"model": "tiny.en"})
         assert "multipart/form-data" in assert_error(as_json, 400, None)["message"]
+        # counted while decoding (libsndfile reads no M4A header): past 5 s of 48 kHz samples in
+        # 3 s of 96 kHz audio (a lower rate would pass), or in 7 s of 48 kHz (too long at any rate)
+        dense = http.post("/v1/audio/transcriptions", data={"model": "tiny.en"},
+                          files={"file": ("dense.m4a", dense_audio("mp4"), "audio/mp4")})
+        assert assert_error(dense, 400, "file")["message"].endswith("send it at a lower sample rate")
+        tone = (np.sin(np.arange(7 * 48000) * 0.05) * 0.1).astype(np.float32)
+        long = http.post("/v1/audio/transcriptions", data={"model": "tiny.en"},
+                         files={"file": ("long.m4a", av_encoded(tone, 48000, "mp4", "aac"), "audio/mp4")})
+        assert assert_error(long, 400, "file")["message"] == (
+            "long.m4a: the audio is longer than the server's limit of 5 s (--max-audio-seconds)")
         two_files = http.post("/v1/audio/transcriptions", data={"model": "tiny.en"},
                               files=[("file", ("a.wav", SAMPLE.read_bytes())), ("file", ("b.wav", SAMPLE.read_bytes()))])
         assert_error(two_files, 400, "file")
@@ -254,6 +266,22 @@ def test_bad_audio_requests(server):
         hallucinations = http.post("/v1/audio/translations", data={"model": "tiny.en", "hallucination_silence_threshold": "1"},
                                    files={"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")})
         assert_error(hallucinations, 400, "hallucination_silence_threshold")
+
+
+def test_a_form_cut_short_is_named(server):
+    """A multipart body that ends before its closing boundary (the client stopped sending) is
+    refused as such, not as a form without a file."""
+    boundary = "xyz"
+    whole = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\ntiny.en\r\n"
+             f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+             "Content-Type: audio/wav\r\n\r\n").encode() + SAMPLE.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
+    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+    with server.http() as http:
+        for cut in (whole[:-len(f"--{boundary}--\r\n")], whole[:len(whole) // 2]):
+            response = http.post("/v1/audio/transcriptions", content=cut, headers=headers)
+            assert assert_error(response, 400, "file")["message"] == (
+                "the multipart form is cut short: it ends before its closing boundary")
+        assert http.post("/v1/audio/transcriptions", content=whole, headers=headers).status_code == 200
 
 
 @pytest.mark.parametrize("size, status", [(3 * MAX_UPLOAD_MB << 20, 413), ((MAX_UPLOAD_MB << 20) + 1, 413),

@@ -77,7 +77,7 @@ def validation_error(err: ValidationError | RequestValidationError) -> OpenAIErr
     """A 400 for the first failed field of a request body or form. A field that takes one of
     several types is named alone, with the types it takes."""
     errors = err.errors()
-    first = errors[0]
+    first = object_member_error(errors) or errors[0]
     loc = error_path(first)
     fields = loc[:1] + [part for part in loc[1:] if not is_union_member(part)]  # loc[0]: the field
     param = ".".join(fields[:1] + [part for part in fields[1:] if not part.isdigit()]) if loc else None
@@ -109,14 +109,27 @@ def is_union_member(part: str) -> bool:
 
 
 def union_members(errors: list[dict], field: str) -> list[str]:
-    """The types the union `field` takes, as its errors name them (one error per type)."""
+    """The types the union `field` takes, as its errors name them (one error per type; an
+    object member by its model's name)."""
     members: list[str] = []
     for error in errors:
         path = error_path(error)
-        tags = [part for part in path[1:] if is_union_member(part)]
+        tags = [part for part in path[1:] if is_union_member(part)] or path[1:2]
         if path[:1] == [field] and tags and tags[0] not in members:
             members.append(tags[0])
     return members
+
+
+def object_member_error(errors: list[dict]) -> Optional[dict]:
+    """Where the first failed field is a union whose value was an object of its object member's
+    shape (`chunking_strategy[type]=server_vad`): that member's first error, located at the
+    member's field below the union field (`chunking_strategy.threshold`)."""
+    field = error_path(errors[0])[:1]
+    for error in errors:
+        path = error_path(error)
+        if len(path) > 2 and path[:1] == field and not is_union_member(path[1]) and not path[1].isdigit():
+            return {**error, "loc": (*field, *path[2:])}
+    return None
 
 
 def add_error_handlers(app: FastAPI) -> None:

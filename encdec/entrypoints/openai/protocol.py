@@ -286,7 +286,7 @@ class TranscriptionVerbose(BaseModel):
     text: str
     segments: Optional[list[TranscriptionSegment]] = None  # with timestamp_granularities[]=segment
     words: Optional[list[TranscriptionWord]] = None  # with timestamp_granularities[]=word
-    usage: TranscriptionUsage
+    usage: Optional[TranscriptionUsage] = None  # a transcription's (none for a translation)
 
 
 class TranscriptionDelta(BaseModel):

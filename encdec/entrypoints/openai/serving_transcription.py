@@ -184,9 +184,10 @@ def request_options(body: AudioRequest) -> dict:
 
 def response(result: Transcription, body: AudioRequest, task: str) -> Response:
     response_format = body.response_format
-    usage = TranscriptionUsage(seconds=result.duration)
-    if response_format == "json":  # OpenAI's usage for a transcription (none for a translation)
-        return JSONResponse({"text": result.text, **({"usage": usage.model_dump()} if task == "transcribe" else {})})
+    # OpenAI's usage for a transcription (none for a translation)
+    usage = TranscriptionUsage(seconds=result.duration) if task == "transcribe" else None
+    if response_format == "json":
+        return JSONResponse({"text": result.text, **({"usage": usage.model_dump()} if usage else {})})
     if response_format == "text":
         return PlainTextResponse(result.text + "\n")
     if response_format in ("srt", "vtt"):

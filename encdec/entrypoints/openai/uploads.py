@@ -19,6 +19,7 @@ from typing import Optional
 import numpy as np
 import soundfile
 from fastapi import Request
+from python_multipart.multipart import parse_options_header
 from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 from starlette.types import Message, Receive
@@ -28,6 +29,7 @@ from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 
 MAX_FORM_FIELDS = 32
 FORM_FIELDS_BYTES = 1024 * 1024  # what a form may carry beside its file: framing, text fields (a prompt)
+EPILOGUE_BYTES = 64  # room after a form's closing boundary (a line break; an epilogue)
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
 
 
@@ -65,12 +67,15 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
     if declared.isdigit() and int(declared) > max_body:
         await discard_body(request.receive, max_body)
         raise too_large(max_bytes)
-    received = 0
+    received, tail = 0, b""
+    closing = b"--" + parse_options_header(content_type)[1].get(b"boundary", b"") + b"--"
 
     async def counting_receive():
-        nonlocal received
+        nonlocal received, tail
         message = await request.receive()
-        received += len(message.get("body", b""))
+        body = message.get("body", b"")
+        received += len(body)
+        tail = (tail + body)[-(len(closing) + EPILOGUE_BYTES):]
         if received > max_body:
             raise UploadTooLarge(message)
         return message
@@ -82,6 +87,9 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
         raise too_large(max_bytes) from None
     except HTTPException as err:  # starlette's 400 for a malformed form
         raise bad_request(f"the multipart form cannot be read: {err.detail}", "file") from None
+    if closing not in tail:  # the parser drops a last part left open
+        await form.close()
+        raise bad_request("the multipart form is cut short: it ends before its closing boundary", "file")
     upload = form.get("file")
     if isinstance(upload, UploadFile) and upload.size is not None and upload.size > max_bytes:
         await form.close()
@@ -143,7 +151,9 @@ def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
             raise too_dense(name, max_samples, max_seconds)
         try:
             audio = load_audio(copy.name, max_samples=max_samples)
-        except TooManySamples:
+        except TooManySamples as err:
+            if err.seconds > max_seconds:  # too long already, whatever its rate
+                raise too_long(name, None, max_seconds) from None
             raise too_dense(name, max_samples, max_seconds) from None
         except ValueError as err:
             reason = str(err).replace(f"{copy.name}: ", "").replace(copy.name, name)
@@ -159,10 +169,12 @@ def too_dense(name: str, max_samples: int, max_seconds: float) -> OpenAIError:
                        f"--max-audio-seconds); send it at a lower sample rate", "file")
 
 
-def too_long(name: str, seconds: float, max_seconds: float) -> OpenAIError:
-    shown = math.ceil(seconds * 100) / 100  # rounded up: never shown as the limit itself
-    return bad_request(f"{name}: the audio is {shown:.2f} s long, more than the server's limit "
-                       f"of {max_seconds:g} s (--max-audio-seconds)", "file")
+def too_long(name: str, seconds: Optional[float], max_seconds: float) -> OpenAIError:
+    """`seconds`: the audio's length, None where it was not read to its end."""
+    # rounded up: never shown as the limit itself
+    length = "longer" if seconds is None else f"{math.ceil(seconds * 100) / 100:.2f} s long, more"
+    return bad_request(f"{name}: the audio is {length} than the server's limit of {max_seconds:g} s "
+                       f"(--max-audio-seconds)", "file")
 
 
 async def decode_upload_async(upload: UploadFile, max_seconds: float) -> np.ndarray:
