@@ -115,6 +115,7 @@ class AsyncLLMEngine:
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        self._free_places = engine.scheduler_config.max_num_seqs  # see _count_free_places
 
     @classmethod
     def from_model(cls, model: str, max_waiting_requests: Optional[int] = None,
@@ -147,12 +148,17 @@ class AsyncLLMEngine:
 
     def num_queued(self) -> int:
         """The waiting requests that the running batch has no place for: those beyond its free
-        places (`max_num_seqs` less the running and swapped groups; none while the cache is out of
-        blocks). `max_waiting_requests` bounds them."""
+        places (`_count_free_places`). `max_waiting_requests` bounds them."""
+        return max(0, self.num_waiting() - self._free_places)
+
+    def _count_free_places(self) -> None:
+        """On the engine thread, between steps: the batch's free places, `max_num_seqs` less the
+        sequences the running and swapped groups may run (none while the cache is out of blocks)."""
         scheduler = self.engine.scheduler
-        free = 0 if scheduler.out_of_blocks else (
-            self.engine.scheduler_config.max_num_seqs - len(scheduler.running) - len(scheduler.swapped))
-        return max(0, self.num_waiting() - max(0, free))
+        held = [*scheduler.running, *scheduler.swapped]
+        seqs = sum(group.get_max_num_running_seqs() for group in held)
+        self._free_places = 0 if scheduler.out_of_blocks and held else max(
+            0, self.engine.scheduler_config.max_num_seqs - seqs)
 
     async def transcribe(self, inputs: Any, **options: Any) -> list:
         """Whisper: `LLM.transcribe`'s call and result, its windows in this engine's batch
@@ -232,6 +238,7 @@ class AsyncLLMEngine:
         stepped = False
         while not self._stopping:
             self._drain_inbox()
+            self._count_free_places()  # aborts free places
             if not engine.has_unfinished_requests():
                 if not self._wakeup.wait(IDLE_TRIM_SECONDS if stepped else None):
                     trim_heap()  # idle a while: give back the pages the steps' activations left free
@@ -244,6 +251,7 @@ class AsyncLLMEngine:
             except BaseException as err:  # the engine is in an unknown state: stop serving
                 self._fail_all(err)
                 return
+            self._count_free_places()  # before the outputs: a caller told it finished may add more
             for request_id, error in engine.take_failures().items():  # theirs alone
                 stream = self._streams.pop(request_id, None)
                 if stream is not None:

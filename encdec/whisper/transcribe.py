@@ -188,6 +188,9 @@ async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Ca
     try:
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # every failure read (windows refused together each raise), the first one raised
+            if failure := next(filter(None, [task.exception() for task in done]), None):
+                raise failure
             for task in done:
                 request, final = task.result()
                 if on_output is not None:

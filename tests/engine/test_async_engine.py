@@ -108,6 +108,14 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
         burst = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
         results = await asyncio.gather(*(collect("A burst", burst) for _ in range(7)), return_exceptions=True)
         assert [isinstance(r, EngineOverloaded) for r in results] == [False] * 4 + [True] * 3
+        # places are sequences: two samples of one request fill the batch, so of a burst behind
+        # them two wait and the rest are refused
+        pair = engine.generate("A pair", SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=100, ignore_eos=True,
+                                                        output_kind=RequestOutputKind.DELTA))
+        await anext(pair)  # running: counted before its first output is handed over
+        results = await asyncio.gather(*(collect("A burst", burst) for _ in range(4)), return_exceptions=True)
+        assert [isinstance(r, EngineOverloaded) for r in results] == [False] * 2 + [True] * 2
+        await pair.aclose()  # aborts it
         # a job of several requests is checked once, then added whole past the bound
         admission = Admission()
         params = SamplingParams(temperature=0, max_tokens=2)

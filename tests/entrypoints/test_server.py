@@ -157,6 +157,12 @@ def test_several_completions_of_a_beam_config_are_its_best_beams():
     for temperature in ({}, {"temperature": 0}):
         params = resolved({"n": 2, **temperature}, beams)
         assert (params.use_beam_search, params.beam_width, params.n) == (True, 4, 2)
+        # OpenAI's default best_of, which clients send, is no width
+        params = resolved({"best_of": 1, **temperature}, beams)
+        assert (params.use_beam_search, params.beam_width, params.n) == (True, 4, 1)
+    with pytest.raises(OpenAIError) as caught:  # the config's width, past --max-num-seqs
+        sampling_params(CompletionRequest(model="bart", prompt="text"), 1000, beams, 3)
+    assert caught.value.param == "best_of"
     params = resolved({"n": 5, "temperature": 0}, beams)
     assert (params.use_beam_search, params.beam_width, params.n) == (True, 5, 5)
     sampled = resolved({"n": 2}, GenerationDefaults.from_dict({"max_length": 20}))

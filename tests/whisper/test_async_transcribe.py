@@ -10,7 +10,9 @@ import threading
 
 import numpy as np
 
-from encdec import AsyncLLMEngine
+import pytest
+
+from encdec import AsyncLLMEngine, EngineOverloaded
 from encdec.audio import SAMPLE_RATE
 from encdec.whisper.pipeline import TranscriptionJob
 
@@ -89,3 +91,29 @@ def test_a_finished_job_is_freed_without_the_garbage_collector(tiny_en, corpus):
         assert jobs_alive() == 0
     finally:
         gc.enable()
+
+
+def test_a_refused_job_reads_every_windows_refusal(long_clips):
+    """The windows of an unconditioned job start together and, past `max_waiting_requests`, are
+    refused together: the job raises EngineOverloaded once, and no window's refusal is left
+    unread (asyncio's "Task exception was never retrieved" in a server's log)."""
+    engine = AsyncLLMEngine.from_model("tiny.en", max_waiting_requests=1, max_num_seqs=1,
+                                       num_gpu_blocks=4 * 110, swap_space=0.05)
+    long = [(long_clips[1].audio, SAMPLE_RATE)]
+    assert len(long[0][0]) > 2 * 30 * SAMPLE_RATE  # three windows or more
+    unread = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: unread.append(context["message"]))
+        first = asyncio.ensure_future(engine.transcribe(long, condition_on_previous_text=False))
+        while engine.num_queued() == 0:  # its windows are in: one running, the others waiting
+            await asyncio.sleep(0.01)
+        with pytest.raises(EngineOverloaded):
+            await engine.transcribe(long, condition_on_previous_text=False)
+        first.cancel()
+        await asyncio.gather(first, return_exceptions=True)
+        await engine.shutdown()
+        gc.collect()
+
+    asyncio.run(main())
+    assert unread == []

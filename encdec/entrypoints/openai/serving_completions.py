@@ -59,12 +59,13 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
     if best_of < body.n:
         raise bad_request(f"best_of={best_of} must be >= n={body.n}", "best_of")
     temperature, beam_width = body.temperature, None
-    if searches_beams(body, defaults):  # best_of is the beam width (vLLM's), else the config's
+    if searches_beams(body, defaults):  # best_of > 1 is the beam width (vLLM's), else the config's
         config_beams = defaults.get("num_beams") if defaults.found else 1
-        beam_width = body.best_of or max(body.n, config_beams)
+        beam_width = body.best_of if (body.best_of or 1) > 1 else max(body.n, config_beams)
         if beam_width < 2:
             raise bad_request("beam search needs a beam width >= 2: set best_of (the checkpoint's "
                               f"num_beams is {config_beams})", "best_of")
+        field = "n" if body.n == beam_width > config_beams else "best_of"
         asked = f"a beam width of {beam_width}"
     elif body.stream and best_of > body.n:
         raise bad_request("best_of > n cannot be streamed", "best_of")

@@ -29,7 +29,6 @@ from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 
 MAX_FORM_FIELDS = 32
 FORM_FIELDS_BYTES = 1024 * 1024  # what a form may carry beside its file: framing, text fields (a prompt)
-EPILOGUE_BYTES = 64  # room after a form's closing boundary (a line break; an epilogue)
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
 
 
@@ -67,15 +66,17 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
     if declared.isdigit() and int(declared) > max_body:
         await discard_body(request.receive, max_body)
         raise too_large(max_bytes)
-    received, tail = 0, b""
+    received, closed, carried = 0, False, b""
     closing = b"--" + parse_options_header(content_type)[1].get(b"boundary", b"") + b"--"
 
     async def counting_receive():
-        nonlocal received, tail
+        nonlocal received, closed, carried
         message = await request.receive()
         body = message.get("body", b"")
         received += len(body)
-        tail = (tail + body)[-(len(closing) + EPILOGUE_BYTES):]
+        if not closed:  # looked for across the body's pieces (the boundary never occurs in a part)
+            closed = closing in carried + body
+            carried = (carried + body)[-(len(closing) - 1):]
         if received > max_body:
             raise UploadTooLarge(message)
         return message
@@ -87,7 +88,7 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
         raise too_large(max_bytes) from None
     except HTTPException as err:  # starlette's 400 for a malformed form
         raise bad_request(f"the multipart form cannot be read: {err.detail}", "file") from None
-    if closing not in tail:  # the parser drops a last part left open
+    if not closed:  # the parser drops a last part left open
         await form.close()
         raise bad_request("the multipart form is cut short: it ends before its closing boundary", "file")
     upload = form.get("file")
