@@ -470,22 +470,44 @@ def test_a_stalled_body_gets_408(server, path, content_type, part):
     before = requests_counted(server, path, 408)
     head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
             f"Content-Length: 10000\r\nContent-Type: {content_type}\r\n\r\n")
+    status_line, error, waited = stalled_exchange(server, head.encode() + part)
+    assert status_line == b"HTTP/1.1 408 Request Timeout"
+    assert error["code"] == "request_timeout" and "--request-body-timeout" in error["message"]
+    assert BODY_TIMEOUT <= waited < BODY_TIMEOUT + 20
+    wait_for(lambda: requests_counted(server, path, 408) == before + 1)
+
+
+@pytest.mark.parametrize("path, content_type", [
+    ("/v1/completions", "application/json"),
+    ("/v1/completions", "multipart/form-data; boundary=b"),  # not a route that reads a form
+    ("/v1/audio/transcriptions", "multipart/form-data; boundary=b"),
+])
+def test_a_body_over_the_limit_gets_413_though_it_then_stalls(server, path, content_type):
+    """A chunked body past the limit (with the form's room, 1 MiB) is refused with 413, and a
+    client that then stops sending gets that 413, not a 408; a multipart body is limited on
+    every route, not only where a form is read."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Transfer-Encoding: chunked\r\nContent-Type: {content_type}\r\n\r\n")
+    data = (b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\n'
+            + b"\0" * ((MAX_UPLOAD_MB + 2) << 20))
+    status_line, error, _ = stalled_exchange(server, head.encode() + f"{len(data):x}\r\n".encode() + data + b"\r\n")
+    assert status_line == b"HTTP/1.1 413 Request Entity Too Large", error
+    assert "--max-upload-mb" in error["message"]
+
+
+def stalled_exchange(server, sent: bytes) -> tuple[bytes, dict, float]:
+    """Send `sent` and stall (connected); the response's status line, its error and the wait."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=BODY_TIMEOUT + 30) as sock:
         start = time.monotonic()
-        sock.sendall(head.encode() + part)
+        sock.sendall(sent)
         response = b""
         while b"\r\n\r\n" not in response or not response.rstrip().endswith(b"}"):
             chunk = sock.recv(65536)
             if not chunk:
                 break
             response += chunk
-    waited = time.monotonic() - start
     status_line, _, rest = response.partition(b"\r\n")
-    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
-    assert status_line == b"HTTP/1.1 408 Request Timeout"
-    assert error["code"] == "request_timeout" and "--request-body-timeout" in error["message"]
-    assert BODY_TIMEOUT <= waited < BODY_TIMEOUT + 20
-    wait_for(lambda: requests_counted(server, path, 408) == before + 1)
+    return status_line, json.loads(rest.partition(b"\r\n\r\n")[2])["error"], time.monotonic() - start
 
 
 def test_still_serving_after_errors(server, tiny_bart_dir):

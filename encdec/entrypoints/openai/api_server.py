@@ -37,6 +37,7 @@ from encdec.worker.cpu_memory import use_one_arena
 
 logger = logging.getLogger("encdec.server")
 CANCEL_AFTER_DRAIN_SECONDS = 1.0  # uvicorn's wait before it cancels what is left
+TRANSCRIPTIONS, TRANSLATIONS = "/v1/audio/transcriptions", "/v1/audio/translations"  # the upload routes
 
 
 async def require_json(request: Request) -> None:
@@ -70,7 +71,7 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     add_error_handlers(app)
     app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key,
                        max_body_bytes=max_body_bytes, routes=app.routes,  # filled in below
-                       body_timeout=request_body_timeout)
+                       body_timeout=request_body_timeout, form_paths=(TRANSCRIPTIONS, TRANSLATIONS))
     if allowed_origins:  # added last: the outermost layer
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
                            allow_headers=["*"])
@@ -111,11 +112,11 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     async def create_summary(body: SummarizeRequest, request: Request) -> Response:
         return await summarize.create(body, request)
 
-    @app.post("/v1/audio/transcriptions")
+    @app.post(TRANSCRIPTIONS)
     async def create_transcription(request: Request) -> Response:
         return await audio.create(request, "transcribe")
 
-    @app.post("/v1/audio/translations")
+    @app.post(TRANSLATIONS)
     async def create_translation(request: Request) -> Response:
         return await audio.create(request, "translate")
 

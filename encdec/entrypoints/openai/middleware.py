@@ -5,7 +5,8 @@ line.
 A plain ASGI middleware (it sees streamed responses to their end). The request id is the
 client's `x-request-id` when it sends a usable one, else a new one; it goes back in the
 `x-request-id` header and into every log line about the request. A body other than a multipart
-upload (which `uploads.read_form` counts as it streams) is read here whole, up to the limit, so
+upload to a route that reads one (`uploads.read_form` counts it as it streams) is read here
+whole, up to the limit, so
 that a chunked body without a Content-Length gets the same 413 as one that declares its size.
 A client that sends no part of its body for `body_timeout` seconds gets a 408, as nginx's
 `client_body_timeout`, so a stalled upload does not hold a connection and its buffers forever.
@@ -51,8 +52,9 @@ class ServerState:
 class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: ServerState, metrics: ServerMetrics,
                  api_key: Optional[str], max_body_bytes: int, routes: Sequence[BaseRoute] = (),
-                 body_timeout: float = BODY_TIMEOUT_SECONDS):
+                 body_timeout: float = BODY_TIMEOUT_SECONDS, form_paths: Sequence[str] = ()):
         self.app, self.state, self.metrics, self.routes = app, state, metrics, routes
+        self.form_paths = form_paths  # where a multipart body is the route's to count (read_form)
         self.max_body_bytes, self.body_timeout = max_body_bytes, body_timeout
         self.api_key = api_key.encode() if api_key else None
 
@@ -86,8 +88,9 @@ class ServingMiddleware:
         counted = path not in UNCOUNTED_PATHS
         self.state.inflight += counted
         try:
-            refusal = self._refusal(path, headers)
-            if refusal is None and not headers.get("content-type", "").lower().startswith("multipart/"):
+            upload = path in self.form_paths and headers.get("content-type", "").lower().startswith("multipart/")
+            refusal = self._refusal(path, headers, upload)
+            if refusal is None and not upload:
                 receive, refusal = await self._buffered(receive)
             if refusal is not None:
                 await refusal.response()(scope, receive, send_with_id)
@@ -130,7 +133,7 @@ class ServingMiddleware:
             (r for r in self.routes if r.matches(scope)[0] == Match.FULL), None)
         return getattr(route, "path", "unmatched")
 
-    def _refusal(self, path: str, headers: Headers) -> Optional[OpenAIError]:
+    def _refusal(self, path: str, headers: Headers, upload: bool) -> Optional[OpenAIError]:
         if self.api_key is not None and path not in OPEN_PATHS:
             scheme, _, key = headers.get("authorization", "").partition(" ")
             if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key):
@@ -139,8 +142,7 @@ class ServingMiddleware:
         if self.state.draining:
             return OpenAIError(503, "the server is shutting down", code="shutting_down")
         declared = headers.get("content-length", "")
-        multipart = headers.get("content-type", "").lower().startswith("multipart/")
-        if not multipart and declared.isdigit() and int(declared) > self.max_body_bytes:
+        if not upload and declared.isdigit() and int(declared) > self.max_body_bytes:
             return self._too_large()
         return None
 

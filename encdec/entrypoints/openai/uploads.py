@@ -45,12 +45,16 @@ def too_large(max_bytes: int) -> OpenAIError:
 
 async def discard_body(receive: Receive, max_bytes: int, last: Optional[Message] = None) -> None:
     """Read and drop what the client is still sending after `last` (None: nothing read yet), up
-    to `max_bytes`."""
+    to `max_bytes`, or until it stalls (the server's paced `receive` raises its 408, which must
+    not replace the 413 decided already)."""
     dropped = 0
     while last is None or (last["type"] == "http.request" and last.get("more_body", False)):
         if dropped > max_bytes:
             return
-        last = await receive()
+        try:
+            last = await receive()
+        except OpenAIError:
+            return
         dropped += len(last.get("body", b""))
 
 
