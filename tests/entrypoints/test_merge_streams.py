@@ -1,5 +1,4 @@
-"""merge_async_iterators: every item of every stream, and a finished merge freed at once;
-event_stream: a client that leaves lets the events clean up."""
+"""merge_async_iterators: every item of every stream, and a finished merge freed at once."""
 from __future__ import annotations
 
 import asyncio
@@ -8,10 +7,7 @@ import weakref
 
 import pytest
 
-from fastapi import Request
-
-from encdec.engine.async_engine import Admission
-from encdec.entrypoints.openai.streaming import event_stream, merge_async_iterators
+from encdec.entrypoints.openai.streaming import merge_async_iterators
 
 
 async def count(n: int, fail_at: int | None = None):
@@ -69,37 +65,3 @@ def test_a_finished_merge_is_freed_without_the_garbage_collector():
         assert [ref() for ref in alive] == [None, None]
     finally:
         gc.enable()
-
-
-def test_a_stream_left_before_its_first_event_lets_the_events_clean_up():
-    """The client leaves while a taken job's first event is awaited: the events' own cleanup,
-    which awaits (as a merge's does), runs to its end; Starlette cancels the response's task
-    group again at every await, which would cut it short."""
-    cleaned = []
-
-    async def main():
-        admission, left = Admission(), asyncio.Event()
-
-        async def events():
-            try:
-                admission.add()
-                await asyncio.sleep(30)
-                yield "data: never\n\n"
-            finally:
-                await asyncio.sleep(0.01)
-                cleaned.append(True)
-
-        async def receive():
-            await left.wait()
-            return {"type": "http.disconnect"}
-
-        async def send(message):
-            if message["type"] == "http.response.start":
-                left.set()  # the status line is out: the client goes
-
-        scope = {"type": "http", "method": "POST", "path": "/", "headers": [], "state": {"request_id": "x"}}
-        response = await event_stream(Request(scope, receive), events(), admission)
-        await asyncio.wait_for(response(scope, receive, send), 10)
-
-    asyncio.run(main())
-    assert cleaned == [True]

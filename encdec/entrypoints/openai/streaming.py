@@ -10,7 +10,6 @@ import json
 import logging
 from typing import AsyncIterator, Awaitable, Optional, TypeVar
 
-import anyio
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
@@ -108,17 +107,16 @@ async def event_stream(request: Request, events: AsyncIterator[str],
 
     async def body() -> AsyncIterator[str]:
         try:
-            yield await asyncio.shield(first)  # cancelled below, once, if the client leaves
+            yield await first
             async for event in events:
                 yield event
         except Exception as err:  # the status line is sent: report it in the stream
             yield error_event(err, request_id)
-        finally:  # shielded: Starlette cancels the response's task group again at every await
+        finally:
             if not first.done():
                 first.cancel()
-            with anyio.CancelScope(shield=True):
                 await asyncio.gather(first, return_exceptions=True)
-                await events.aclose()
+            await events.aclose()
 
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache"})
