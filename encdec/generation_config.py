@@ -83,6 +83,12 @@ class GenerationDefaults:
         min_tokens = max(self.get("min_length") - prompt_len, self.get("min_new_tokens") or 0, 0)
         return dict(max_tokens=max(max_tokens, 1), min_tokens=min_tokens)
 
+    def searches_beams(self, sample: Optional[bool] = None) -> bool:
+        """Whether a request decodes with this config's beams: the config has num_beams > 1 and
+        the request does not sample (`sample` True or False overrides the config's `do_sample`)."""
+        sample = bool(self.get("do_sample")) if sample is None else sample
+        return self.found and self.get("num_beams") > 1 and not sample
+
     def as_params(self, prompt_len: int, sample: Optional[bool] = None) -> dict[str, Any]:
         """SamplingParams values this config means for a decoder prompt of `prompt_len`;
         `sample` True or False overrides its `do_sample` (then a sampling request takes the
@@ -100,7 +106,7 @@ class GenerationDefaults:
         config_samples = bool(self.get("do_sample"))
         sample = config_samples if sample is None else sample
         if self.get("num_beams") > 1:
-            values.update(beam_width=self.get("num_beams"), use_beam_search=not sample)
+            values.update(beam_width=self.get("num_beams"), use_beam_search=self.searches_beams(sample))
         if not sample:
             values.update(temperature=0.0)
         elif config_samples:  # Hugging Face's beam sampling has no equivalent here: it samples

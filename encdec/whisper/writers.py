@@ -198,19 +198,20 @@ def _word_dict(word: Word) -> dict:
     return dict(word=word.word, start=word.start, end=word.end, probability=word.probability)
 
 
+def _segment_dict(s: Segment) -> dict:
+    """A segment's ten fields as openai-whisper and OpenAI's API write them (without words)."""
+    return dict(id=s.id, seek=s.seek, start=s.start, end=s.end, text=s.text, tokens=s.tokens,
+                temperature=s.temperature, avg_logprob=s.avg_logprob,
+                compression_ratio=s.compression_ratio, no_speech_prob=s.no_speech_prob)
+
+
 def write_json(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
     """openai-whisper's json, laid out as it writes it (one line), with `duration` added: the
     text as decoded (its leading space kept), every segment field, and with word timestamps
     each segment's words with their times and probabilities."""
     worded = options.word_timestamps or any(s.words for s in result.segments)
-    segments = []
-    for i, s in enumerate(result.segments):
-        segment = dict(id=i, seek=s.seek, start=s.start, end=s.end, text=s.text, tokens=s.tokens,
-                       temperature=s.temperature, avg_logprob=s.avg_logprob,
-                       compression_ratio=s.compression_ratio, no_speech_prob=s.no_speech_prob)
-        if worded:
-            segment["words"] = [_word_dict(w) for w in s.words]
-        segments.append(segment)
+    segments = [_segment_dict(s) | ({"words": [_word_dict(w) for w in s.words]} if worded else {})
+                for s in result.segments]
     text = "".join(s.text for s in result.segments) if result.segments else result.text
     json.dump(dict(text=text, segments=segments, language=result.language, duration=result.duration), file)
 
@@ -228,11 +229,7 @@ def verbose_json(result: Transcription, task: str = "transcribe", segments: bool
     data = dict(task=task, language=language_name(result, task), duration=result.duration,
                 text=result.text)
     if segments:
-        data["segments"] = [dict(id=i, seek=s.seek, start=s.start, end=s.end, text=s.text,
-                                 tokens=s.tokens, temperature=s.temperature,
-                                 avg_logprob=s.avg_logprob, compression_ratio=s.compression_ratio,
-                                 no_speech_prob=s.no_speech_prob)
-                            for i, s in enumerate(result.segments)]
+        data["segments"] = [_segment_dict(s) for s in result.segments]
     if words:
         data["words"] = [dict(word=w.word.strip(), start=w.start, end=w.end)
                          for s in result.segments for w in s.words]

@@ -14,9 +14,9 @@ from encdec.whisper.writers import (ALL_FORMATS, FORMATS, WRITERS, WriterOptions
                                     subtitle_cues, write_result)
 
 SEGMENTS = [
-    Segment(0.0, 2.5, " Hello there.", tokens=[1, 2], avg_logprob=-0.25, no_speech_prob=0.01),
-    Segment(2.5, 61.004, " A long\tcue --> with an arrow."),
-    Segment(3723.4567, 3725.0, " Past the hour, ünïcode."),
+    Segment(0.0, 2.5, " Hello there.", tokens=[1, 2], avg_logprob=-0.25, no_speech_prob=0.01, id=0),
+    Segment(2.5, 61.004, " A long\tcue --> with an arrow.", id=1),
+    Segment(3723.4567, 3725.0, " Past the hour, ünïcode.", id=2),
 ]
 RESULT = Transcription(text="".join(s.text for s in SEGMENTS), language="en", segments=SEGMENTS,
                        duration=3725.0, source="/some/dir/talk.take1.wav")
@@ -76,9 +76,15 @@ def test_json_round_trip(tmp_path):
     [path] = write_result(RESULT, tmp_path, "json")
     data = json.loads(path.read_text(encoding="utf-8"))
     assert (data["text"], data["language"], data["duration"]) == (RESULT.text, "en", 3725.0)
-    segments = [Segment(**{k: v for k, v in s.items() if k != "id"}) for s in data["segments"]]
-    assert segments == SEGMENTS
-    assert [s["id"] for s in data["segments"]] == [0, 1, 2]
+    assert [Segment(**s) for s in data["segments"]] == SEGMENTS
+
+
+@pytest.mark.parametrize("fmt", ["json", "verbose_json"])
+def test_json_keeps_each_segments_id(fmt):
+    """A part of a transcript (the segments `on_segments` streams after the first) keeps the ids
+    the segments have in the whole."""
+    part = Transcription("".join(s.text for s in SEGMENTS[1:]), "en", SEGMENTS[1:], 3725.0)
+    assert [s["id"] for s in json.loads(write_text(part, fmt))["segments"]] == [1, 2]
 
 
 def test_txt_and_all(tmp_path):
@@ -136,8 +142,8 @@ def timed(text: str, start: float, step: float = 0.5) -> list[Word]:
 
 
 WORDED = [Segment(0.0, 3.0, " One two three four five six.", words=timed("One two three four five six.", 0.0)),
-          Segment(3.0, 5.0, " Seven eight nine.", words=timed("Seven eight nine.", 3.0)),
-          Segment(10.0, 12.0, " Ten eleven.", words=timed("Ten eleven.", 10.0))]  # after a 5 s pause
+          Segment(3.0, 5.0, " Seven eight nine.", words=timed("Seven eight nine.", 3.0), id=1),
+          Segment(10.0, 12.0, " Ten eleven.", words=timed("Ten eleven.", 10.0), id=2)]  # after a 5 s pause
 WORDED_RESULT = Transcription(text="".join(s.text for s in WORDED), language="en", segments=WORDED,
                               duration=12.0, source="words.wav")
 ALL_WORDS = [w for s in WORDED for w in s.words]

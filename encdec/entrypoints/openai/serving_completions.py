@@ -100,8 +100,7 @@ def searches_beams(body: CompletionRequest, defaults: GenerationDefaults) -> boo
     num_beams unless the request samples (temperature > 0, or unset with a sampling config)."""
     if body.use_beam_search is not None:
         return body.use_beam_search
-    samples = defaults.get("do_sample") if body.temperature is None else body.temperature > 0
-    return defaults.found and defaults.get("num_beams") > 1 and not samples
+    return defaults.searches_beams(None if body.temperature is None else body.temperature > 0)
 
 
 def logit_bias(bias: dict[str, float], vocab_size: int) -> dict[int, float]:
