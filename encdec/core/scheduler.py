@@ -34,6 +34,7 @@ class SchedulerStats:
     num_recomputes: int = 0
     num_swap_outs: int = 0
     num_swap_ins: int = 0
+    num_aborts: int = 0
 
 
 class Scheduler:
@@ -68,6 +69,7 @@ class Scheduler:
                     for seq in group.get_unfinished_seqs():
                         seq.status = SequenceStatus.FINISHED_ABORTED
                     self._free_group(group)
+                    self.stats.num_aborts += 1
                     return True
         return False
 

@@ -47,6 +47,7 @@ class EngineStats:
     num_recomputes: int
     num_swap_outs: int
     num_swap_ins: int
+    num_aborts: int
 
 
 class LLMEngine:
@@ -129,7 +130,7 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         s = self.scheduler.stats
         return EngineStats(self.num_steps, self.model_runner.num_encoder_runs, s.num_preemptions,
-                           s.num_recomputes, s.num_swap_outs, s.num_swap_ins)
+                           s.num_recomputes, s.num_swap_outs, s.num_swap_ins, s.num_aborts)
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Any, params: SamplingParams,

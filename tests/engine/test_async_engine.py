@@ -179,6 +179,40 @@ def test_abort_by_id_ends_its_callers_stream_and_touches_no_other_request(tiny_b
     engine_blocks_free(engine.engine)
 
 
+def test_a_caller_that_leaves_aborts_its_request_at_once(tiny_bart_dir):
+    """A caller that stops reading (its task cancelled, or its generator closed) aborts its
+    request before the engine's next step: the engine does not decode the rest for nobody."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
+    long = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+
+    async def read(generator, first: asyncio.Event):
+        async for _ in generator:
+            first.set()
+
+    async def main():
+        for leave in ("cancel", "aclose"):
+            generator = engine.generate("Rain", long)
+            if leave == "cancel":
+                first = asyncio.Event()
+                reader = asyncio.ensure_future(read(generator, first))
+                await first.wait()
+                stats = engine.engine.stats
+                reader.cancel()
+                await asyncio.gather(reader, return_exceptions=True)
+            else:
+                await anext(generator)
+                stats = engine.engine.stats
+                await generator.aclose()
+            await until_idle(engine.engine)
+            after = engine.engine.stats
+            assert after.num_aborts == stats.num_aborts + 1, leave
+            assert after.num_steps - stats.num_steps <= 2, leave  # the step under way, at most one more
+            engine_blocks_free(engine.engine)
+        await engine.shutdown()
+
+    asyncio.run(main())
+
+
 def test_the_engine_trims_the_heap_once_after_a_second_idle(tiny_bart_dir, monkeypatch):
     """Requests back to back trim nothing (their next steps want the pages); once the engine
     has been idle for IDLE_TRIM_SECONDS it trims exactly once, and not again while idle."""

@@ -98,6 +98,9 @@ def test_completions_plain_and_token_ids(server, bart):
     assert result.usage.completion_tokens > 0
     by_ids = server.client().completions.create(model="bart", prompt=[ids], max_tokens=12, temperature=0.0)
     assert by_ids.choices[0].text == expected[0]
+    limit = bart.llm_engine.model_config.max_encoder_len  # a prompt of exactly the encoder's positions
+    at_limit = server.client().completions.create(model="bart", prompt=[[5] * limit], max_tokens=2, temperature=0.0)
+    assert at_limit.usage.prompt_tokens > limit
 
 
 def test_completions_n2_seeded(server, bart):
@@ -108,6 +111,15 @@ def test_completions_n2_seeded(server, bart):
     # several completions sample at OpenAI's default temperature, 1, when none is given
     default = server.client().completions.create(model="bart", prompt=ARTICLES[1], n=2, seed=7, max_tokens=10)
     assert [c.text for c in default.choices] == expected
+    # two prompts: choices 0-1 are the first's, 2-3 the second's, streamed or not
+    both = dict(model="bart", prompt=ARTICLES, n=2, seed=7, temperature=1.0, max_tokens=10)
+    plain = [c.text for c in server.client().completions.create(**both).choices]
+    assert plain == offline_texts(bart, ARTICLES, SamplingParams(n=2, seed=7, temperature=1.0, max_tokens=10))
+    streamed = [""] * 4
+    for chunk in server.client().completions.create(**both, stream=True):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == plain
     logprobs = result.choices[0].logprobs
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) > 0
     assert all(len(top) <= 3 for top in logprobs.top_logprobs)  # the top 2 and the sampled token
@@ -116,6 +128,18 @@ def test_completions_n2_seeded(server, bart):
                                                       temperature=1.0, max_tokens=4, logprobs=0)
     tops = sampled_only.choices[0].logprobs.top_logprobs
     assert [list(top) for top in tops] == [[token] for token in sampled_only.choices[0].logprobs.tokens]
+
+
+def test_best_of_returns_the_likeliest_sample(server):
+    """`best_of` samples that many and returns the `n` with the highest cumulative log-probability
+    (the same samples as asking for them all, for the same seed)."""
+    request = dict(model="bart", prompt=ARTICLES[1], seed=11, temperature=1.0, max_tokens=8, logprobs=0)
+    every = server.client().completions.create(**request, n=4).choices
+    [best] = server.client().completions.create(**request, best_of=4).choices
+    scores = {c.text: sum(c.logprobs.token_logprobs) for c in every}
+    assert len(set(scores.values())) > 1
+    assert best.text == max(scores, key=scores.get)
+    assert sum(best.logprobs.token_logprobs) == pytest.approx(max(scores.values()))
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -285,6 +309,9 @@ def test_completions_streamed_with_usage(server, bart):
             texts[choice.index] += choice.text
     assert texts == offline_texts(bart, ARTICLES, SamplingParams(temperature=0.0, max_tokens=12))
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens > 0
+    plain = server.client().completions.create(model="bart", prompt=ARTICLES, max_tokens=12, temperature=0.0)
+    assert chunks[-1].usage == plain.usage
+    assert plain.usage.total_tokens == plain.usage.prompt_tokens + plain.usage.completion_tokens
     # vLLM's continuous_usage_stats: the usage so far on every chunk; OpenAI's include_obfuscation is taken
     continuous = list(server.client().completions.create(
         model="bart", prompt=ARTICLES, max_tokens=12, temperature=0.0, stream=True,
@@ -398,8 +425,33 @@ def test_summarize_plain_and_streamed(server, bart):
             assert piece["text"] or piece["finish_reason"]  # no piece with nothing to say
             texts[piece["index"]] += piece["text"]
     assert texts == expected
+    # each summary's last piece says how it ended and how its input was read, as the plain one does
+    ends = {p["index"]: (p["finish_reason"], p["input_tokens"], p["truncated_tokens"])
+            for chunk in chunks[:-1] for p in chunk["summaries"] if p.get("finish_reason")}
+    assert ends == {s["index"]: (s["finish_reason"], s["input_tokens"], s["truncated_tokens"])
+                    for s in result["summaries"]}
     assert chunks[-1]["usage"] == result["usage"]
+    usage = result["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
     assert len({chunk["created"] for chunk in chunks}) == 1
+
+
+def test_summarize_decoding_fields(server, bart):
+    """/v1/summarize's decoding fields decode as the offline LLM does with the same settings."""
+    fields = dict(max_tokens=16, min_tokens=6, length_penalty=2.0, no_repeat_ngram_size=2)
+    params = dict(max_tokens=16, min_tokens=6, length_penalty=2.0, no_repeat_ngram_size=2)
+    cases = [({"num_beams": 3, **fields}, SamplingParams(use_beam_search=True, beam_width=3, **params)),
+             ({"temperature": 0, **fields}, SamplingParams(temperature=0.0, **params)),
+             ({"temperature": 0.9, "seed": 4, **fields}, SamplingParams(temperature=0.9, seed=4, **params))]
+    with server.http() as http:
+        for body, expected in cases:
+            result = http.post("/v1/summarize", json={"model": "bart", "input": ARTICLES, **body}).json()
+            assert [s["text"] for s in result["summaries"]] == offline_texts(bart, ARTICLES, expected), body
+        # the tiny model repeats itself: no_repeat_ngram_size changes what it says
+        unset = {k: v for k, v in fields.items() if k != "no_repeat_ngram_size"}
+        repeats = http.post("/v1/summarize", json={"model": "bart", "input": ARTICLES, "temperature": 0,
+                                                   **unset}).json()
+    assert [s["text"] for s in repeats["summaries"]] != offline_texts(bart, ARTICLES, cases[1][1])
 
 
 def test_a_streamed_beam_search_answers_at_once(server, bart):
@@ -409,7 +461,9 @@ def test_a_streamed_beam_search_answers_at_once(server, bart):
     body = {"model": "bart", "input": ARTICLES[1], "num_beams": 4, "min_tokens": 150, "max_tokens": 150}
     with server.http() as http, http.stream("POST", "/v1/summarize", json={**body, "stream": True}) as response:
         assert response.status_code == 200
-        assert server.engine_load()  # the search still runs
+        load = server.engine_load()  # the search still runs, in blocks of both kinds
+        assert all(load.get(("encdec_kv_blocks_in_use", (("attention", kind), ("model", "bart"))), 0) > 0
+                   for kind in ("self", "cross")), load
         text = response.read().decode()
         plain = http.post("/v1/summarize", json=body).json()
     events = [json.loads(line[len("data: "):]) for line in text.splitlines()
@@ -461,6 +515,7 @@ def test_transcription_formats(server, hello, response_format):
     else:
         assert (result.task, result.language, result.text) == ("transcribe", "english", expected.text)
         assert result.duration == pytest.approx(expected.duration)
+        assert (result.usage.type, result.usage.seconds) == ("duration", pytest.approx(expected.duration))
         assert [(s.id, s.seek, s.start, s.end, s.text, s.tokens, s.temperature) for s in result.segments] == [
             (i, s.seek, s.start, s.end, s.text, s.tokens, s.temperature) for i, s in enumerate(expected.segments)]
         for got, want in zip(result.segments, expected.segments):
@@ -477,6 +532,21 @@ def test_streamed_transcription_events(server, tiny_en, long_wav):
     assert len(deltas) >= 2 and all(e.type == "transcript.text.delta" for e in deltas)
     assert done.type == "transcript.text.done" and done.text == expected.text
     assert "".join(e.delta for e in deltas).strip() == expected.text
+
+
+@pytest.mark.parametrize("response_format", ["json", "text"])
+def test_a_streamed_transcription_is_server_sent_events(server, hello, response_format):
+    """Both formats that stream send OpenAI's events, then `data: [DONE]`."""
+    with server.http() as http:
+        answer = http.post("/v1/audio/transcriptions", files={"file": ("hello.wav", SAMPLE.read_bytes())},
+                           data={"model": "tiny.en", "response_format": response_format, "stream": "true"})
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
+    events = [line[len("data: "):] for line in answer.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert json.loads(events[-2]) == {"type": "transcript.text.done", "text": hello.text}
+    deltas = [json.loads(e) for e in events[:-2]]
+    assert deltas and all(d["type"] == "transcript.text.delta" for d in deltas)
+    assert "".join(d["delta"] for d in deltas).strip() == hello.text
 
 
 def generated_tokens(llm: LLM, path) -> int:
@@ -510,9 +580,14 @@ def test_metrics_time_to_first_token_and_prompt_tokens(server, bart, tiny_en, he
 
     before, start = server.metrics(), time.monotonic()
     result = server.client().completions.create(model="bart", prompt=ARTICLES, max_tokens=4)
-    count, seconds, prompt, _, generated = changes(before, server.metrics(), "bart")
+    after = server.metrics()
+    count, seconds, prompt, _, generated = changes(before, after, "bart")
     assert (count, prompt, generated) == (2, result.usage.prompt_tokens, result.usage.completion_tokens)
     assert 0 < seconds < 2 * (time.monotonic() - start)
+    latency = [after.get((f"encdec_http_request_duration_seconds_{part}", (("endpoint", "/v1/completions"),)), 0.0)
+               - before.get((f"encdec_http_request_duration_seconds_{part}", (("endpoint", "/v1/completions"),)), 0.0)
+               for part in ("count", "sum")]
+    assert latency[0] == 1 and 0 < latency[1] < time.monotonic() - start
 
     before, start = server.metrics(), time.monotonic()
     with open(SAMPLE, "rb") as audio:

@@ -87,6 +87,11 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2, "best_of": 3, "temperature": 0}, 400, "best_of"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2, "best_of": 1}, 400, "best_of"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "logit_bias": {"7": 100.5}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": "bart", "prompt": [[5] * 257]}, 400, "prompt"),  # one past the encoder's 256
+    # refused before a stream starts: a plain error, not an error event
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "stream": True, "stop_token_ids": [999999]}, 400,
+     "stop_token_ids"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "echo": True}, 400, "echo"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "presence_penalty": 2.5}, 400, "presence_penalty"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "frequency_penalty": -3}, 400, "frequency_penalty"),
@@ -222,6 +227,7 @@ AUDIO_CASES = [  # (files, form fields, status, param)
     ({"file": ("notes.wav", b"not audio\n" * 20, "audio/wav")}, {"beam_size": "6"}, 400, "beam_size"),
     # a prompt is plain text: one that spells a special token is refused (openai-whisper)
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"prompt": "Hi <|endoftext|>"}, 400, "prompt"),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"language": ["en", "en"]}, 400, "language"),
 ]
 
 
@@ -316,12 +322,13 @@ def requests_counted(server, endpoint: str, status: int) -> float:
 def test_api_key(server):
     assert httpx.get(f"{server.url}/health").status_code == 200
     before = requests_counted(server, "/v1/models/{model_id:path}", 401)
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}, {"Authorization": "Bearer"},
+                    {"Authorization": f"Bearer {API_KEY[:-1]}"}, {"Authorization": f"Bearer {API_KEY}x"}):
         assert_error(httpx.get(f"{server.url}/v1/models", headers=headers), 401, None)
     assert_error(httpx.get(f"{server.url}/v1/models/bart"), 401, None)
     # refused before routing, still counted under its endpoint (an unknown path: "unmatched")
     assert requests_counted(server, "/v1/models/{model_id:path}", 401) == before + 1
-    assert requests_counted(server, "/v1/models", 401) >= 3
+    assert requests_counted(server, "/v1/models", 401) >= 6
     unknown = requests_counted(server, "unmatched", 401)
     assert_error(httpx.get(f"{server.url}/v1/nothing"), 401, None)
     assert requests_counted(server, "unmatched", 401) == unknown + 1
@@ -336,6 +343,17 @@ def test_api_key(server):
         server.client(api_key="wrong").models.list()
 
 
+def test_a_clients_request_id_comes_back(server):
+    """A client's X-Request-Id names its request in the answer (errors too); one that is not a
+    plain id is replaced by the server's own."""
+    with server.http() as http:
+        for path, status in (("/v1/models", 200), ("/v1/models/nope", 404)):
+            answer = http.get(path, headers={"X-Request-Id": "client-42.a_b"})
+            assert (answer.status_code, answer.headers["x-request-id"]) == (status, "client-42.a_b")
+        replaced = http.get("/v1/models", headers={"X-Request-Id": "two words"}).headers["x-request-id"]
+    assert replaced not in ("", "two words")
+
+
 def test_openai_client_errors(server):
     client = server.client()
     with pytest.raises(openai.NotFoundError):
@@ -347,10 +365,12 @@ def test_openai_client_errors(server):
     assert caught.value.body["param"] == "max_tokens"
 
 
-def test_overloaded_queue_answers_429(server):
+@pytest.mark.parametrize("stream", [False, True])
+def test_overloaded_queue_answers_429(server, stream):
+    """Refused before a stream starts too: a plain 429, not an error event."""
     async def burst():
         async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120) as http:
-            body = {"model": "bart", "prompt": TEXT, **LONG}
+            body = {"model": "bart", "prompt": TEXT, "stream": stream, **LONG}
             return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(12)))
 
     responses = asyncio.run(burst())
@@ -361,6 +381,8 @@ def test_overloaded_queue_answers_429(server):
     refused = next(r for r in responses if r.status_code == 429)
     assert refused.headers["retry-after"] == "1"
     assert_error(refused, 429, None)
+    answered = [r for r in responses if r.status_code == 200]
+    assert all(r.text.endswith("data: [DONE]\n\n") if stream else r.json()["choices"] for r in answered)
 
 
 def generated_tokens(server) -> float:
@@ -378,11 +400,16 @@ def wait_for(condition, seconds: float = 10) -> None:
         time.sleep(0.1)
 
 
+def aborted(server) -> float:
+    """The engine's requests stopped before they finished."""
+    return server.metrics().get(("encdec_num_aborted_requests_total", (("model", "bart"),)), 0.0)
+
+
 def test_disconnects_abort_their_requests(server):
     # two prompts of 250 tokens (no more: max_waiting_requests=2): over a second of decoding
     body = {"model": "bart", "prompt": [TEXT] * 2, "min_tokens": 250, "max_tokens": 250, "temperature": 0}
     whole = 2 * 250
-    before, left_before = generated_tokens(server), left(server, "/v1/completions")
+    before, left_before, aborted_before = generated_tokens(server), left(server, "/v1/completions"), aborted(server)
     with pytest.raises(httpx.ReadTimeout):  # not streamed: the client gives up waiting
         httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers, timeout=0.3)
     with httpx.stream("POST", f"{server.url}/v1/completions", json={**body, "stream": True},
@@ -390,6 +417,7 @@ def test_disconnects_abort_their_requests(server):
         next(response.iter_lines())  # streamed: leave after the first event
     server.wait_all_blocks_free()
     assert generated_tokens(server) - before < 2 * whole  # both were cut short
+    assert aborted(server) == aborted_before + 4  # in the engine: each request's two prompts
     wait_for(lambda: left(server, "/v1/completions") == left_before + 2)
     assert left(server, "/v1/completions") == left_before + 2  # the stream cut short counts too
 

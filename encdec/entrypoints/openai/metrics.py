@@ -23,7 +23,7 @@ FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.
 
 
 class EngineCollector:
-    """Requests running / waiting / swapped, KV blocks in use and preemptions, per model."""
+    """Requests running / waiting / swapped, KV blocks in use, preemptions and aborts, per model."""
 
     def __init__(self, models: ServedModels):
         self.models = models
@@ -40,6 +40,9 @@ class EngineCollector:
         )}
         preemptions = CounterMetricFamily("encdec_num_preemptions", "Requests preempted.",
                                           labels=["model"])
+        aborts = CounterMetricFamily("encdec_num_aborted_requests", "Requests stopped before they "
+                                     "finished (their client left, or the server shut down).",
+                                     labels=["model"])
         for served in self.models:
             engine = served.engine.engine
             scheduler, blocks = engine.scheduler, engine.block_manager
@@ -54,9 +57,12 @@ class EngineCollector:
             gauges["kv_swap_blocks_in_use"].add_metric(
                 name, blocks.num_total_cpu_blocks - blocks.get_num_free_cpu_blocks())
             gauges["kv_blocks_capacity"].add_metric(name, blocks.num_total_gpu_blocks)
-            preemptions.add_metric(name, engine.stats.num_preemptions)
+            stats = engine.stats
+            preemptions.add_metric(name, stats.num_preemptions)
+            aborts.add_metric(name, stats.num_aborts)
         yield from gauges.values()
         yield preemptions
+        yield aborts
 
 
 class ServerMetrics:
