@@ -94,6 +94,7 @@ def test_every_block_id_is_usable_starting_at_zero():
 def test_watermark_later_versus_never():
     bm = make_manager(num_gpu_blocks=10, watermark=0.2)  # 2 watermark blocks
     assert bm.watermark_blocks == 2
+    assert make_manager(num_gpu_blocks=256, watermark=0.01).watermark_blocks == 2  # vLLM's: 2.56 rounds down
     too_big = make_group(encoder_len=20, decoder_len=13)  # 5 + 4 = 9 > 10 - 2
     assert bm.can_allocate(too_big) == AllocStatus.NEVER
     fits_alone = make_group(encoder_len=20, decoder_len=12)  # 5 + 3 = 8 = 10 - 2

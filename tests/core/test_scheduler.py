@@ -158,14 +158,34 @@ def test_swap_out_then_swap_in_in_admission_order():
     assert s.stats.num_swap_outs == s.stats.num_swap_ins == 2 and s.stats.num_recomputes == 0
 
 
+def test_no_prefill_while_a_group_is_swapped_out():
+    """As vLLM: a swapped-out group comes back before any waiting group is admitted, even one
+    that would fit now (later arrivals must not keep it out)."""
+    s = make_scheduler(num_gpu_blocks=8, num_cpu_blocks=16, preemption_mode="swap")
+    a, b = make_group("a"), make_group("b")
+    add(s, a, b)
+    for _ in range(10):  # 1 cross block each; at 13 tokens each needs a 4th self block
+        step(s)
+    assert ids(s.swapped) == ["b"] and s.block_manager.get_num_free_gpu_blocks() == 3
+    add(s, make_group("c", decoder_len=3))  # 1 cross + 1 self block: it would fit
+    for _ in range(3):
+        assert ids(step(s).scheduled_seq_groups) == ["a"] and ids(s.waiting) == ["c"]
+    finish(s, a)
+    step(s)
+    assert ids(s.running) == ["b", "c"] and not s.swapped and not s.waiting
+
+
 def test_recompute_frees_the_cross_table_and_readmits_the_whole_sequence():
+    """A group preempted by recompute goes back to the head of the queue, ahead of those that
+    came after it."""
     s = make_scheduler(num_gpu_blocks=5, preemption_mode="recompute")
     a, b = make_group("a"), make_group("b", encoder_len=8)
     add(s, a, b)
     step(s)  # 2 + 3 blocks
+    add(s, make_group("c"))  # no room: it waits
     step(s)  # a's 5th token needs a block: b goes, cross table included
     bm = s.block_manager
-    assert ids(s.waiting) == ["b"] and b.request_id not in bm.cross_block_tables
+    assert ids(s.waiting) == ["b", "c"] and b.request_id not in bm.cross_block_tables
     assert all(seq.seq_id not in bm.block_tables for seq in b.get_seqs())
     assert bm.get_num_free_gpu_blocks() == 5 - 3
     finish(s, a)

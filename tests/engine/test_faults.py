@@ -37,6 +37,16 @@ def test_fault1_n2_preempted_by_recompute_keeps_two_seeded_completions(tiny_bart
     assert_all_blocks_free(llm)
 
 
+def test_a_long_decoder_prompt_counts_in_admission(tiny_bart_dir):
+    """The blocks a request may hold count its decoder prompt: 4 encoder tokens take 1 block of
+    4, a 40-token decoder prompt and 4 new tokens 11: 12 blocks, more than the cache's 11."""
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=11, block_size=4)
+    prompt = {"encoder_prompt": encoder_prompt(4), "decoder_prompt": TokensPrompt(prompt_token_ids=[2] + [50] * 39)}
+    with pytest.raises(ValueError, match="needs 12 KV cache blocks"):
+        llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    assert_all_blocks_free(llm)
+
+
 def test_fault2_admission_keeps_the_watermark(tiny_bart_dir):
     """A request that fits the cache but not the cache less its watermark is refused up front
     (it used to finish with no tokens); one that fits both runs to max_tokens."""

@@ -227,6 +227,24 @@ def test_n3_samples_share_one_encoder_run_and_cross_table(llm):
     assert_all_blocks_free(llm)
 
 
+def test_a_finished_sample_gives_its_blocks_back_at_once(llm):
+    """A sample that stops while its siblings go on frees its self blocks then, not when the
+    whole request ends."""
+    engine, bm = llm.llm_engine, llm.llm_engine.block_manager
+    stops = list(range(3, engine.model_config.vocab_size, 5))  # a fifth of the vocabulary stops
+    engine.add_request("n4", TEXT, SamplingParams(n=4, seed=1, temperature=1.5, max_tokens=40, stop_token_ids=stops))
+    seen = False
+    while engine.has_unfinished_requests():
+        engine.step()
+        group = engine.groups.get("n4")
+        if group is not None and not group.is_finished():
+            finished = [s for s in group.get_seqs() if s.is_finished()]
+            assert all(s.seq_id not in bm.block_tables for s in finished)
+            seen = seen or bool(finished)
+    assert seen  # some sample stopped before the others
+    assert_all_blocks_free(llm)
+
+
 def test_seeded_request_ignores_the_rest_of_the_batch(llm):
     params = SamplingParams(temperature=0.8, top_p=0.9, top_k=50, seed=1234, max_tokens=16)
     alone = llm.generate(TEXT, params, use_tqdm=False)[0].outputs[0].token_ids

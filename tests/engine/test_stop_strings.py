@@ -75,12 +75,13 @@ def test_the_earliest_of_several_stop_strings_wins(llm, reference):
     assert (untouched.token_ids, untouched.finish_reason, untouched.stop_reason) == (reference, "length", None)
 
 
+@pytest.mark.parametrize("shorter", [[], ["\u00a7"]])  # with a 1-character stop string that never comes
 @pytest.mark.parametrize("kind", [RequestOutputKind.DELTA, RequestOutputKind.CUMULATIVE])
-def test_streamed_text_never_shows_a_stop_strings_start(llm, reference, kind):
+def test_streamed_text_never_shows_a_stop_strings_start(llm, reference, kind, shorter):
     stop = spanning_stop(llm, reference, 4)
     text, num_tokens, _ = expected(llm, reference, [stop])
     engine = llm.llm_engine
-    engine.add_request("streamed", TEXT, SamplingParams(**LONG, stop=[stop], output_kind=kind))
+    engine.add_request("streamed", TEXT, SamplingParams(**LONG, stop=[*shorter, stop], output_kind=kind))
     outputs = []
     while engine.has_unfinished_requests():
         outputs += [o.outputs[0] for o in engine.step()]

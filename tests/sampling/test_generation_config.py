@@ -195,4 +195,8 @@ def test_more_generation_config_fields_decode_as_hugging_face(tmp_path, num_beam
     assert any(len(ids) == 20 for ids in got)  # 20 new tokens without max_length
     assert any(ids[-1] == common[2] for ids in got)  # the config's second EOS stops
     assert all(common[0] not in ids and common[1] not in ids and ids[0] != first for ids in got)
+    # ignore_eos ignores the config's other EOS too (vLLM leaves them out of stop_token_ids)
+    ignoring = [o.outputs[0].token_ids for o in llm.generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True), use_tqdm=False)]
+    assert all(len(ids) == 20 for ids in ignoring) and any(common[2] in ids for ids in ignoring)
     assert_all_blocks_free(llm)
