@@ -227,12 +227,20 @@ def test_n3_samples_share_one_encoder_run_and_cross_table(llm):
     assert_all_blocks_free(llm)
 
 
-def test_a_finished_sample_gives_its_blocks_back_at_once(llm):
-    """A sample that stops while its siblings go on frees its self blocks then, not when the
-    whole request ends."""
+@pytest.mark.parametrize("by", ["stop_token_ids", "stop"])
+def test_a_finished_sample_gives_its_blocks_back_at_once(llm, by):
+    """A sample that stops (at a stop token, or at a stop string) while its siblings go on frees
+    its self blocks then, not when the whole request ends."""
     engine, bm = llm.llm_engine, llm.llm_engine.block_manager
-    stops = list(range(3, engine.model_config.vocab_size, 5))  # a fifth of the vocabulary stops
-    engine.add_request("n4", TEXT, SamplingParams(n=4, seed=1, temperature=1.5, max_tokens=40, stop_token_ids=stops))
+    params = dict(n=4, seed=1, temperature=1.5, max_tokens=40)
+    if by == "stop":  # the start of the longest sample's text, which no other sample has
+        texts = [c.text for c in llm.generate(TEXT, SamplingParams(**params), use_tqdm=False)[0].outputs]
+        longest = max(texts, key=len)
+        params["stop"] = [next(longest[i:i + 3] for i in range(1, len(longest) - 3)
+                               if not any(longest[i:i + 3] in t for t in texts if t != longest))]
+    else:  # a fifth of the vocabulary
+        params["stop_token_ids"] = list(range(3, engine.model_config.vocab_size, 5))
+    engine.add_request("n4", TEXT, SamplingParams(**params))
     seen = False
     while engine.has_unfinished_requests():
         engine.step()
