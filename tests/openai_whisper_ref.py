@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 from encdec.weights.loader import load_ct2_checkpoint
@@ -49,3 +50,15 @@ def openai_whisper_model(model: str, folder: Path):
     reference = whisper.load_model(str(path), device="cpu")
     reference.set_alignment_heads(whisper._ALIGNMENT_HEADS[model])
     return reference
+
+
+def assert_words_equal(transcript, result: dict) -> None:
+    """Each word's text, times (to 5 ms) and probability, and the segments' times (the same
+    numbers)."""
+    expected = [(w["word"], w["start"], w["end"], w["probability"]) for s in result["segments"] for w in s["words"]]
+    got = [(w.word, w.start, w.end, w.probability) for s in transcript.segments for w in s.words]
+    assert [w[0] for w in got] == [w[0] for w in expected]
+    assert [t for w in got for t in w[1:3]] == pytest.approx([t for w in expected for t in w[1:3]], abs=0.005)
+    assert [w[3] for w in got] == pytest.approx([w[3] for w in expected], abs=0.01)
+    # exactly: a segment takes its first word's start and last word's end, rounded to 10 ms
+    assert [(s.start, s.end) for s in transcript.segments] == [(s["start"], s["end"]) for s in result["segments"]]

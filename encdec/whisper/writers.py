@@ -162,10 +162,9 @@ def subtitle_cues(result: Transcription, options: WriterOptions = WriterOptions(
 
 
 def write_txt(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:
+    """openai-whisper's: a line per segment, blank for one whose text was cleared."""
     lines = [s.text.strip() for s in result.segments] if result.segments else [result.text.strip()]
-    for line in lines:
-        if line:
-            file.write(f"{line}\n")
+    file.writelines(f"{line}\n" for line in lines if line or result.segments)
 
 
 def write_srt(result: Transcription, file: TextIO, options: WriterOptions = WriterOptions()) -> None:

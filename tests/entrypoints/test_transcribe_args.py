@@ -103,6 +103,18 @@ def test_flags_reach_transcribe_options(llm, argv, expected):
     assert {name: getattr(options, name) for name in expected} == expected
 
 
+def test_fallback_temperatures_are_openai_whispers():
+    """The command line's schedule, as openai-whisper's `np.arange(t, 1 + 1e-6, increment)`."""
+    import numpy as np
+
+    from encdec.entrypoints.whisper_options import fallback_temperatures
+
+    for start in np.round(np.arange(0.0, 1.05, 0.1), 1):
+        for increment in (0.1, 0.2, 0.3):
+            expected = tuple(float(t) for t in np.round(np.arange(start, 1.0 + 1e-6, increment), 6))
+            assert fallback_temperatures(float(start), increment) == expected, (start, increment)
+
+
 def test_language_task_batch_size_and_threads(llm, monkeypatch):
     threads = []
     monkeypatch.setattr(cli.torch, "set_num_threads", threads.append)

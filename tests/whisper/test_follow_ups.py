@@ -37,8 +37,9 @@ class Tokenizer:
 
 
 class ScriptedEngine:
-    """`script(start_seconds, duration, temperature) -> (sampled ids, mean logprob)` per request;
-    one request finishes per step, first come first served. `run(job)` drives a job."""
+    """`script(start_seconds, duration, temperature) -> (sampled ids, mean logprob[, no-speech
+    probability])` per request; one request finishes per step, first come first served.
+    `run(job)` drives a job."""
 
     def __init__(self, script):
         self.script = script
@@ -67,7 +68,9 @@ class ScriptedEngine:
         assert features.data_ptr() == self.job.features[window.input_index][:, round(start * 100):].data_ptr()
         self.requests.append((start, round(duration, 2), params.temperature))
         self.prompts.append(prompt["decoder_prompt"])
-        ids, mean_logprob = self.script(start, duration, params.temperature)
+        ids, mean_logprob, *no_speech = self.script(start, duration, params.temperature)
+        if no_speech:  # what the control processor finds at the first step
+            window.state.no_speech_prob = no_speech[0]
         completions = [CompletionOutput(i, "", list(ids), mean_logprob * (len(ids) + 1), None, "stop")
                        for i in range(params.n)]
         return [RequestOutput(request_id, None, [SOT], None, [], completions, True)]
@@ -184,6 +187,47 @@ def test_when_every_temperature_fails_the_kept_decode_has_the_last_temperature()
     first = job.results([None])[0].segments[0]
     assert (first.text, first.temperature) == (" w1", 1.0)
     assert engine.prompts[-1] == [SOT]
+
+
+def test_a_repetitive_decode_falls_back_though_the_window_may_be_silence():
+    """openai-whisper's: a window likely silent (no_speech_prob over its threshold) skips the
+    fallback only when its decode is unsure too; a sure but repetitive decode is tried again."""
+    def script(start, duration, temperature):
+        if start == 0.0 and temperature == 0.0:
+            return [ts(0.0), *[1] * 60, ts(duration), EOT], -0.5, 0.9  # compression ratio over 2.4
+        return [ts(0.0), 2, ts(duration), EOT], -0.2, 0.9
+
+    requests, result = run(script, seconds=20.0)
+    assert [r[2] for r in requests] == [0.0, 0.2] and result.text == "w2"
+
+
+def test_when_every_temperature_fails_a_repetitive_decode_is_kept_last():
+    """faster-whisper's choice among failed decodes: the likeliest of those under the
+    compression-ratio threshold, though a repetitive one is likelier."""
+    def script(start, duration, temperature):
+        if temperature == 0.0:
+            return [ts(0.0), *[1] * 60, ts(duration), EOT], -0.5  # likelier, but loops
+        return [ts(0.0), 2, ts(duration), EOT], -1.5  # unsure
+
+    requests, result = run(script, seconds=20.0, temperature=(0.0, 0.2))
+    assert [r[2] for r in requests] == [0.0, 0.2] and result.text == "w2"
+
+
+@pytest.mark.parametrize("temperature, reset", [(0.5, False), (0.6, True)])
+def test_the_context_resets_only_above_prompt_reset_on_temperature(temperature, reset):
+    """openai-whisper resets the prompt after a decode sampled at more than 0.5, not at 0.5."""
+    engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
+    engine.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)],
+                                TranscribeOptions(temperature=temperature)))
+    assert engine.prompts[1] == ([SOT] if reset else [SOT_PREV, ts(0.0), 1, ts(30.0), SOT])
+
+
+def test_without_timestamps_the_text_still_conditions_the_next_window():
+    """openai-whisper conditions on the text before a window whether or not it keeps timestamps."""
+    engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, 2, ts(duration), EOT], -0.2))
+    engine.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)],
+                                TranscribeOptions(timestamps=False, temperature=0.0)))
+    assert engine.prompts[1][0] == SOT_PREV and engine.prompts[1][-4:] == [1, 2, ts(30.0), SOT]
 
 
 def test_without_timestamps_the_window_is_one_segment_of_its_kept_text():
@@ -421,6 +465,9 @@ def test_hotwords_open_every_prompt_and_a_carried_initial_prompt_stays():
     plain.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(90.0)],
                                     TranscribeOptions(initial_prompt="w7 w8", compression_ratio_threshold=None)))
     assert plain.prompts[0] == [SOT_PREV, 7, 8, SOT] and plain.prompts[2][1:3] != [7, 8]
+    empty = ScriptedEngine(script)  # faster-whisper's: empty hotwords are none
+    empty.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(20.0)], TranscribeOptions(hotwords="")))
+    assert empty.prompts[0] == [SOT]
 
 
 def test_clip_timestamps_limit_the_audio_decoded():

@@ -8,7 +8,7 @@ from encdec.audio import SAMPLE_RATE
 from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
 from encdec.whisper.transcribe import run_job
 from tests.conftest import assert_all_blocks_free
-from tests.openai_whisper_ref import openai_whisper_model
+from tests.openai_whisper_ref import assert_words_equal, openai_whisper_model
 from tests.speech_corpus import wer
 
 PROMPTS = {  # an initial prompt in a language other than the speech's
@@ -35,6 +35,8 @@ def test_detects_english_french_german_spanish(base, base_assets, ct2_dir, langu
     assert wer([language_clips[0][1].text], [results[0].text]) < 0.3
     (given,) = base.transcribe(language_clips[1][1].pair, language="en", temperature=0.0)
     assert given.language_probability == 1.0
+    (auto,) = base.transcribe(language_clips[1][1].pair, language="auto", temperature=0.0)  # as None: detect
+    assert (auto.language, auto.text) == (results[1].language, results[1].text)
     assert_all_blocks_free(base)
 
 
@@ -43,6 +45,23 @@ def test_translation(base, language_clips):
     (translated,) = base.transcribe([french.pair], task="translate")
     # base translates espeak-ng French poorly (faster-whisper, greedy: " I'm going to the the")
     assert translated.language == "fr" and translated.text.isascii() and translated.text
+    assert_all_blocks_free(base)
+
+
+def test_translated_words_equal_openai_whisper(base, language_clips, tmp_path):
+    """Word timestamps of a translation: aligned under the translate task, as openai-whisper
+    aligns them. The language is given: on this short clip openai-whisper detects Thai (it
+    detects on the log-mel of the clip and 30 s of silence; faster-whisper and encdec on the
+    clip's frames padded with zeros, as both decode)."""
+    whisper = pytest.importorskip("whisper")
+    reference = openai_whisper_model("base", tmp_path)
+    audio = dict(language_clips)["fr"].audio
+    (ours,) = base.transcribe((audio, SAMPLE_RATE), task="translate", word_timestamps=True, temperature=0.0,
+                             language="fr")
+    expected = whisper.transcribe(reference, audio, fp16=False, task="translate", word_timestamps=True,
+                                  temperature=0.0, language="fr")
+    assert ours.text == expected["text"].strip() and ours.segments[0].words
+    assert_words_equal(ours, expected)
     assert_all_blocks_free(base)
 
 

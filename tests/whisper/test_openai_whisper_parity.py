@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.openai_whisper_ref import openai_whisper_model
+from tests.openai_whisper_ref import assert_words_equal, openai_whisper_model
 
 whisper = pytest.importorskip("whisper")
 
@@ -171,18 +171,6 @@ def noise(seed: int, seconds: float, level: float) -> np.ndarray:
 def murmur(seed: int, seconds: float, level: float) -> np.ndarray:
     """Noise low-passed to a murmur (a 40-sample moving average)."""
     return np.convolve(noise(seed, seconds, level), np.ones(40) / 40, "same").astype(np.float32)
-
-
-def assert_words_equal(transcript, result: dict) -> None:
-    """Each word's text, times (to 5 ms) and probability, and the segments' times (the same
-    numbers)."""
-    expected = [(w["word"], w["start"], w["end"], w["probability"]) for s in result["segments"] for w in s["words"]]
-    got = [(w.word, w.start, w.end, w.probability) for s in transcript.segments for w in s.words]
-    assert [w[0] for w in got] == [w[0] for w in expected]
-    assert [t for w in got for t in w[1:3]] == pytest.approx([t for w in expected for t in w[1:3]], abs=0.005)
-    assert [w[3] for w in got] == pytest.approx([w[3] for w in expected], abs=0.01)
-    # exactly: a segment takes its first word's start and last word's end, rounded to 10 ms
-    assert [(s.start, s.end) for s in transcript.segments] == [(s["start"], s["end"]) for s in result["segments"]]
 
 
 def test_verbose_prints_what_openai_whisper_prints(tiny_en, reference, long_clips, capsys):

@@ -100,3 +100,9 @@ def test_a_hallucination_between_silences_is_found():
     assert hallucination_index([speech, ghost], 2.0, 0.0, 0.0, 13.0) is None
     late = segment(28.6, 29.0, 0.05, 0.1)
     assert hallucination_index([speech, late], 2.0, 0.0, 0.0, 29.5) == 1
+    # openai-whisper's: silence before a segment that starts within `threshold` of the input's start
+    assert hallucination_index([segment(2.5, 3.0, 0.05, 0.1)], 3.0, 0.0, 0.0, 30.0) == 0
+    # only the first 8 words count: 8 good ones, then 2 that alone would score 5.7
+    mixed = segment(0.0, 2.0, 0.9, 0.25)
+    mixed.words += [Word(" x", 2.0, 2.01, 0.01), Word(" y", 2.01, 2.02, 0.01)]
+    assert not is_anomaly(mixed)

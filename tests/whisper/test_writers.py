@@ -245,10 +245,13 @@ def test_verbose_json(tmp_path, task, language):
 @pytest.mark.parametrize("fmt", ALL_FORMATS)
 def test_files_are_openai_whispers(tmp_path, fmt):
     """Byte for byte what openai-whisper's writers make of the same segments (its json has no
-    `duration`). Whitespace inside a text (here a tab) differs: cues keep it on one line."""
+    `duration`), an emptied one among them (no length: its text cleared, as openai-whisper
+    clears it). Whitespace inside a text (here a tab) differs: cues keep it on one line."""
     from whisper.utils import get_writer
 
-    plain = [dataclasses.replace(s, text=s.text.replace("\t", " ")) for s in SEGMENTS]
+    emptied = Segment(2.5, 2.5, "", tokens=[])
+    plain = [dataclasses.replace(s, text=s.text.replace("\t", " "), id=i)
+             for i, s in enumerate([SEGMENTS[0], emptied, *SEGMENTS[1:]])]
     result = dataclasses.replace(RESULT, text="".join(s.text for s in plain), segments=plain)
     segments = [dict(id=i, seek=s.seek, start=s.start, end=s.end, text=s.text, tokens=s.tokens,
                      temperature=s.temperature, avg_logprob=s.avg_logprob,
@@ -299,8 +302,9 @@ def test_word_subtitles_are_openai_whispers(options):
     (cues from words: the last word's end, not the segment's; pauses from word starts)."""
     from whisper.utils import WriteSRT, WriteVTT
 
-    for seed in range(40):
-        result = random_worded(seed)
+    exactly_three = [Word(" so", 1.0, 1.5, 0.9), Word(" we", 4.0, 4.5, 0.9)]  # starts 3.0 s apart: no pause
+    paused = Transcription(" so we", "en", [Segment(1.0, 4.5, " so we", words=exactly_three)], 5.0)
+    for result in [paused] + [random_worded(seed) for seed in range(40)]:
         reference = dict(text=result.text, language="en", segments=[
             dict(start=s.start, end=s.end, text=s.text,
                  words=[dataclasses.asdict(w) for w in s.words]) for s in result.segments])
@@ -308,4 +312,4 @@ def test_word_subtitles_are_openai_whispers(options):
             expected = io.StringIO()
             openai_writer(".").write_result(reference, expected, **options)
             assert write_text(result, fmt, WriterOptions(word_timestamps=True, **options)) == \
-                expected.getvalue(), (seed, fmt)
+                expected.getvalue(), (result.text, fmt)
