@@ -73,6 +73,12 @@ def test_an_empty_initial_prompt_is_a_space_as_in_openai_whisper(tiny_en):
     assert prompt_ids(tokens, tiny_en.get_tokenizer(), None, "initial_prompt") == []
 
 
+def test_empty_hotwords_are_none_as_in_faster_whisper(tiny_en, corpus):
+    """faster-whisper leaves empty hotwords out (an empty initial prompt, by contrast, is a space)."""
+    plain, empty = (tiny_en.transcribe(corpus[0].pair, **extra)[0] for extra in ({}, {"hotwords": ""}))
+    assert [(s.tokens, s.avg_logprob) for s in empty.segments] == [(s.tokens, s.avg_logprob) for s in plain.segments]
+
+
 def test_words_equal_openai_whisper(tiny_en, reference, corpus, long_clips):
     """Word timestamps: each word's text, times and probability (its tokens' over the text
     vocabulary, as openai-whisper computes it: at a segment's start the model expects a
