@@ -71,6 +71,8 @@ def test_an_empty_initial_prompt_is_a_space_as_in_openai_whisper(tiny_en):
     expected = whisper.tokenizer.get_tokenizer(False).encode(" ")
     assert prompt_ids(tokens, tiny_en.get_tokenizer(), "", "initial_prompt") == expected == [220]
     assert prompt_ids(tokens, tiny_en.get_tokenizer(), None, "initial_prompt") == []
+    spaced = whisper.tokenizer.get_tokenizer(False).encode(" Hello there.")  # its " " + prompt.strip()
+    assert prompt_ids(tokens, tiny_en.get_tokenizer(), "  Hello there. \n", "initial_prompt") == spaced
 
 
 def test_empty_hotwords_are_none_as_in_faster_whisper(tiny_en, corpus):
