@@ -153,13 +153,21 @@ def test_hallucination_silence_threshold_equals_openai_whisper(tiny_en, referenc
     noise that tiny.en turns into words: the silence before a first segment that looks like a
     hallucination is skipped (the first two inputs), a window whose last word leaves no more than
     the threshold of its 30 s moves on to its end (the second), and a hallucination between
-    silences goes with the rest of its window, decoded again from it (the third)."""
+    silences goes with the rest of its window, decoded again from it (the third). A window
+    shorter than 30 s still counts 30 s: the 0.53 s left after "...platform 4." (a clip's first
+    0.39 s) is decoded again, to a first segment that looks like a hallucination, kept as it
+    starts 0.18 s into its window, the gap timed from the window's start (the fourth); a
+    hallucination ending less than the threshold before the input's end ends the input, not
+    decoded again (the fifth: a clip's first 0.87 s, 25 s after speech, up to 28.78 s)."""
     audios = [np.concatenate([murmur(3, 3.75, 0.42), corpus[10].audio, noise(4, 7, 0.021), murmur(5, 9.4, 0.3),
                               corpus[17].audio, corpus[10].audio]),
               np.concatenate([murmur(6, 7.1, 0.095), noise(7, 10.4, 0.049), murmur(8, 9.4, 0.49), silence(2.8),
                               corpus[19].audio]),
               np.concatenate([corpus[5].audio, murmur(2, 5.88, 0.406), murmur(3, 7.93, 0.071), silence(7.42),
-                              corpus[17].audio])]
+                              corpus[17].audio]),
+              np.concatenate([noise(37, 3.63, 0.018), silence(6.7), corpus[5].audio, silence(0.78),
+                              corpus[2].audio[:round(0.39 * 16000)]]),
+              np.concatenate([corpus[8].audio, silence(25.02), corpus[1].audio[:round(0.87 * 16000)]])]
     options = dict(word_timestamps=True, hallucination_silence_threshold=2.0, temperature=0.0)
     ours = tiny_en.transcribe([(audio, 16000) for audio in audios], **options)
     for audio, transcript in zip(audios, ours):
