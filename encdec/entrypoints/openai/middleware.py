@@ -6,8 +6,8 @@ A plain ASGI middleware (it sees streamed responses to their end). The request i
 client's `x-request-id` when it sends a usable one, else a new one; it goes back in the
 `x-request-id` header and into every log line about the request. A body other than a multipart
 upload to a route that reads one (`uploads.read_form` counts it as it streams) is read here
-whole, up to the limit, so
-that a chunked body without a Content-Length gets the same 413 as one that declares its size.
+whole, up to the limit, so that a chunked body without a Content-Length gets the same 413 as
+one that declares its size.
 A client that sends no part of its body for `body_timeout` seconds gets a 408, as nginx's
 `client_body_timeout`, so a stalled upload does not hold a connection and its buffers forever.
 """
