@@ -158,9 +158,9 @@ def _pad(regions: list[tuple[int, int]], pad: float, num_samples: int) -> list[t
         after = padded[i + 1]
         gap = after[0] - region[1]
         if gap < 2 * pad:
-            region[1], after[0] = region[1] + gap // 2, max(0, after[0] - gap // 2)
-        else:
-            region[1], after[0] = int(min(num_samples, region[1] + pad)), int(max(0, after[0] - pad))
+            region[1], after[0] = region[1] + gap // 2, after[0] - gap // 2
+        else:  # both pads fit in the gap, so inside the audio
+            region[1], after[0] = int(region[1] + pad), int(after[0] - pad)
     return [(start, end) for start, end in padded]
 
 

@@ -193,10 +193,23 @@ def test_subtitle_flags(llm, tmp_path):
     (["--hallucination_silence_threshold", "2"], "hallucination_silence_threshold",
      "--hallucination_silence_threshold has no effect without --word_timestamps True"),
 ])
-def test_flags_openai_whisper_ignores_are_ignored_with_a_warning(llm, capsys, argv, unset, message):
-    assert run(*argv) == 0
-    assert message in capsys.readouterr().err
-    assert getattr(llm.options(), unset, None) is None
+def test_flags_openai_whisper_ignores_are_ignored_with_a_warning(llm, capsys, tmp_path, argv, unset, message):
+    """A warning, and the same options and subtitles as without the flag."""
+    flag = argv.index(f"--{unset}")
+    results = []
+    for name, flags in (("with", argv), ("without", argv[:flag] + argv[flag + 2:])):
+        assert run(*flags, "-f", "vtt", "-o", str(tmp_path / name)) == 0
+        assert (message in capsys.readouterr().err) == (name == "with")
+        results.append((llm.options(), (tmp_path / name / "hello.vtt").read_text()))
+    assert results[0] == results[1]
+
+
+def test_max_words_per_line_counts_when_max_line_count_does_not(llm, capsys, tmp_path):
+    """Without --max_line_width, --max_line_count is the flag ignored; the words per line hold."""
+    assert run("--word_timestamps", "True", "--max_line_count", "2", "--max_words_per_line", "3",
+               "-f", "vtt", "-o", str(tmp_path)) == 0
+    assert "--max_words_per_line" not in capsys.readouterr().err
+    assert "\nThank you for\n" in (tmp_path / "hello.vtt").read_text()
 
 
 def test_word_timestamps_on_a_translation_are_warned_about(llm, capsys):

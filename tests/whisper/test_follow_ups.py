@@ -47,6 +47,7 @@ class ScriptedEngine:
         self.queue: list[tuple[str, dict, object]] = []
         self.requests: list[tuple[float, float, float]] = []  # (start, duration, temperature)
         self.prompts: list[list[int]] = []  # decoder prompts, in the order decoded
+        self.params: list = []  # sampling parameters, in the order decoded
 
     def add_request(self, request_id, prompt, params, return_cross_kv=False):
         self.queue.append((request_id, prompt, params))
@@ -68,6 +69,7 @@ class ScriptedEngine:
         assert features.data_ptr() == self.job.features[window.input_index][:, round(start * 100):].data_ptr()
         self.requests.append((start, round(duration, 2), params.temperature))
         self.prompts.append(prompt["decoder_prompt"])
+        self.params.append(params)
         ids, mean_logprob, *no_speech = self.script(start, duration, params.temperature)
         if no_speech:  # what the control processor finds at the first step
             window.state.no_speech_prob = no_speech[0]
@@ -130,7 +132,8 @@ def test_an_open_last_segment_is_decoded_again_from_its_start():
     assert result.text.split() == ["w1", "w3", "w3"]
 
 
-def test_a_looping_last_segment_is_dropped_and_decoded_again():
+@pytest.mark.parametrize("condition", [False, True])
+def test_a_looping_last_segment_is_dropped_and_decoded_again(condition):
     loop = [7, 8, 9] * 20
 
     def script(start, duration, temperature):
@@ -138,9 +141,14 @@ def test_a_looping_last_segment_is_dropped_and_decoded_again():
             return [ts(0.0), 1, 2, 3, 4, 5, 6, 1, 2, 3, ts(8.0), ts(8.0), *loop, ts(20.0), EOT], -0.2
         return [ts(0.0), 4, ts(duration), EOT], -0.2
 
-    requests, result = run(script, temperature=0.0)  # no fallback: the loop stays
-    assert requests[2][0] == 8.0
+    # no fallback: the loop stays
+    requests, result = run(script, temperature=0.0, condition_on_previous_text=condition)
+    assert 8.0 in [start for start, *_ in requests]
     assert "w7 w8 w9 w7" not in result.text and result.text.startswith("w1 w2 w3 w4")
+    # without a compression ratio threshold nothing loops
+    requests, result = run(script, temperature=0.0, condition_on_previous_text=condition,
+                           compression_ratio_threshold=None)
+    assert 8.0 not in [start for start, *_ in requests] and "w7 w8 w9 w7" in result.text
 
 
 def test_words_repeated_at_a_seam_are_dropped():
@@ -163,6 +171,30 @@ def test_unsure_decodes_fall_back_to_higher_temperatures_with_seeded_samples():
     requests, result = run(script)
     assert [(r[0], r[2]) for r in requests] == [(0.0, 0.0), (requests[1][0], 0.0), (0.0, 0.2), (0.0, 0.4)]
     assert result.segments[0].text == " w2" and result.segments[0].temperature == 0.4
+
+
+def test_beams_at_temperature_0_and_best_of_samples_above_it():
+    """openai-whisper's: `beam_size` beams at temperature 0, `best_of` seeded samples at each
+    fallback temperature."""
+    def script(start, duration, temperature):
+        return [ts(0.0), 1, ts(duration), EOT], -2.0 if temperature < 0.4 else -0.2
+
+    engine = ScriptedEngine(script)
+    options = TranscribeOptions(beam_size=2, best_of=3, temperature=(0.0, 0.2, 0.4), seed=7)
+    engine.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(20.0)], options))
+    assert [(p.temperature, bool(p.use_beam_search), p.n, p.seed) for p in engine.params] == [
+        (0.0, True, 2, None), (0.2, False, 3, 8), (0.4, False, 3, 9)]
+
+
+@pytest.mark.parametrize("threshold, text", [(0.6, "w1"), (0.4, ""), (None, "w1")])
+def test_a_window_is_silence_over_the_no_speech_threshold(threshold, text):
+    """openai-whisper's rule with the given threshold: an unsure decode (mean log-probability
+    under -1) of a window whose no-speech probability passes it is dropped as silence, and is
+    not tried again at a higher temperature."""
+    requests, result = run(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -1.5, 0.5),
+                           seconds=20.0, no_speech_threshold=threshold)
+    assert result.text == text
+    assert [r[2] for r in requests] == ([0.0] if text == "" else [0.0, 0.2, 0.4, 0.6, 0.8, 1.0])
 
 
 def test_when_every_temperature_fails_the_likeliest_fluent_decode_is_kept():
@@ -267,6 +299,12 @@ def test_plan_seek_rules():
     # an open last segment (the token limit) is decoded again from the end of the one before it
     assert plan([ts(0.0), 1, ts(2.0), ts(2.2), 2, 2]) == (2.0, [[1]])
     assert plan([ts(0.0), 1, 1]) == (None, [[1, 1]])  # nothing before it: kept, on to the end
+    # so is a last segment that repeats itself (compression ratio above the threshold)
+    looping = [ts(0.0), 1, ts(2.0), ts(2.0)] + [2] * 40 + [ts(5.0), ts(5.0), EOT]
+    assert plan(looping) == (2.0, [[1]])
+    spans = split_spans(looping, TOKENS)
+    kept = plan_seek(spans, [Tokenizer().decode(ids) for *_, ids in spans], True, False, None)
+    assert (kept.resume, len(kept.kept)) == (5.0, 2)  # no threshold: kept, as any closed segment
     assert plan_seek([], [], True, False).resume is None
     # one segment (no pair of timestamps): kept whole, timed from the window's start
     assert plan_seek(split_spans([ts(1.0), 1, ts(2.0), EOT], TOKENS), [" w1"], True, True).from_start
