@@ -11,6 +11,7 @@ import torch
 from transformers import BartForConditionalGeneration, GenerationConfig
 
 from encdec import LLM, SamplingParams
+from encdec.sampling.beam_search import BeamHypothesis, BeamSearch
 from tests.bart_checkpoints import BART_BASE, CORPUS, make_bart_checkpoint
 from tests.conftest import assert_all_blocks_free
 
@@ -248,3 +249,17 @@ def test_vllms_beam_search_api(llm):
     with pytest.raises(ValueError, match="temperature must be 0"):
         llm.beam_search(prompts, BeamSearchParams(beam_width=3, max_tokens=20, temperature=0.7))
     assert_all_blocks_free(llm)
+
+
+@pytest.mark.parametrize("rules, length_penalty, first", [
+    ("hf", 1.0, "running"), ("hf", 0.0, "finished"), ("whisper", 1.0, "running")])
+def test_a_search_cut_short_ranks_its_beams_as_hypotheses_of_their_length(rules, length_penalty, first):
+    """An aborted search ranks each running beam by the score a hypothesis of its length would
+    have: 5 tokens at -7.5 (-1.5 a token) outrank 3 finished ones at -6.0 (-2.0 a token) when the
+    length counts, and not when it does not (length_penalty 0)."""
+    search = BeamSearch(SamplingParams(use_beam_search=True, beam_width=2, n=2, max_tokens=10,
+                                       length_penalty=length_penalty, beam_rules=rules))
+    search.finished = [BeamHypothesis([1, 2, 3], -6.0 / 3 ** length_penalty, -6.0, "stop")]
+    ranked = search.cut_short([([4, 5, 6, 7, 8], -7.5)], 2)
+    assert [h.finish_reason for h in ranked] == (["abort", "stop"] if first == "running" else ["stop", "abort"])
+    assert [h.cumulative_logprob for h in ranked if h.finish_reason == "abort"] == [-7.5]
