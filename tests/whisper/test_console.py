@@ -9,7 +9,8 @@ import warnings
 import pytest
 import torch
 
-from encdec.entrypoints.whisper_console import check_fp16
+from encdec.entrypoints.whisper_console import Printer, check_fp16
+from encdec.whisper.transcript import Segment
 from tests.conftest import assert_all_blocks_free
 
 
@@ -38,6 +39,14 @@ def test_verbose_names_the_input_before_its_lines_when_there_are_several(tiny_en
         assert printed and all(re.fullmatch(pattern, p) for p in printed)
         assert "".join(p.split("] ", 1)[1] for p in printed) == "".join(s.text for s in result.segments)
     assert_all_blocks_free(tiny_en)
+
+
+def test_verbose_prints_no_line_for_an_emptied_segment():
+    """Segments emptied for having no length or no text are in the transcript, not printed."""
+    lines = []
+    Printer(["a.wav"], True, lines.append).segments(0, [
+        Segment(0.0, 1.0, " Hi."), Segment(1.0, 1.0, ""), Segment(1.0, 2.0, " ")])
+    assert lines == ["[00:00.000 --> 00:01.000]  Hi."]
 
 
 def test_fp16_warns_only_when_the_llm_runs_another_precision():
