@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import io
 import json
 import re
 import shutil
@@ -19,6 +20,7 @@ import pytest
 import soundfile
 
 from encdec.entrypoints import cli
+from encdec.entrypoints.summarize_cli import one_line
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
 SAMPLE_TEXT = "Thank you for calling. Please leave a message after the tone."
@@ -128,11 +130,14 @@ def test_bad_files_are_reported_and_the_rest_finish(tmp_path, capsys):
     assert (tmp_path / "out" / "silence.txt").read_text() == (tmp_path / "out" / "no_samples.txt").read_text() == ""
 
 
-def test_only_bad_files_never_loads_the_model(tmp_path, capsys, monkeypatch):
+def test_only_bad_files_never_loads_the_model(tiny_bart_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli, "load_llm", lambda args: pytest.fail("model loaded"))
     assert cli.main(["transcribe", str(tmp_path / "nope.flac")]) == 1
     assert error_lines(capsys.readouterr().err) == [
         f"encdec: error: {tmp_path / 'nope.flac'}: audio file not found"]
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "--file", str(tmp_path / "nope.txt")]) == 1
+    assert error_lines(capsys.readouterr().err) == [
+        f"encdec: error: {tmp_path / 'nope.txt'}: no such file or directory"]
 
 
 def test_model_and_option_errors(tmp_path, capsys):
@@ -260,6 +265,40 @@ def test_a_failed_text_keeps_its_line(tiny_bart_dir, capsys):
     assert alone == 0 and capsys.readouterr().out.splitlines() == [lines[3]]
 
 
+def test_when_no_text_can_be_summarized_each_keeps_an_empty_line(tiny_bart_dir, capsys):
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "", " "]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "\n\n" and len(error_lines(captured.err)) == 2
+
+
+def test_summarize_decoding_options_decode_as_the_llm_does(tiny_bart_dir, capsys, monkeypatch):
+    """--temperature with --seed, and --no-repeat-ngram-size, give what `LLM.generate` gives
+    with them (each changes the output here); --file - reads standard input."""
+    from encdec import LLM, SamplingParams
+
+    text = "The encoder reads the whole document once; the decoder writes the summary."
+    llm = LLM(model=str(tiny_bart_dir))
+
+    def offline(**fields):
+        params = SamplingParams(max_tokens=12, config_per_field=True, **fields)
+        return one_line(llm.generate([text], params, use_tqdm=False)[0].outputs[0].text)
+
+    for options, fields, other in [
+        (["--temperature", "1", "--seed", "3"], dict(temperature=1.0, seed=3), dict(temperature=1.0, seed=4)),
+        (["--temperature", "0", "--no-repeat-ngram-size", "1"], dict(temperature=0.0, no_repeat_ngram_size=1),
+         dict(temperature=0.0)),
+    ]:
+        assert offline(**fields) != offline(**other)  # the option matters here
+        monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+        assert cli.main(["summarize", "--model", str(tiny_bart_dir), "--file", "-", "--max-tokens", "12",
+                         *options]) == 0
+        assert capsys.readouterr().out == offline(**fields) + "\n"
+
+
+def test_one_line():
+    assert one_line(" A  summary \n\n in two\r\nlines. ") == "A  summary in two lines."
+
+
 def test_an_output_with_line_breaks_keeps_to_its_line(tiny_bart_dir, tmp_path, capsys):
     from safetensors.torch import load_file, save_file
     from transformers import AutoTokenizer
@@ -312,9 +351,11 @@ def test_summarize_words_errors_as_options(tiny_bart_dir, capsys):
         "--min-tokens must be <= --max-tokens=3, got 9")
     # the length limit of the checkpoint's generation config, which the user did not set: it has
     # no max_length, so 20 new tokens, as generate() makes
-    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "text", "--min-tokens", "100000"]) == 2
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "text", "--min-tokens", "21"]) == 2
     assert usage_error(capsys.readouterr().err, "summarize") == (
-        "--min-tokens 100000: the checkpoint's default max tokens is 20; set --max-tokens")
+        "--min-tokens 21: the checkpoint's default max tokens is 20; set --max-tokens")
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "text", "--min-tokens", "20"]) == 0
+    capsys.readouterr()
     assert cli.main(["summarize", "--model", str(tiny_bart_dir), "text", "--min-tokens", "300",
                      "--max-tokens", "300"]) == 2
     assert usage_error(capsys.readouterr().err, "summarize") == (
