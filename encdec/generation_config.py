@@ -15,6 +15,9 @@ each unset field all the same, as vLLM's server and Hugging Face's `generate()` 
 0 samples, and the config's beams are left out.
 Hugging Face counts `min_length` / `max_length` with the decoder prompt; here they become
 `min_tokens` / `max_tokens` of the request's own prompt.
+The generation fields of `config.json`'s `task_specific_params` (t5-small's "summarization": 4
+beams, 30 to 200 tokens, ...) override the config for a request that names the task
+(`SamplingParams.config_task`), as Hugging Face's pipeline for that task overrides them.
 """
 from __future__ import annotations
 
@@ -52,22 +55,30 @@ class GenerationDefaults:
     `fallback` holds the values of the fields it leaves unset.
     `eos_token_ids` are the config's EOS tokens (`eos_token_id`, one or a list); those other
     than the model's own EOS stop every request as EOS does (vLLM adds them to stop_token_ids),
-    set or not, unless it ignores EOS."""
+    set or not, unless it ignores EOS. `tasks` holds the generation fields of each entry of
+    `task_specific_params` (`for_task`)."""
 
     values: dict[str, Any] = field(default_factory=dict)
     found: bool = False
     fallback: dict[str, Any] = field(default_factory=lambda: HF_DEFAULTS)
     eos_token_ids: tuple[int, ...] = ()
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, config: dict[str, Any], found: bool = True) -> "GenerationDefaults":
         eos = config.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else () if eos is None else (eos,)
-        return cls({k: config[k] for k in GENERATION_FIELDS if config.get(k) is not None}, found,
-                   eos_token_ids=eos_ids)
+        return cls(_generation_fields(config), found, eos_token_ids=eos_ids)
 
     def get(self, name: str) -> Any:
         return self.values.get(name, self.fallback[name])
+
+    def for_task(self, task: Optional[str]) -> "GenerationDefaults":
+        """These defaults with the generation fields of `task_specific_params[task]` over them
+        (the same defaults for a task the checkpoint does not name)."""
+        if not self.tasks.get(task):
+            return self
+        return dataclasses.replace(self, values={**self.values, **self.tasks[task]}, found=True)
 
     def for_speech(self, max_decoder_len: int) -> "GenerationDefaults":
         """A speech model's defaults: unset fields decode greedily up to the decoder's length (as
@@ -118,18 +129,36 @@ class GenerationDefaults:
 def load_generation_defaults(model: str) -> GenerationDefaults:
     """Read the defaults of a local checkpoint directory; anything else has none."""
     path = Path(model).expanduser()
-    generation_config = path / "generation_config.json"
-    config = path / "config.json"
     try:
-        if generation_config.is_file():
-            return GenerationDefaults.from_dict(json.loads(generation_config.read_text()))
-        if config.is_file():
-            values = json.loads(config.read_text())
-            found = any(k in values for k in GENERATION_FIELDS)
-            return GenerationDefaults.from_dict(values, found)
+        config = _json_object(path / "config.json")
+        generation_config = _json_object(path / "generation_config.json")
+        if generation_config is not None:
+            defaults = GenerationDefaults.from_dict(generation_config)
+        elif config is not None:
+            defaults = GenerationDefaults.from_dict(config, any(k in config for k in GENERATION_FIELDS))
+        else:
+            return GenerationDefaults()
+        tasks = (config or {}).get("task_specific_params")
+        tasks = tasks if isinstance(tasks, dict) else {}
+        return dataclasses.replace(defaults, tasks={
+            task: _generation_fields(fields) for task, fields in tasks.items() if isinstance(fields, dict)})
     except (OSError, ValueError) as err:
         logger.warning("ignoring the generation config of %s: %s", model, err)
     return GenerationDefaults()
+
+
+def _json_object(path: Path) -> Optional[dict[str, Any]]:
+    """The JSON object in the file at `path`, None if there is no such file."""
+    if not path.is_file():
+        return None
+    value = json.loads(path.read_text())
+    if not isinstance(value, dict):
+        raise ValueError(f"{path.name} holds no JSON object")
+    return value
+
+
+def _generation_fields(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: config[k] for k in GENERATION_FIELDS if config.get(k) is not None}
 
 
 def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults, prompt_len: int,
@@ -143,6 +172,7 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
     defaults are in.
     """
     config = {}
+    defaults = defaults.for_task(params.config_task)
     if defaults.found and (params.temperature is None or params.config_per_field):
         config = defaults.as_params(prompt_len, None if params.temperature is None else not params.is_greedy)
     values = {name: _own_or(getattr(params, name), config.get(name, builtin))

@@ -23,8 +23,12 @@ T5_SMALL = dict(
     relative_attention_num_buckets=32, relative_attention_max_distance=128,
     feed_forward_proj="relu", layer_norm_epsilon=1e-6, n_positions=512, pad_token_id=0,
     eos_token_id=1, decoder_start_token_id=0,
-    task_specific_params={"summarization": {"prefix": "summarize: "},
-                          "translation_en_to_de": {"prefix": "translate English to German: "}},
+    task_specific_params={
+        "summarization": {"early_stopping": True, "length_penalty": 2.0, "max_length": 200, "min_length": 30,
+                          "no_repeat_ngram_size": 3, "num_beams": 4, "prefix": "summarize: "},
+        **{f"translation_en_to_{code}": {"early_stopping": True, "max_length": 300, "num_beams": 4,
+                                         "prefix": f"translate English to {language}: "}
+           for code, language in (("de", "German"), ("fr", "French"), ("ro", "Romanian"))}},
 )
 FLAN_T5_SMALL = dict(T5_SMALL, d_ff=1024, num_layers=8, num_decoder_layers=8, num_heads=6,
                      feed_forward_proj="gated-gelu", tie_word_embeddings=False)

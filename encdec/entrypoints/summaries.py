@@ -59,16 +59,18 @@ def summary_params(defaults: GenerationDefaults, max_tokens: Optional[int] = Non
                    length_penalty: Optional[float] = None,
                    no_repeat_ngram_size: Optional[int] = None, temperature: Optional[float] = None,
                    seed: Optional[int] = None,
-                   output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY) -> SamplingParams:
+                   output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
+                   task: Optional[str] = "summarization") -> SamplingParams:
     """Decoding settings for summaries: each unset one comes from the checkpoint's generation
-    config (so a bart-large-cnn directory decodes like Hugging Face's summarization pipeline),
-    also when `temperature` is set: 0 keeps the config's beam search, above 0 samples with the
-    config's lengths, `no_repeat_ngram_size` and forced tokens. A checkpoint without a config
-    decodes greedily, at most 128 tokens."""
-    if not defaults.found:
+    config with its `task` parameters over it (so a bart-large-cnn or t5-small directory decodes
+    like Hugging Face's summarization pipeline), also when `temperature` is set: 0 keeps the
+    config's beam search, above 0 samples with the config's lengths, `no_repeat_ngram_size` and
+    forced tokens. A checkpoint without a config decodes greedily, at most 128 tokens."""
+    if not defaults.for_task(task).found:
         temperature = 0.0 if temperature is None else temperature
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
     beams = {} if num_beams is None else dict(beam_width=num_beams, use_beam_search=num_beams > 1)
     return SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, length_penalty=length_penalty,
                           no_repeat_ngram_size=no_repeat_ngram_size, temperature=temperature,
-                          seed=seed, output_kind=output_kind, config_per_field=True, **beams)
+                          seed=seed, output_kind=output_kind, config_per_field=True, config_task=task,
+                          **beams)

@@ -1,8 +1,9 @@
 """`encdec summarize`: summaries of texts with a BART-family checkpoint, one per line on stdout.
 
 Texts longer than the encoder's positions are cut to fit (a note on stderr) unless
---no-truncate; decoding follows the checkpoint's generation config unless options say
-otherwise (`encdec.entrypoints.summaries`, shared with `/v1/summarize`). `translate` and
+--no-truncate; decoding follows the checkpoint's generation config, with its summarization task
+parameters over it, unless options say otherwise (`encdec.entrypoints.summaries`, shared with
+`/v1/summarize`). `translate` and
 `batch summarize` take the same decoding options.
 """
 from __future__ import annotations
@@ -128,11 +129,13 @@ def decoding_options(args: argparse.Namespace) -> dict:
                 temperature=args.temperature, seed=args.seed)
 
 
-def decoding_params(defaults: GenerationDefaults, args: argparse.Namespace):
+def decoding_params(defaults: GenerationDefaults, args: argparse.Namespace,
+                    task: Optional[str] = "summarization"):
     """SamplingParams from the decoding options of `summarize`, `translate` and `batch
-    summarize` over the checkpoint's generation config `defaults` (UsageError for a bad value)."""
+    summarize` over the checkpoint's generation config `defaults` and its `task` parameters
+    (UsageError for a bad value)."""
     try:
-        return summary_params(defaults, **decoding_options(args))
+        return summary_params(defaults, **decoding_options(args), task=task)
     except ValueError as err:
         raise UsageError(option_wording(err, OPTIONS)) from None
 
@@ -232,8 +235,10 @@ def add_summarize(subparsers) -> None:
 
     p = subparsers.add_parser("summarize", help="summarize text with a BART, PEGASUS or T5 checkpoint",
                               description="Summarize texts with a BART, PEGASUS or T5 checkpoint, "
-                                          "decoding as its "
-                                          "generation config says unless options say otherwise; "
+                                          "decoding as its generation config (with "
+                                          "config.json's task_specific_params for summarization "
+                                          "over it, as Hugging Face's pipeline) says unless "
+                                          "options say otherwise; "
                                           "one summary per line on stdout, TEXTs first, then "
                                           "--files; an input that fails gets an empty line "
                                           "(its error on stderr).")

@@ -4,9 +4,11 @@ The model family says how the languages are given: a Marian checkpoint translate
 language pair (a multilingual one takes the target as `>>fr<<`), mBART-50 takes source and
 target codes (`en_XX`, `fr_XX`; the target code is forced as the first generated token), T5
 takes the codes of one of its translation tasks (`en` and `de` for "translate English to
-German: ", which goes in front of the text). Texts longer than the model's input limit are cut
-to fit, as for `encdec summarize`, unless --no-truncate. Decoding follows the checkpoint's
-generation config unless options say otherwise, as for `encdec summarize`. One translation per
+German: ", which goes in front of the text, and whose parameters in config.json's
+task_specific_params go over the generation config, as in Hugging Face's pipeline). Texts longer
+than the model's input limit are cut to fit, as for `encdec summarize`, unless --no-truncate.
+Decoding follows the checkpoint's generation config unless options say otherwise, as for
+`encdec summarize`. One translation per
 line on stdout, TEXTs first, then --files; an input that fails gets an empty line (its error on
 stderr).
 """
@@ -72,7 +74,8 @@ def run_translate(args: argparse.Namespace) -> int:
     engine = llm.llm_engine
     hf_config, limit = engine.model_config.hf_config, engine.model_config.max_encoder_len
     check_languages(args, hf_config)
-    params = decoding_params(engine.generation_defaults, args)
+    task = f"translation_{args.source_lang}_to_{args.target_lang}" if args.source_lang and args.target_lang else None
+    params = decoding_params(engine.generation_defaults, args, task)
     prompts, request_params, unused = [], [], {}
     for label, text in texts:
         ids = forced = None

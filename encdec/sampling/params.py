@@ -55,7 +55,10 @@ class SamplingParams:
     `config_per_field` (what the server and `encdec summarize` send) the config fills each unset
     field whether `temperature` is set or not, as vLLM's server and Hugging Face's `generate()`
     do; a set `temperature` then only decides whether to sample (above 0: without the config's
-    beams).
+    beams). `config_task` names an entry of the checkpoint's `task_specific_params`
+    ("summarization", "translation_en_to_de") whose generation fields override its generation
+    config for the request, as Hugging Face's pipeline for that task applies them (t5-small
+    summarizes with 4 beams, 30 to 200 tokens, that way).
 
     `stop` strings end a completion where one appears in its text, after `min_tokens` (see
     `encdec.engine.stop_strings`; a beam search's hypotheses are cut after the search).
@@ -137,6 +140,7 @@ class SamplingParams:
     truncate_prompt_tokens: Optional[int] = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     config_per_field: bool = False
+    config_task: Optional[str] = None
     # per logits processor: whether it takes the prompt's ids first (set from its signature)
     processors_take_prompt: tuple[bool, ...] = field(init=False, repr=False, compare=False)
 
@@ -167,6 +171,8 @@ class SamplingParams:
         stop = self.stop_token_ids if self.stop_token_ids is not None else []
         self.stop_token_ids = _token_ids("stop_token_ids", stop)
         self.stop = _strings("stop", self.stop)
+        _check(self.config_task is None or isinstance(self.config_task, str),
+               f"config_task must be a task name or None, got {self.config_task!r}")
         for name in ("suppress_tokens", "begin_suppress_tokens", "allowed_token_ids"):
             value = getattr(self, name)
             if value is not None:

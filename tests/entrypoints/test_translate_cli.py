@@ -89,7 +89,7 @@ def test_mbart50_target_language(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def t5_dir(tmp_path_factory):
-    return make_family_checkpoint("t5", tmp_path_factory.mktemp("t5"), seed=1)  # en to de
+    return make_family_checkpoint("t5", tmp_path_factory.mktemp("t5"), seed=1)  # en to de, fr, ro
 
 
 def usage_error(capsys, argv) -> str:
@@ -102,10 +102,11 @@ def usage_error(capsys, argv) -> str:
 def test_languages_and_models_that_cannot_translate(t5_dir, tiny_bart_dir, capsys):
     t5 = ["translate", "--model", str(t5_dir), "text"]
     assert usage_error(capsys, t5) == (
-        "--source-lang and --target-lang are required for T5; this checkpoint translates en to de")
+        "--source-lang and --target-lang are required for T5; this checkpoint translates en to de, en to "
+        "fr, en to ro")
     assert usage_error(capsys, [*t5, "--source-lang", "English", "--target-lang", "German"]) == (
         "--source-lang English --target-lang German: no such task; this checkpoint translates en "
-        "to de")
+        "to de, en to fr, en to ro")
     assert usage_error(capsys, ["translate", "--model", str(tiny_bart_dir), "text"]) == (
         f"--model {tiny_bart_dir}: a bart checkpoint does not translate (translate takes Marian, "
         f"mBART-50 or T5 checkpoints)")

@@ -113,6 +113,40 @@ def test_loading(tmp_path):
     assert not load_generation_defaults(str(tmp_path / "bad")).found
 
 
+T5_TASKS = {"summarization": dict(early_stopping=True, length_penalty=2.0, max_length=200, min_length=30,
+                                  no_repeat_ngram_size=3, num_beams=4, prefix="summarize: "),
+            "translation_en_to_de": dict(early_stopping=True, max_length=300, num_beams=4,
+                                         prefix="translate English to German: ")}
+
+
+def test_task_parameters_override_the_config_for_requests_that_name_the_task(tmp_path):
+    """t5-small's config.json: its generation_config.json sets no decoding, its
+    task_specific_params do, for the requests of that task (as Hugging Face's pipelines)."""
+    (tmp_path / "config.json").write_text(json.dumps(dict(d_model=16, task_specific_params=T5_TASKS)))
+    (tmp_path / "generation_config.json").write_text(json.dumps(dict(decoder_start_token_id=0, eos_token_id=1)))
+    defaults = load_generation_defaults(str(tmp_path))
+    assert defaults.tasks["translation_en_to_de"] == dict(early_stopping=True, max_length=300, num_beams=4)
+    assert defaults.for_task("translation_en_to_fr") is defaults.for_task(None) is defaults
+
+    def resolved(task):
+        return resolve_sampling_params(SamplingParams(config_task=task), defaults, 1, 512)
+
+    summary = resolved("summarization")
+    assert (summary.use_beam_search, summary.beam_width, summary.max_tokens, summary.min_tokens) == (True, 4, 199, 29)
+    assert (summary.length_penalty, summary.no_repeat_ngram_size, summary.early_stopping) == (2.0, 3, True)
+    assert (resolved("translation_en_to_de").max_tokens, resolved("translation_en_to_de").min_tokens) == (299, 0)
+    plain = resolved(None)
+    assert (plain.use_beam_search, plain.max_tokens, plain.no_repeat_ngram_size) == (False, 20, 0)
+    # summaries name their task; a checkpoint whose only decoding settings are a task's has them
+    assert summary_params(defaults).config_task == "summarization"
+    bare = GenerationDefaults(tasks={"summarization": dict(num_beams=2)})
+    assert summary_params(bare).max_tokens is None and summary_params(bare, task=None).max_tokens == 128
+    (tmp_path / "config.json").write_text(json.dumps(dict(task_specific_params=["summarization"])))
+    assert load_generation_defaults(str(tmp_path)).tasks == {}
+    with pytest.raises(ValueError, match="config_task must be a task name"):
+        SamplingParams(config_task=["summarization"])
+
+
 def test_engine_reads_the_checkpoint_config(tiny_bart_dir):
     """The tiny checkpoint's generation config only sets forced_eos_token_id: HF-style greedy
     with EOS forced as the last token; an explicit temperature decodes without it."""
