@@ -3,8 +3,7 @@
 Texts longer than the encoder's positions are cut to fit (a note on stderr) unless
 --no-truncate; decoding follows the checkpoint's generation config, with its summarization task
 parameters over it, unless options say otherwise (`encdec.entrypoints.summaries`, shared with
-`/v1/summarize`). `translate` and
-`batch summarize` take the same decoding options.
+`/v1/summarize`). `translate` and `batch summarize` take the same decoding options.
 """
 from __future__ import annotations
 

@@ -8,9 +8,8 @@ German: ", which goes in front of the text, and whose parameters in config.json'
 task_specific_params go over the generation config, as in Hugging Face's pipeline). Texts longer
 than the model's input limit are cut to fit, as for `encdec summarize`, unless --no-truncate.
 Decoding follows the checkpoint's generation config unless options say otherwise, as for
-`encdec summarize`. One translation per
-line on stdout, TEXTs first, then --files; an input that fails gets an empty line (its error on
-stderr).
+`encdec summarize`. One translation per line on stdout, TEXTs first, then --files; an input that
+fails gets an empty line (its error on stderr).
 """
 from __future__ import annotations
 
@@ -74,7 +73,8 @@ def run_translate(args: argparse.Namespace) -> int:
     engine = llm.llm_engine
     hf_config, limit = engine.model_config.hf_config, engine.model_config.max_encoder_len
     check_languages(args, hf_config)
-    task = f"translation_{args.source_lang}_to_{args.target_lang}" if args.source_lang and args.target_lang else None
+    task = (f"translation_{args.source_lang}_to_{args.target_lang}"
+            if args.source_lang and args.target_lang else None)
     params = decoding_params(engine.generation_defaults, args, task)
     prompts, request_params, unused = [], [], {}
     for label, text in texts:
