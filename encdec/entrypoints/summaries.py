@@ -14,6 +14,7 @@ from encdec.generation_config import GenerationDefaults, task_prefix
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 DEFAULT_MAX_TOKENS = 128  # summaries of a checkpoint without any generation config
+SUMMARIZATION = "summarization"  # the task of `task_specific_params` (and Hugging Face's pipeline)
 # SamplingParams names that the summarization options spell differently
 OPTION_NAMES = {"beam_width": "num_beams", "use_beam_search": "num_beams"}
 
@@ -34,7 +35,7 @@ def prepare_article(text: str, tokenizer: Any, hf_config: Any, max_tokens: int,
     (then ArticleTooLong names the limit)."""
     if not text.strip():
         raise ValueError("the text to summarize is empty")
-    return fit_article(tokenizer(task_prefix(hf_config, "summarization") + text)["input_ids"],
+    return fit_article(tokenizer(task_prefix(hf_config, SUMMARIZATION) + text)["input_ids"],
                        tokenizer, max_tokens, truncate)
 
 
@@ -60,7 +61,7 @@ def summary_params(defaults: GenerationDefaults, max_tokens: Optional[int] = Non
                    no_repeat_ngram_size: Optional[int] = None, temperature: Optional[float] = None,
                    seed: Optional[int] = None,
                    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
-                   task: Optional[str] = "summarization") -> SamplingParams:
+                   task: Optional[str] = SUMMARIZATION) -> SamplingParams:
     """Decoding settings for summaries: each unset one comes from the checkpoint's generation
     config with its `task` parameters over it (so a bart-large-cnn or t5-small directory decodes
     like Hugging Face's summarization pipeline), also when `temperature` is set: 0 keeps the

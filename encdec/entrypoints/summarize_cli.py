@@ -16,7 +16,8 @@ from typing import Optional
 from tqdm import tqdm
 
 from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error, option_wording
-from encdec.entrypoints.summaries import Article, ArticleTooLong, prepare_article, summary_params
+from encdec.entrypoints.summaries import (SUMMARIZATION, Article, ArticleTooLong, prepare_article,
+                                          summary_params)
 from encdec.entrypoints.transcribe_args import (MAX_SEQS, non_negative_int, number,
                                                 positive_int)
 from encdec.generation_config import GenerationDefaults, resolve_sampling_params
@@ -129,7 +130,7 @@ def decoding_options(args: argparse.Namespace) -> dict:
 
 
 def decoding_params(defaults: GenerationDefaults, args: argparse.Namespace,
-                    task: Optional[str] = "summarization"):
+                    task: Optional[str] = SUMMARIZATION):
     """SamplingParams from the decoding options of `summarize`, `translate` and `batch
     summarize` over the checkpoint's generation config `defaults` and its `task` parameters
     (UsageError for a bad value)."""
