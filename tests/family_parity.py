@@ -13,7 +13,6 @@ from __future__ import annotations
 import pytest
 
 from encdec import LLM, SamplingParams, TokensPrompt
-from encdec.kernels.cpu_int8_linear import input_range
 from tests.bart_checkpoints import CORPUS
 from tests.bart_parity import assert_greedy_parity, assert_varied, mixed_prompts, prompt_text
 from tests.conftest import assert_all_blocks_free
@@ -97,13 +96,14 @@ class FamilyParity:
     def test_lower_precision_runs_the_family(self, family_dir, decoding, plain_outputs, precision):
         """bfloat16 and int8 run every part of the family (T5's position bias in paged decode,
         beams) to the requested lengths, with all blocks free after. Their ids are only checked
-        against garbage: on these random weights any lower precision, Hugging Face's own
-        included, parts from float32 early (Flan-T5's bfloat16 logits are off by up to 8 in
-        Hugging Face too, so about half its first tokens differ); measured here, 15-32 of 32
-        first tokens equal float32's. Accuracy is gated on real weights (Whisper's WER,
+        against garbage (which would agree on about none): on these random weights any lower
+        precision, Hugging Face's own included, parts from float32 early (Flan-T5's bfloat16
+        logits are off by up to 8 in Hugging Face too). Measured on an AVX-512 EPYC, of 32 first
+        tokens equal to float32's: bfloat16 21-31, int8 7-31; Flan-T5's int8 is the 7, its large
+        activations losing most, with inputs of 8 bits (VNNI) as of 7 (AVX2 only,
+        `cpu_int8_linear`). Accuracy is gated on real weights (Whisper's WER,
         tests/whisper/test_low_precision.py) and on BART's agreement
-        (tests/models/test_quantization.py). Without VNNI, int8's inputs take 7 bits
-        (`cpu_int8_linear`), and Flan-T5's large activations lose more: 7 of 32 measured."""
+        (tests/models/test_quantization.py)."""
         llm = LLM(model=str(family_dir), num_gpu_blocks=2048, **precision)
         prompts = [{"encoder_prompt": TokensPrompt(prompt_token_ids=o.encoder_prompt_token_ids),
                     "decoder_prompt": TokensPrompt(prompt_token_ids=o.prompt_token_ids)}
@@ -117,5 +117,5 @@ class FamilyParity:
         firsts = sum(o.outputs[0].token_ids[0] == p.outputs[0].token_ids[0]
                      for o, p in zip(outputs, plain_outputs))
         print(f"{precision}: {firsts} of {len(outputs)} first tokens equal float32's")
-        assert firsts >= len(outputs) / (6 if "quantization" in precision and input_range() < 255 else 3)
+        assert firsts >= len(outputs) / (6 if "quantization" in precision else 3)
         assert_all_blocks_free(llm)
