@@ -21,6 +21,11 @@ remainder padded to a multiple of `ROW_STEP`. That bounds what the caches keep: 
 a linear shape, at most about 130 MB for bart-large's fc1 on 2 threads (by the sizes above). It
 costs a few percent on long inputs, less where a whole block runs on each piece
 (`encdec.models.layers.by_row_pieces`).
+
+A single row goes to oneDNN as two (a row of zeros added). Its one-row kernel sums in another
+order than its kernel for two rows or more (seen with 1536 inputs, Whisper's fc2, on 1 and 2
+threads), so a sequence decoding alone got other bits than in a batch; two rows take the same
+time as one.
 """
 from __future__ import annotations
 
@@ -52,14 +57,16 @@ ROW_PIECES = (1024, 256)
 
 def row_pieces(rows: int) -> list[tuple[int, int]]:
     """(rows, rows as oneDNN gets them) for each piece of `rows` input rows, in order: pieces of
-    `ROW_PIECES` rows, then the rest, padded to a multiple of `ROW_STEP` above `SMALL_ROWS`."""
+    `ROW_PIECES` rows, then the rest, padded to a multiple of `ROW_STEP` above `SMALL_ROWS`, and a
+    single row to two."""
     pieces = []
     for size in ROW_PIECES:
         while rows >= size:
             pieces.append((size, size))
             rows -= size
     if rows or not pieces:
-        pieces.append((rows, rows if rows <= SMALL_ROWS else rows + -rows % ROW_STEP))
+        padded = 2 if rows == 1 else rows if rows <= SMALL_ROWS else rows + -rows % ROW_STEP
+        pieces.append((rows, padded))
     return pieces
 
 

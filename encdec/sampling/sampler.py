@@ -89,7 +89,7 @@ class Sampler:
         # log-probability = score - log_normalizer; beam rows already hold log-probabilities.
         log_normalizer = torch.zeros(scores.shape[0], dtype=scores.dtype, device=scores.device)
         for rows in _runs([not is_beam for is_beam in beam], meta.row_slices):
-            log_normalizer[rows] = torch.logsumexp(scores[rows], dim=-1)
+            log_normalizer[rows] = logsumexp_rows(scores[rows])
         greedy = scores.argmax(dim=-1, keepdim=True) if any(
             not is_beam and g.sampling_params.is_greedy for g, is_beam in zip(meta.groups, beam)) else None
         errors = [failed and next((failed[i] for i in range(rows.start, rows.stop) if i in failed), None)
@@ -135,6 +135,16 @@ class Sampler:
                     SequenceOutput(seq_ids[row], token, logprob, beam_score=value)
                     for value, row, token, logprob in zip(values, rows, tokens, logprobs)])
         return outputs
+
+
+def logsumexp_rows(scores: torch.Tensor) -> torch.Tensor:
+    """logsumexp over the last dimension of 2-D `scores`, with the same bits for a row alone as
+    in a batch. torch splits the sum of a single long row (a vocabulary's) between its threads,
+    and sums each row of several in order on one thread: so a lone row is summed beside a copy
+    of itself."""
+    if len(scores) == 1:
+        return torch.logsumexp(scores.expand(2, -1).contiguous(), dim=-1)[:1]
+    return torch.logsumexp(scores, dim=-1)
 
 
 def unusable_rows(scores: torch.Tensor, meta: SamplingMetadata, beam: list[bool]) -> dict[int, Exception]:

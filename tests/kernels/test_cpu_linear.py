@@ -136,6 +136,29 @@ def test_row_pieces_keep_few_shapes():
             shapes.add(padded)
     assert len(shapes) <= SMALL_ROWS + 1 + ROW_PIECES[-1] // ROW_STEP + len(ROW_PIECES)
     assert row_pieces(1500) == [(1024, 1024), (256, 256), (220, 224)]  # one Whisper window's frames
+    assert row_pieces(1) == [(1, 2)]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("in_features", [384, 1536])
+def test_a_row_gets_the_same_bits_alone_as_in_a_batch(in_features, dtype, threads):
+    """The engine's contract: a sequence's results never depend on the rest of its batch.
+    oneDNN's one-row kernel broke it for Whisper's fc2 (1536 inputs), so one row goes as two."""
+    if not packed_linear_supported(torch.device("cpu"), dtype):
+        pytest.skip(f"oneDNN runs no {dtype} linear on this processor")
+    torch.manual_seed(in_features)
+    linear = PackedLinear((torch.randn(384, in_features) / 20).to(dtype), torch.randn(384).to(dtype))
+    x = torch.randn(12, in_features).to(dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        batched = linear(x)
+        for i in range(len(x)):
+            assert torch.equal(linear(x[i:i + 1])[0], batched[i])
+            assert torch.equal(linear(x[i:i + 2])[0], batched[i])
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("rows", [0, 65, 255, 256, 257, 1024, 1500])
