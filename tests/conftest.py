@@ -2,6 +2,7 @@
 thread for each pytest-xdist worker."""
 from __future__ import annotations
 
+import contextlib
 import os
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
@@ -9,6 +10,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 
 from tests.bart_checkpoints import make_bart_checkpoint  # noqa: E402
 
@@ -16,6 +18,17 @@ from tests.bart_checkpoints import make_bart_checkpoint  # noqa: E402
 @pytest.fixture(scope="session")
 def tiny_bart_dir(tmp_path_factory):
     return make_bart_checkpoint(tmp_path_factory.mktemp("tiny_bart"), seed=0)
+
+
+@contextlib.contextmanager
+def torch_threads(threads: int):
+    """torch (and the kernels that follow it) on `threads` threads inside the block."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def assert_all_blocks_free(llm) -> None:

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from encdec.attention.backends import torch_sdpa
 from encdec.attention.backends.torch_sdpa import varlen_attention
 from encdec.kernels import cpu_attention
+from tests.conftest import torch_threads
 
 needs_kernel = pytest.mark.skipif(not cpu_attention.cpu_supported(),
                                   reason="the kernel needs AVX-512 with AVX512_BF16")
@@ -85,12 +86,8 @@ def test_a_sequence_gets_the_same_bits_alone_as_in_any_batch_or_thread_split(dty
     lens = (300, 41, 1500, 9)
     q, k, v = _fused(sum(lens), 6, 3, dtype, seed=4)
     batched = cpu_attention.attention(q, k, v, lens, lens, 0.125)
-    threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
+    with torch_threads(1):
         one_thread = cpu_attention.attention(q, k, v, lens, lens, 0.125)
-    finally:
-        torch.set_num_threads(threads)
     assert torch.equal(batched, one_thread)
     start = lens[0] + lens[1]
     alone = cpu_attention.attention(*(t[start:start + lens[2]] for t in (q, k, v)), (lens[2],),

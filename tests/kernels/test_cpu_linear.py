@@ -9,6 +9,7 @@ from torch import nn
 from encdec.kernels.cpu_linear import (ROW_PIECES, ROW_STEP, SMALL_ROWS, PackedLinear, WidenedLinear,
                                       packed_linear_for, packed_linear_supported, row_pieces)
 from encdec.models.layers import FeedForward, get_activation, pack_linears
+from tests.conftest import torch_threads
 
 pytestmark = pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.float32),
                                 reason="this torch build has no oneDNN linear")
@@ -59,9 +60,9 @@ def test_float32_and_bfloat16_on_cpu_are_packed():
     assert not packed_linear_supported(torch.device("cuda"), torch.float32)
 
 
-native_bfloat16 = pytest.param(PackedLinear, marks=pytest.mark.skipif(
-    not packed_linear_supported(torch.device("cpu"), torch.bfloat16),
-    reason="this oneDNN has no bfloat16 linear"))
+needs_bfloat16 = pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.bfloat16),
+                                    reason="this oneDNN has no bfloat16 linear")
+native_bfloat16 = pytest.param(PackedLinear, marks=needs_bfloat16)
 
 
 @pytest.mark.parametrize("linear_cls", [native_bfloat16, WidenedLinear])
@@ -140,25 +141,19 @@ def test_row_pieces_keep_few_shapes():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=needs_bfloat16)])
 @pytest.mark.parametrize("in_features", [384, 1536])
 def test_a_row_gets_the_same_bits_alone_as_in_a_batch(in_features, dtype, threads):
     """The engine's contract: a sequence's results never depend on the rest of its batch.
     oneDNN's one-row kernel broke it for Whisper's fc2 (1536 inputs), so one row goes as two."""
-    if not packed_linear_supported(torch.device("cpu"), dtype):
-        pytest.skip(f"oneDNN runs no {dtype} linear on this processor")
     torch.manual_seed(in_features)
     linear = PackedLinear((torch.randn(384, in_features) / 20).to(dtype), torch.randn(384).to(dtype))
     x = torch.randn(12, in_features).to(dtype)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         batched = linear(x)
         for i in range(len(x)):
             assert torch.equal(linear(x[i:i + 1])[0], batched[i])
             assert torch.equal(linear(x[i:i + 2])[0], batched[i])
-    finally:
-        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("rows", [0, 65, 255, 256, 257, 1024, 1500])

@@ -7,6 +7,7 @@ import torch
 import numpy as np
 
 from encdec.kernels import cpu_decode, cpu_decode_loops, paged_attention, paged_decode_attention
+from tests.conftest import torch_threads
 
 NUM_HEADS = 4
 HEAD_SIZE = 16
@@ -118,12 +119,8 @@ def test_compiled_kernel_matches_reference_on_long_sequences(threads):
     assert len(seq_lens) >= cpu_decode.PARALLEL_MIN_SEQS
     cache, tables, _, _ = build_paged(seq_lens, 16, num_blocks=128, seed=8)
     query = torch.randn(len(seq_lens), NUM_HEADS, HEAD_SIZE, generator=torch.Generator().manual_seed(9))
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
+    with torch_threads(threads):
         fast = paged_decode_attention(query, cache, tables, seq_lens, 0.2)
-    finally:
-        torch.set_num_threads(before)
     reference = paged_attention(query, cache, tables, seq_lens, 0.2)
 
     torch.testing.assert_close(fast, reference, atol=1e-6, rtol=1e-5)

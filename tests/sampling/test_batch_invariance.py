@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from encdec.sampling.sampler import logsumexp_rows
+from tests.conftest import torch_threads
 
 
 def test_a_lone_rows_log_normalizer_equals_its_batched_one():
@@ -14,12 +15,8 @@ def test_a_lone_rows_log_normalizer_equals_its_batched_one():
     generator = torch.Generator().manual_seed(0)
     scores = torch.randn(128, 51864, generator=generator)
     scores[:, -1000:] = float("-inf")  # suppressed tokens
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)  # what splits a lone row (the test workers run on one)
-    try:
+    with torch_threads(2):  # what splits a lone row (the test workers run on one)
         batched = logsumexp_rows(scores)
         alone = torch.cat([logsumexp_rows(scores[i:i + 1]) for i in range(len(scores))])
-    finally:
-        torch.set_num_threads(before)
     assert torch.equal(alone, batched)
     torch.testing.assert_close(batched, torch.logsumexp(scores.double(), dim=-1).float())
