@@ -13,7 +13,7 @@ from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 if TYPE_CHECKING:
-    from encdec.whisper.pipeline import InitialPrompt
+    from encdec.whisper.options import InitialPrompt
     from encdec.whisper.transcript import Transcription
 
 
@@ -121,7 +121,7 @@ class LLM:
         (`encdec.entrypoints.whisper_console`). `options`: openai-whisper's decoding options
         (`temperature`, `best_of`, `compression_ratio_threshold`, `logprob_threshold`,
         `no_speech_threshold`, `condition_on_previous_text`; see
-        `encdec.whisper.pipeline.TranscribeOptions`). See `encdec.whisper.transcribe`.
+        `encdec.whisper.options.TranscribeOptions`). See `encdec.whisper.transcribe`.
         """
         from encdec.entrypoints.whisper_console import check_fp16, reporter
         from encdec.whisper.transcribe import transcribe

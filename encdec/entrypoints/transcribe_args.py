@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from encdec.config import SchedulerConfig
 from encdec.entrypoints.whisper_options import NAMES, VAD_NAMES, transcribe_options
-from encdec.whisper.pipeline import TranscribeOptions
+from encdec.whisper.options import TranscribeOptions
 from encdec.whisper.vad import VadOptions
 from encdec.whisper.writers import FORMATS, WriterOptions
 

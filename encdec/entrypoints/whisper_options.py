@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any, Optional
 
-from encdec.whisper.pipeline import TranscribeOptions
+from encdec.whisper.options import TranscribeOptions
 from encdec.whisper.vad import VadOptions
 
 FALLBACK_INCREMENT = 0.2

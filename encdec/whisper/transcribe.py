@@ -22,7 +22,8 @@ from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.engine.async_engine import Admission
 from encdec.outputs import RequestOutput
 from encdec.whisper.languages import AUTO, language_code
-from encdec.whisper.pipeline import InitialPrompt, TranscribeOptions, TranscriptionJob, prompt_ids
+from encdec.whisper.options import InitialPrompt, TranscribeOptions
+from encdec.whisper.pipeline import TranscriptionJob, prompt_ids
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
 from encdec.worker.cpu_memory import release_free_memory

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from encdec.entrypoints import cli
-from encdec.whisper.pipeline import TranscribeOptions
+from encdec.whisper.options import TranscribeOptions
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription, Word
 from encdec.whisper.vad import VadOptions

@@ -6,7 +6,7 @@ import pytest
 from encdec.entrypoints.openai.errors import OpenAIError
 from encdec.entrypoints.openai.protocol import TranscriptionRequest, TranslationRequest
 from encdec.entrypoints.openai.serving_transcription import request_options
-from encdec.whisper.pipeline import TranscribeOptions
+from encdec.whisper.options import TranscribeOptions
 
 
 def options(model=TranscriptionRequest, **fields) -> TranscribeOptions:

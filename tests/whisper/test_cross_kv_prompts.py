@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from encdec import LLM, SamplingParams
-from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
+from encdec.whisper.options import TranscribeOptions
+from encdec.whisper.pipeline import TranscriptionJob
 from encdec.whisper.transcribe import run_job
 from tests.conftest import assert_all_blocks_free
 

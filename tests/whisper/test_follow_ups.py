@@ -14,7 +14,8 @@ from faster_whisper.vad import VadOptions as FasterVadOptions
 from encdec.audio import SAMPLE_RATE
 from encdec.outputs import CompletionOutput, RequestOutput
 from encdec.whisper.coverage import MIN_REMAINDER, plan_seek, plan_window, repeated_words
-from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
+from encdec.whisper.options import TranscribeOptions
+from encdec.whisper.pipeline import TranscriptionJob
 from encdec.whisper.segments import split_spans
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcribe import run_job

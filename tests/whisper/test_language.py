@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from encdec.audio import SAMPLE_RATE
-from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
+from encdec.whisper.options import TranscribeOptions
+from encdec.whisper.pipeline import TranscriptionJob
 from encdec.whisper.transcribe import run_job
 from tests.conftest import assert_all_blocks_free
 from tests.openai_whisper_ref import assert_words_equal, openai_whisper_model

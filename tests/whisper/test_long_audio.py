@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from encdec.whisper.pipeline import TranscribeOptions, TranscriptionJob
+from encdec.whisper.options import TranscribeOptions
+from encdec.whisper.pipeline import TranscriptionJob
 from encdec.whisper.transcribe import run_job
 from encdec.whisper.windows import split_windows
 from tests.conftest import assert_all_blocks_free
