@@ -399,7 +399,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                         help="int8: int8 weights for the layers' linears, float32 activations "
                              "(faster-whisper's compute_type int8; CPU, dtype float32)")
-    parser.add_argument("--compute_type", "--compute-type", default=None,
+    parser.add_argument("--compute_type", default=None,
                         choices=[*COMPUTE_TYPES, "default", "auto"],
                         help="faster-whisper's name for --dtype and --quantization: float32, "
                              "bfloat16 or int8 (int8 weights, float32 activations); default: "
@@ -421,7 +421,7 @@ def add_transcribe(subparsers) -> None:
     g.add_argument("--model", default="tiny.en",
                    help="tiny.en or base (bundled), or a local Whisper checkpoint directory "
                         "(default: tiny.en)")
-    g.add_argument("--model_dir", "--model-dir", type=directory, default=None,
+    g.add_argument("--model_dir", type=directory, default=None,
                    help="a directory holding checkpoint directories: --model names one of them "
                         "if there is one of that name (before the bundled models)")
     g.add_argument("--language", default=None,
@@ -429,7 +429,7 @@ def add_transcribe(subparsers) -> None:
                         "(default: auto; English-only models use en)")
     g.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
                    help="translate turns speech into English text (multilingual models only)")
-    g.add_argument("--batch_size", "--batch-size", type=number(int, 1), default=8,
+    g.add_argument("--batch_size", type=number(int, 1), default=8,
                    help="files per batch; all windows of a batch decode together (default: 8)")
     g.add_argument("--threads", type=number(int, 0, MAX_THREADS), default=0,
                    help=f"CPU threads for torch, at most {MAX_THREADS}; 0: torch's default "
@@ -549,21 +549,39 @@ def add_warmup(subparsers) -> None:
                     "it needs.")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
                    help="the KV cache dtype to compile for (default: auto, float32 on the CPU)")
-    p.add_argument("--compute_type", "--compute-type", default=None,
+    p.add_argument("--compute_type", default=None,
                    choices=[name for name, (dtype, _) in COMPUTE_TYPES.items() if dtype != "float16"],
                    help="faster-whisper's name for it (int8 runs a float32 cache)")
     p.set_defaults(handler=run_warmup, quantization=None, device="cpu")
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser that leaves the parser of the (innermost) command in `args.parser`, for
-    the usage errors found after parsing."""
+    """An ArgumentParser that takes `--a_b` for `--a-b` and `--a-b` for `--a_b` (each command has
+    one spelling of its own, openai-whisper's underscores for `transcribe`, vLLM's dashes
+    elsewhere; both work everywhere, as vLLM's parser takes both), and leaves the parser of the
+    (innermost) command in `args.parser`, for the usage errors found after parsing."""
 
     def parse_known_args(self, args=None, namespace=None):
-        namespace, extra = super().parse_known_args(args, namespace)
+        args = sys.argv[1:] if args is None else list(args)
+        namespace, extra = super().parse_known_args(self.respelled(args), namespace)
         if "parser" not in namespace:  # a subcommand's parser has set it first
             namespace.parser = self
         return namespace, extra
+
+    def respelled(self, args: list[str]) -> list[str]:
+        """`args` with each long option that this parser knows only in its other spelling
+        (dashes for underscores, or underscores for dashes) written that way."""
+        known = self._option_string_actions
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":
+                return out + args[i:]
+            name, equals, value = arg.partition("=")
+            if arg.startswith("--") and name not in known:
+                name = next((other for other in (name.replace("_", "-"), "--" + name[2:].replace("-", "_"))
+                             if other in known), name)
+            out.append(name + equals + value)
+        return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -133,7 +133,7 @@ def add_fallback(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature_increment_on_fallback", type=number(float, 0, none=True),
                    default=0.2, help="step from --temperature up to 1.0; None or 0: no fallback "
                                      "(default: 0.2)")
-    g.add_argument("--no_fallback", "--no-fallback", action="store_true",
+    g.add_argument("--no_fallback", action="store_true",
                    help=f"decode once at --temperature (fast greedy: {FAST_GREEDY})")
     for name, rule in (("compression_ratio_threshold", "fall back when the text's gzip "
                                                        "compression ratio is above this"),
@@ -148,7 +148,7 @@ def add_fallback(p: argparse.ArgumentParser) -> None:
 
 def add_prompt(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("prompt")
-    g.add_argument("--initial_prompt", "--initial-prompt", default=None,
+    g.add_argument("--initial_prompt", default=None,
                    help="text that conditions the first window (spelling, names, style)")
     g.add_argument("--carry_initial_prompt", **BOOL, default=False,
                    help="keep the initial prompt in every window's prompt (default: False)")
@@ -193,12 +193,12 @@ def add_vad(p: argparse.ArgumentParser) -> None:
 
 def add_output(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("output")
-    g.add_argument("--output_format", "-f", "--output-format", choices=[*FORMATS, "all"],
+    g.add_argument("--output_format", "-f", choices=[*FORMATS, "all"],
                    default=None, metavar="FORMAT",
                    help=f"also write FILE's transcript as BASENAME.EXT into the output directory: "
                         f"{', '.join(FORMATS)} (as BASENAME.verbose.json) or all (openai-whisper's "
                         f"five; the default when only --output_dir is given); default: no files")
-    g.add_argument("--output_dir", "-o", "--output-dir", default=None,
+    g.add_argument("--output_dir", "-o", default=None,
                    help="directory for the output files (default: current directory)")
     g.add_argument("--verbose", **BOOL, default=True,
                    help="print each transcript on stdout (default: True)")

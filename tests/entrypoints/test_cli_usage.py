@@ -1,5 +1,6 @@
 """Bad command lines stop before anything loads, with the command's usage, one
-`encdec COMMAND: error: ...` line naming the flag (and its limit), and exit status 2."""
+`encdec COMMAND: error: ...` line naming the flag (and its limit), and exit status 2; an
+option's two spellings (dashes, underscores) are one option."""
 from __future__ import annotations
 
 import pytest
@@ -58,7 +59,7 @@ SERVE = ["serve", "--model", "tiny.en"]
                               f"got '100000'"),
     (["--device", "foo"], "argument --device: expected cpu, cuda or cuda:N, got 'foo'"),
     (["--fp16", "yes"], "argument --fp16: expected True or False, got 'yes'"),
-    (["--model_dir", "/nonexistent"], "argument --model_dir/--model-dir: /nonexistent: no such directory"),
+    (["--model_dir", "/nonexistent"], "argument --model_dir: /nonexistent: no such directory"),
     # checks across flags, after parsing
     (["--vad_threshold", "2"], "--vad_threshold must be in (0, 1), got 2.0"),
     (["--highlight_words", "True"], "--highlight_words needs --word_timestamps=True"),
@@ -108,6 +109,21 @@ def test_summarize(capsys, argv, message):
 ])
 def test_serve(capsys, argv, message):
     assert usage_error(capsys, SERVE + argv) == message
+
+
+@pytest.mark.parametrize("argv, field, value", [
+    (SUMMARIZE + ["--max_tokens", "7"], "max_tokens", 7),
+    (SUMMARIZE + ["--no_repeat_ngram_size=3"], "no_repeat_ngram_size", 3),
+    (SERVE + ["--max_upload_mb", "3"], "max_upload_mb", 3.0),
+    (TRANSCRIBE + ["--batch-size", "3"], "batch_size", 3),
+    (TRANSCRIBE + ["--temperature-increment-on-fallback", "0.4"], "temperature_increment_on_fallback", 0.4),
+    (TRANSCRIBE + ["--output-format=srt"], "output_format", "srt"),
+    (["summarize", "--model", "m", "--", "--max_tokens"], "texts", ["--max_tokens"]),  # a text
+])
+def test_options_take_dashes_or_underscores(argv, field, value):
+    """Each command spells its options one way (openai-whisper's underscores for `transcribe`,
+    vLLM's dashes elsewhere); the other spelling is the same option."""
+    assert getattr(cli.build_parser().parse_args(argv), field) == value
 
 
 def test_serve_cache_budgets_fit_in_memory(capsys, monkeypatch):

@@ -243,7 +243,7 @@ def test_option_errors_name_the_flag(llm, capsys, argv, message):
     (["--vad_speech_pad_ms", "1.5"], "argument --vad_speech_pad_ms: expected an integer >= 0"),
     (["--max_line_width", "0"], "argument --max_line_width: expected an integer >= 1"),
     (["--threads", "-1"], f"argument --threads: expected an integer in [0, {cli.MAX_THREADS}], got '-1'"),
-    (["-f", "doc"], "argument --output_format/-f/--output-format: invalid choice: 'doc'"),
+    (["-f", "doc"], "argument --output_format/-f: invalid choice: 'doc'"),
 ])
 def test_usage_errors(llm, capsys, argv, message):
     assert run(*argv) == 2
