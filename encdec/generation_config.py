@@ -190,8 +190,8 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
     if params.max_tokens is not None and params.max_tokens > room:
         raise ValueError(f"max_tokens={params.max_tokens} is more than the decoder has room for: it "
                          f"holds {max_decoder_len} positions and the decoder prompt takes "
-                         f"{prompt_len} tokens, so at most {room} (the last new token takes no "
-                         f"position)")
+                         f"{prompt_len} token{'s' * (prompt_len != 1)}, so at most {room} (the last "
+                         f"new token takes no position)")
     values["max_tokens"] = min(values["max_tokens"], room)
     if params.min_tokens is None:  # a config's min_length never outlasts the length limit
         values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])

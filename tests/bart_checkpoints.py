@@ -108,3 +108,10 @@ def make_bart_checkpoint(out_dir: Path, seed: int = 0, init_std: float = 0.3,
         model.save_pretrained(str(out_dir), max_shard_size="100KB" if weights_format == "sharded" else "50GB")
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
+
+
+def summary_prompts(llm, articles: list) -> list[dict]:
+    """The engine prompts of `articles` (text or token-id prompts) as `encdec summarize` and
+    /v1/summarize make them: the decoder at <DEC> alone, where Hugging Face's generate() starts."""
+    start = llm.llm_engine.model_config.decoder_start_token_id
+    return [{"encoder_prompt": article, "decoder_prompt": {"prompt_token_ids": [start]}} for article in articles]

@@ -3,12 +3,13 @@
 An article longer than the encoder's positions is cut to fit, as Hugging Face's tokenizer does
 with `truncation=True` (the special tokens that close it kept), unless truncation is refused. A
 checkpoint whose config has `task_specific_params["summarization"]["prefix"]` (T5: "summarize: ")
-gets it in front of every article.
+gets it in front of every article. The decoder starts where Hugging Face's generate() starts it,
+at <DEC> alone (`Article.prompt`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 from encdec.generation_config import GenerationDefaults, task_prefix
 from encdec.sampling.params import RequestOutputKind, SamplingParams
@@ -27,6 +28,14 @@ class ArticleTooLong(ValueError):
 class Article:
     token_ids: list[int]
     truncated_tokens: int  # how many tokens were cut off the end
+    DECODER_PROMPT_LEN: ClassVar[int] = 1  # `prompt`'s <DEC>
+
+    def prompt(self, decoder_start_token_id: int) -> dict:
+        """The engine prompt: the article, and the decoder at <DEC> alone, as Hugging Face's
+        summarization pipeline starts it (BART's default decoder prompt, vLLM's [<DEC>, <BOS>],
+        differs when the config forces no BOS)."""
+        return {"encoder_prompt": {"prompt_token_ids": self.token_ids},
+                "decoder_prompt": {"prompt_token_ids": [decoder_start_token_id]}}
 
 
 def prepare_article(text: str, tokenizer: Any, hf_config: Any, max_tokens: int,

@@ -198,7 +198,8 @@ def run_summarize(args: argparse.Namespace) -> int:
         return failed
     params = decoding_params(llm.llm_engine.generation_defaults, args)
     inputs, unusable = articles(llm, texts, args.truncate)
-    prompts = [None if a is None else {"prompt_token_ids": a.token_ids} for a in inputs]
+    start = llm.llm_engine.model_config.decoder_start_token_id
+    prompts = [None if a is None else a.prompt(start) for a in inputs]
     status = print_outputs(llm, prompts, params, args)
     return 1 if status or failed + unusable else 0
 

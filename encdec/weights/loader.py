@@ -250,17 +250,17 @@ def is_whisper(model: str) -> bool:
     return config.get("model_type") == "whisper"
 
 
-def decoder_lengths(model: str) -> tuple[int, int]:
-    """The default decoder prompt's length and the decoder's positions of the Hugging Face text
-    checkpoint directory `model`, as `load_checkpoint` finds them, from its config files alone
-    (ValueError for a family encdec does not run)."""
+def decoder_positions(model: str) -> int:
+    """The decoder's positions of the Hugging Face text checkpoint directory `model`, as
+    `load_checkpoint` finds them, from its config files alone (ValueError for a family encdec
+    does not run)."""
     from transformers import AutoConfig
 
     path = Path(model).expanduser()
     hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     family = get_model_family(getattr(hf_config, "architectures", None))
     hooks = family.get_input_hooks(hf_config, None, _read_json(path / "generation_config.json"))
-    return len(hooks.default_decoder_prompt), max_lengths(hf_config, hooks)[1]
+    return max_lengths(hf_config, hooks)[1]
 
 
 def _has_ct2_weights(path: Path) -> bool:

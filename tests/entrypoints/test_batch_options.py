@@ -28,7 +28,7 @@ def no_ray(monkeypatch):
      "--min-tokens 50: the checkpoint's default max tokens is 20; set --max-tokens"),
     ("summarize", ["--max-tokens", "5000"],
      "--max-tokens=5000 is more than the decoder has room for: it holds 256 positions and the "
-     "decoder prompt takes 2 tokens, so at most 255 (the last new token takes no position)"),
+     "decoder prompt takes 1 token, so at most 256 (the last new token takes no position)"),
     ("transcribe", ["--language", "klingon"], "--language: 'klingon' is not a language Whisper knows"),
     ("transcribe", ["--model", "huge"], "--model 'huge' is neither a bundled Whisper model"),
 ])

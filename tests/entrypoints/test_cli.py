@@ -21,6 +21,7 @@ import soundfile
 
 from encdec.entrypoints import cli
 from encdec.entrypoints.summarize_cli import one_line
+from tests.bart_checkpoints import summary_prompts
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
 SAMPLE_TEXT = "Thank you for calling. Please leave a message after the tone."
@@ -281,7 +282,7 @@ def test_summarize_decoding_options_decode_as_the_llm_does(tiny_bart_dir, capsys
 
     def offline(**fields):
         params = SamplingParams(max_tokens=12, config_per_field=True, **fields)
-        return one_line(llm.generate([text], params, use_tqdm=False)[0].outputs[0].text)
+        return one_line(llm.generate(summary_prompts(llm, [text]), params, use_tqdm=False)[0].outputs[0].text)
 
     for options, fields, other in [
         (["--temperature", "1", "--seed", "3"], dict(temperature=1.0, seed=3), dict(temperature=1.0, seed=4)),
@@ -311,8 +312,9 @@ def test_an_output_with_line_breaks_keeps_to_its_line(tiny_bart_dir, tmp_path, c
     weights["final_logits_bias"][0, newline] += 8.0
     save_file(weights, chatty / "model.safetensors", metadata={"format": "pt"})
     texts = ["The rain in spain falls.", "First text.", "Last text."]
-    offline = [o.outputs[0].text for o in LLM(model=str(chatty)).generate(
-        texts, SamplingParams(temperature=0.0, max_tokens=8, config_per_field=True),
+    llm = LLM(model=str(chatty))
+    offline = [o.outputs[0].text for o in llm.generate(
+        summary_prompts(llm, texts), SamplingParams(temperature=0.0, max_tokens=8, config_per_field=True),
         use_tqdm=False)]
     assert any("\n" in text.strip() for text in offline)  # the case under test
     status = cli.main(["summarize", "--model", str(chatty), *texts, "--temperature", "0",
@@ -360,7 +362,7 @@ def test_summarize_words_errors_as_options(tiny_bart_dir, capsys):
                      "--max-tokens", "300"]) == 2
     assert usage_error(capsys.readouterr().err, "summarize") == (
         "--max-tokens=300 is more than the decoder has room for: it holds 256 positions and the "
-        "decoder prompt takes 2 tokens, so at most 255 (the last new token takes no position)")
+        "decoder prompt takes 1 token, so at most 256 (the last new token takes no position)")
     assert cli.main(["summarize", "--model", str(tiny_bart_dir)]) == 2
     assert usage_error(capsys.readouterr().err, "summarize") == "give at least one TEXT or --file (--file - reads standard input)"
     assert cli.main(["summarize", "--model", str(tiny_bart_dir / "missing"), "text"]) == 2

@@ -22,6 +22,7 @@ from encdec.generation_config import GenerationDefaults, resolve_sampling_params
 from encdec.outputs import Logprob
 from encdec.whisper.writers import write_srt, write_vtt
 from tests.audio_files import av_encoded
+from tests.bart_checkpoints import summary_prompts
 from tests.entrypoints.conftest import SAMPLE
 from tests.entrypoints.remote_server import HeldUpload, RemoteServer
 
@@ -369,8 +370,9 @@ def test_stop_token_text_is_left_out(server, bart, stream):
 
 
 def test_streamed_chunks_keep_one_time_and_null_fields(server):
-    """Every chunk of a stream has the same `created`; a choice sends `logprobs` and
-    `finish_reason` as null rather than leaving them out (OpenAI's schema requires both)."""
+    """Every chunk of a stream has the same `created`; a choice sends `logprobs`, `finish_reason`
+    and vLLM's `stop_reason` as null rather than leaving them out (OpenAI's schema requires the
+    first two)."""
     body = {"model": "bart", "prompt": ARTICLES, "max_tokens": 6, "temperature": 0.0, "stream": True}
     with server.http() as http:
         events = [line[len("data: "):] for line in http.post("/v1/completions", json=body).text.splitlines()
@@ -379,8 +381,32 @@ def test_streamed_chunks_keep_one_time_and_null_fields(server):
     chunks = [json.loads(e) for e in events]
     assert len(chunks) > 2 and len({chunk["created"] for chunk in chunks}) == 1
     for choice in [c for chunk in chunks for c in chunk["choices"]] + plain["choices"]:
-        assert list(choice) == ["index", "text", "logprobs", "finish_reason"] and choice["logprobs"] is None
+        assert list(choice) == ["index", "text", "logprobs", "finish_reason", "stop_reason"]
+        assert choice["logprobs"] is None and choice["stop_reason"] is None
     assert chunks[0]["choices"][0]["finish_reason"] is None
+
+
+def test_stop_reason_names_what_stopped_a_completion(server, bart):
+    """vLLM's `stop_reason`: the stop string or stop token id that ended a choice (null for
+    EOS or the length limit), streamed or not."""
+    params = SamplingParams(temperature=0.0, max_tokens=12, config_per_field=True)
+    [greedy] = bart.generate(ARTICLES[0], params, use_tqdm=False)
+    ids, text = greedy.outputs[0].token_ids, greedy.outputs[0].text
+    assert len(text) > 8
+    word = text[4:7]
+    cases = [({"stop": ["zzzz", word]}, "stop", word), ({"stop_token_ids": [ids[2]]}, "stop", ids[2]),
+             ({}, greedy.outputs[0].finish_reason, None)]
+    for extra, finish_reason, stop_reason in cases:
+        body = {"model": "bart", "prompt": ARTICLES[0], "max_tokens": 12, "temperature": 0.0, **extra}
+        plain = server.client().completions.create(**{k: v for k, v in body.items() if k != "stop_token_ids"},
+                                                   extra_body={k: v for k, v in body.items() if k == "stop_token_ids"})
+        choice = plain.model_dump()["choices"][0]
+        assert (choice["finish_reason"], choice["stop_reason"]) == (finish_reason, stop_reason), extra
+        with server.http() as http:
+            events = [json.loads(line[len("data: "):]) for line in http.post(
+                "/v1/completions", json={**body, "stream": True}).text.splitlines() if line.startswith("data: {")]
+        last = [c for event in events for c in event["choices"]][-1]
+        assert (last["finish_reason"], last["stop_reason"]) == (finish_reason, stop_reason), extra
 
 
 @pytest.mark.parametrize("temperature", [None, 0.0])  # the config's forced BOS and EOS; plain greedy
@@ -399,6 +425,25 @@ def test_logprob_tokens_are_the_texts_pieces(server, temperature):
     assert [o for lp in streamed for o in lp.text_offset] == logprobs.text_offset
 
 
+def test_logprob_tokens_show_special_tokens_or_ids_when_asked(server, bart):
+    """With `skip_special_tokens: false` the pieces show special tokens as the text does; with
+    vLLM's `return_tokens_as_token_ids` every token is "token_id:{id}", so tokens that decode
+    alike keep their own top_logprobs entries."""
+    request = dict(model="bart", prompt=ARTICLES[0], max_tokens=8, logprobs=3)
+    [offline] = bart.generate(ARTICLES[0], SamplingParams(max_tokens=8, logprobs=3, config_per_field=True),
+                              use_tqdm=False)
+    shown = server.client().completions.create(**request, extra_body={"skip_special_tokens": False}).choices[0]
+    assert shown.text.endswith("</s>")  # the config's forced EOS, shown
+    assert "".join(shown.logprobs.tokens) == shown.text and shown.logprobs.tokens[-1] == "</s>"
+    as_ids = server.client().completions.create(**request, extra_body={"return_tokens_as_token_ids": True})
+    logprobs = as_ids.choices[0].logprobs
+    assert logprobs.tokens == [f"token_id:{t}" for t in offline.outputs[0].token_ids]
+    for top, entry in zip(logprobs.top_logprobs, offline.outputs[0].logprobs):
+        likeliest = sorted(entry.values(), key=lambda e: e.logprob, reverse=True)[:3]
+        assert set(top) >= {f"token_id:{t}" for t, e in entry.items() if e in likeliest}
+    assert as_ids.choices[0].text == offline.outputs[0].text
+
+
 def test_summarize_plain_and_streamed(server, bart):
     long_article = " ".join([ARTICLES[1]] * 40)  # over the tiny model's 256 positions
     body = {"model": "bart", "input": [ARTICLES[0], long_article], "max_tokens": 10}
@@ -410,7 +455,8 @@ def test_summarize_plain_and_streamed(server, bart):
     assert result["object"] == "summary"
     tokenizer = bart.get_tokenizer()
     truncated = tokenizer(long_article, truncation=True, max_length=256)["input_ids"]
-    expected = offline_texts(bart, [ARTICLES[0], {"prompt_token_ids": truncated}], SamplingParams(max_tokens=10))
+    expected = offline_texts(bart, summary_prompts(bart, [ARTICLES[0], {"prompt_token_ids": truncated}]),
+                             SamplingParams(max_tokens=10))
     assert [s["text"] for s in result["summaries"]] == expected
     full = len(tokenizer(long_article)["input_ids"])
     assert [(s["input_tokens"], s["truncated_tokens"]) for s in result["summaries"]] == [
@@ -446,12 +492,14 @@ def test_summarize_decoding_fields(server, bart):
     with server.http() as http:
         for body, expected in cases:
             result = http.post("/v1/summarize", json={"model": "bart", "input": ARTICLES, **body}).json()
-            assert [s["text"] for s in result["summaries"]] == offline_texts(bart, ARTICLES, expected), body
+            assert [s["text"] for s in result["summaries"]] == offline_texts(bart, summary_prompts(bart, ARTICLES),
+                                                                             expected), body
         # the tiny model repeats itself: no_repeat_ngram_size changes what it says
         unset = {k: v for k, v in fields.items() if k != "no_repeat_ngram_size"}
         repeats = http.post("/v1/summarize", json={"model": "bart", "input": ARTICLES, "temperature": 0,
                                                    **unset}).json()
-    assert [s["text"] for s in repeats["summaries"]] != offline_texts(bart, ARTICLES, cases[1][1])
+    assert [s["text"] for s in repeats["summaries"]] != offline_texts(bart, summary_prompts(bart, ARTICLES),
+                                                                      cases[1][1])
 
 
 def test_a_streamed_beam_search_answers_at_once(server, bart):

@@ -108,7 +108,7 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/summarize", {"model": "bart", "input": TEXT, "min_tokens": 9, "max_tokens": 3}, 400, "min_tokens"),
     # past the decoder's room (256 positions): refused, as OpenAI and vLLM refuse it, not cut
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "max_tokens": 100000}, 400, "max_tokens"),
-    ("/v1/summarize", {"model": "bart", "input": TEXT, "max_tokens": 256}, 400, "max_tokens"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "max_tokens": 257}, 400, "max_tokens"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "temperature": -1}, 400, "temperature"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "num_beams": 2, "temperature": 0.5}, 400, "temperature"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "seed": -2**63 - 1}, 400, "seed"),
@@ -370,8 +370,9 @@ def test_overloaded_queue_answers_429(server, stream):
     """Refused before a stream starts too: a plain 429, not an error event."""
     async def burst():
         async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120) as http:
-            body = {"model": "bart", "prompt": TEXT, "stream": stream, **LONG}
-            return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(12)))
+            # each over a second and a half of decoding: all 16 arrive while the first run
+            body = {"model": "bart", "prompt": TEXT, "stream": stream, **LONG, "min_tokens": 250, "max_tokens": 250}
+            return await asyncio.gather(*(http.post("/v1/completions", json=body) for _ in range(16)))
 
     responses = asyncio.run(burst())
     statuses = sorted(r.status_code for r in responses)

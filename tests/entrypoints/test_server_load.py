@@ -13,7 +13,7 @@ import pytest
 
 from encdec import LLM, SamplingParams
 from encdec.engine.async_engine import IDLE_TRIM_SECONDS
-from tests.bart_checkpoints import CORPUS
+from tests.bart_checkpoints import CORPUS, summary_prompts
 from tests.entrypoints.conftest import SAMPLE
 from tests.entrypoints.remote_server import RemoteServer
 
@@ -83,7 +83,7 @@ def test_64_clients_twice(server, tiny_bart_dir, speech_clips):
     audio_paths = [SAMPLE, *speech_clips]
     bart = LLM(str(tiny_bart_dir), num_gpu_blocks=512)
     summaries = {a: out.outputs[0].text for a, out in zip(CORPUS, bart.generate(
-        CORPUS, SamplingParams(**SUMMARY, config_per_field=True), use_tqdm=False))}
+        summary_prompts(bart, CORPUS), SamplingParams(**SUMMARY, config_per_field=True), use_tqdm=False))}
     tiny_en = LLM("tiny.en", num_gpu_blocks=2200, swap_space=0.05)
     transcripts = {p: t.text for p, t in zip(audio_paths, tiny_en.transcribe([str(p) for p in audio_paths]))}
     jobs = workload(audio_paths)

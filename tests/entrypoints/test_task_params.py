@@ -40,3 +40,19 @@ def test_t5_decodes_with_its_task_parameters(t5_dir, capsys, task, argv):
     expected = pipeline_output(str(t5_dir), task, TEXT)
     assert main([argv[0], "--model", str(t5_dir), *argv[1:], TEXT]) == 0
     assert capsys.readouterr().out == expected + "\n"
+
+
+def test_bart_without_forced_bos_summarizes_as_the_pipeline(tiny_bart_dir, capsys):
+    """A BART checkpoint whose config forces no BOS (bart-base's) starts its summaries where
+    Hugging Face's generate() starts: at <DEC> alone, not at the engine's default [<DEC>, <BOS>]
+    (on these random weights the two differ)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bart_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(tiny_bart_dir).eval()
+    assert model.generation_config.forced_bos_token_id is None  # the case under test
+    texts = [TEXT, "Paged attention keeps keys and values in blocks."]
+    with torch.no_grad():
+        expected = [one_line(tokenizer.decode(model.generate(**tokenizer([text], return_tensors="pt"),
+                                                             max_new_tokens=10)[0], skip_special_tokens=True))
+                    for text in texts]
+    assert main(["summarize", "--model", str(tiny_bart_dir), *texts, "--max-tokens", "10"]) == 0
+    assert capsys.readouterr().out.splitlines() == expected

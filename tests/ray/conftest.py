@@ -12,6 +12,7 @@ import pytest
 
 from encdec import LLM, SamplingParams
 from tests.bart_checkpoints import CORPUS as SENTENCES
+from tests.bart_checkpoints import summary_prompts
 from tests.speech_corpus import CORPUS, speak
 
 SUMMARY_TOKENS = 16
@@ -94,7 +95,7 @@ def offline_summaries(tiny_bart_dir, documents) -> dict[str, str]:
     llm = LLM(str(tiny_bart_dir), num_gpu_blocks=600, swap_space=0.01)
     # as `encdec summarize` and the server decode: the config fills each unset field
     params = SamplingParams(temperature=0.0, max_tokens=SUMMARY_TOKENS, config_per_field=True)
-    outputs = llm.generate(list(documents.values()), params, use_tqdm=False)
+    outputs = llm.generate(summary_prompts(llm, list(documents.values())), params, use_tqdm=False)
     summaries = dict(zip(documents, (out.outputs[0].text.strip() for out in outputs)))
     assert len(set(summaries.values())) > 10, "the random model should summarize documents differently"
     return summaries

@@ -83,8 +83,8 @@ class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
     `decoder_prompt`, `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
     `include_stop_str_in_output`, `ignore_eos`, `skip_special_tokens`, `truncate_prompt_tokens`,
-    `prompt_logprobs` (of the decoder prompt), `use_beam_search` (unset: the checkpoint's
-    `num_beams` decides) and `length_penalty` (of a beam search)."""
+    `prompt_logprobs` (of the decoder prompt), `return_tokens_as_token_ids`, `use_beam_search`
+    (unset: the checkpoint's `num_beams` decides) and `length_penalty` (of a beam search)."""
 
     model: str
     prompt: Union[list[int], list[list[int]], str, list[str]]
@@ -115,6 +115,7 @@ class CompletionRequest(JSONRequest):
     skip_special_tokens: bool = True
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
     prompt_logprobs: Optional[int] = Field(None, ge=0)
+    return_tokens_as_token_ids: bool = False
     use_beam_search: Optional[bool] = None
     length_penalty: Optional[float] = None
 
@@ -139,14 +140,15 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: Optional[CompletionLogProbs] = None
     finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None  # vLLM's: the stop string or stop token id that ended it
     prompt_logprobs: Optional[list[Optional[dict[int, PromptLogprob]]]] = None  # vLLM's, when asked for
 
     @model_serializer(mode="wrap")
     def _with_nulls(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """OpenAI's fields, null ones too (its schema requires them all), and vLLM's
-        `prompt_logprobs` when asked for."""
+        """OpenAI's fields and vLLM's `stop_reason`, null ones too (OpenAI's schema requires
+        them all), and vLLM's `prompt_logprobs` when asked for."""
         data = handler(self)
-        shown = {name: data.get(name) for name in ("index", "text", "logprobs", "finish_reason")}
+        shown = {name: data.get(name) for name in ("index", "text", "logprobs", "finish_reason", "stop_reason")}
         if self.prompt_logprobs is not None:
             shown["prompt_logprobs"] = data["prompt_logprobs"]
         return shown

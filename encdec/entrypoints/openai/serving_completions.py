@@ -173,10 +173,11 @@ class OpenAIServingCompletion:
             if len(completions) > body.n:  # best_of: the likeliest n
                 completions = sorted(completions, key=lambda g: g.cumulative_logprob, reverse=True)[:body.n]
             for g in completions:
-                logprobs = (None if body.logprobs is None else LogprobsBuilder(
-                    served.engine.tokenizer, body.logprobs).add(g.token_ids, g.logprobs, finished=True))
+                logprobs = (None if body.logprobs is None else LogprobsBuilder.of(
+                    served.engine.tokenizer, body).add(g.token_ids, g.logprobs, finished=True))
                 choices.append(CompletionChoice(
                     index=len(choices), text=g.text, logprobs=logprobs, finish_reason=g.finish_reason,
+                    stop_reason=g.stop_reason,
                     prompt_logprobs=None if scored is None else json_prompt_logprobs(scored)))
         return choices
 
@@ -193,11 +194,11 @@ class OpenAIServingCompletion:
                 index = i * body.n + delta.index
                 logprobs = None
                 if body.logprobs is not None:  # the same pieces and offsets as without streaming
-                    builder = builders.setdefault(index, LogprobsBuilder(served.engine.tokenizer, body.logprobs))
+                    builder = builders.setdefault(index, LogprobsBuilder.of(served.engine.tokenizer, body))
                     logprobs = builder.add(delta.token_ids, delta.logprobs or [], delta.finish_reason is not None)
                 if delta.text or delta.finish_reason or (logprobs is not None and logprobs.tokens):
                     choice = CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
-                                              finish_reason=delta.finish_reason)
+                                              finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
                     chunk = CompletionResponse(id=response_id, created=created, model=body.model,
                                                choices=[choice], usage=counter.usage() if continuous else None)
                     # With include_usage, OpenAI's other chunks carry a null usage (vLLM's
@@ -253,16 +254,22 @@ def decoder_prompt(prompt: Any) -> Any:
 
 class LogprobsBuilder:
     """OpenAI's logprobs of one completion, a few tokens at a time. Each token is shown as its
-    piece of the completion's text (as vLLM's detokenizer shows it: "" for a special token, a
-    character split over tokens on its last one), so the pieces add up to the text and
-    `text_offset` indexes into it (as in vLLM, the text a stop string or stop token cut off
-    still has its pieces). The `top` likeliest alternatives (and the token itself) are
-    keyed by the piece each would have added (one entry a piece). JSON has no -inf: a token ruled out (a forced
-    token's alternatives) gets LOWEST_LOGPROB."""
+    piece of the completion's text (as vLLM's detokenizer shows it: "" for a special token
+    unless `skip_special_tokens` is False, a character split over tokens on its last one), so
+    the pieces add up to the text and `text_offset` indexes into it (as in vLLM, the text a stop
+    string or stop token cut off still has its pieces). The `top` likeliest alternatives (and
+    the token itself) are keyed by the piece each would have added (one entry a piece), or with
+    `as_token_ids` (vLLM's `return_tokens_as_token_ids`) every token by "token_id:{id}". JSON
+    has no -inf: a token ruled out (a forced token's alternatives) gets LOWEST_LOGPROB."""
 
-    def __init__(self, tokenizer: Any, top: int):
-        self.detokenizer = IncrementalDetokenizer(tokenizer)
-        self.top, self.ids, self.offset = top, [], 0
+    def __init__(self, tokenizer: Any, top: int, skip_special_tokens: bool = True, as_token_ids: bool = False):
+        self.detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens)
+        self.top, self.as_token_ids, self.ids, self.offset = top, as_token_ids, [], 0
+
+    @classmethod
+    def of(cls, tokenizer: Any, body: CompletionRequest) -> LogprobsBuilder:
+        """The builder `body` asks for."""
+        return cls(tokenizer, body.logprobs, body.skip_special_tokens, body.return_tokens_as_token_ids)
 
     def add(self, token_ids: list[int], logprobs: SampleLogprobs, finished: bool) -> CompletionLogProbs:
         """The logprobs of the next tokens (`finished`: they end the completion)."""
@@ -275,11 +282,13 @@ class LogprobsBuilder:
             pieces = {t: copy.copy(self.detokenizer).step([*self.ids, t], last) for t in best if t != token}
             self.ids.append(token)
             pieces[token] = piece = self.detokenizer.step(self.ids, last)
-            result.tokens.append(piece)
+            if self.as_token_ids:
+                pieces = {t: f"token_id:{t}" for t in pieces}
+            result.tokens.append(pieces[token])
             result.token_logprobs.append(max(candidates[token], LOWEST_LOGPROB))
             top: dict[str, float] = {}
             for t, lp in best.items():  # two tokens of one piece: the sampled one, else the likelier
-                if t == token or (pieces[t] != piece and pieces[t] not in top):
+                if t == token or (pieces[t] != pieces[token] and pieces[t] not in top):
                     top[pieces[t]] = max(lp, LOWEST_LOGPROB)
             result.top_logprobs.append(top)
             result.text_offset.append(self.offset)

@@ -6,7 +6,7 @@ import contextlib
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, TypeVar
+from typing import Callable, Iterator, Optional, TypeVar, Union
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -52,13 +52,14 @@ class Generated:
     logprobs: SampleLogprobs = field(default_factory=list)
     cumulative_logprob: float = 0.0
     finish_reason: Optional[str] = None
+    stop_reason: Union[int, str, None] = None
 
     def add(self, delta: CompletionOutput) -> None:
         self.text += delta.text
         self.token_ids += delta.token_ids
         self.logprobs += delta.logprobs or []
         self.cumulative_logprob = delta.cumulative_logprob
-        self.finish_reason = delta.finish_reason
+        self.finish_reason, self.stop_reason = delta.finish_reason, delta.stop_reason
 
 
 class OutputCounter:

@@ -42,8 +42,9 @@ class OpenAIServingSummarize:
             response_id = random_id("sum")
             counter = OutputCounter(self.metrics, served.name, request)
             admission = Admission(len(articles))  # the articles are taken or refused (429) together
+            start = served.engine.model_config.decoder_start_token_id
             merged = merge_async_iterators(*(
-                served.engine.generate({"prompt_token_ids": a.token_ids}, params, f"{response_id}-{i}",
+                served.engine.generate(a.prompt(start), params, f"{response_id}-{i}",
                                        admission=admission)
                 for i, a in enumerate(articles)))
             if body.stream:

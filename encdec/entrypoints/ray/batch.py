@@ -225,8 +225,8 @@ class Summarizer(_Worker):
             except ValueError as err:
                 errors[i] = str(err)
         summaries = {}
-        for i, summary in zip(articles, self.summarize([{"prompt_token_ids": article.token_ids}
-                                                        for article in articles.values()])):
+        start = engine.model_config.decoder_start_token_id
+        for i, summary in zip(articles, self.summarize([article.prompt(start) for article in articles.values()])):
             if isinstance(summary, str):
                 summaries[i] = summary
             else:

@@ -202,9 +202,10 @@ def check_job(args: argparse.Namespace) -> None:
     """Check the model and the options on the driver, before any actor starts (ValueError worded
     for the command line)."""
     from encdec.entrypoints.cli import check_english_only
+    from encdec.entrypoints.summaries import Article
     from encdec.entrypoints.summarize_cli import check_output_lengths, check_text_model, decoding_params
     from encdec.generation_config import load_generation_defaults
-    from encdec.weights.loader import (check_model, checkpoint_dir_problem, decoder_lengths,
+    from encdec.weights.loader import (check_model, checkpoint_dir_problem, decoder_positions,
                                        whisper_multilingual)
     from encdec.whisper.languages import requested_language
 
@@ -221,11 +222,12 @@ def check_job(args: argparse.Namespace) -> None:
                          f"Face checkpoint directory)")
     check_text_model(args.model, "batch summarize")
     try:
-        lengths = decoder_lengths(args.model)
+        positions = decoder_positions(args.model)
     except (ValueError, OSError) as err:  # as `encdec summarize` words a model it cannot load
         raise ValueError(f"cannot load model {args.model!r}: {err}") from None
     defaults = load_generation_defaults(args.model)
-    check_output_lengths(defaults, *lengths, decoding_params(defaults, args), args.min_tokens)
+    check_output_lengths(defaults, Article.DECODER_PROMPT_LEN, positions, decoding_params(defaults, args),
+                         args.min_tokens)
 
 
 def run_batch(args: argparse.Namespace) -> int:
