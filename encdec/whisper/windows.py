@@ -1,10 +1,13 @@
 """Cut long audio into windows of at most 30 s at quiet points, with no extra model.
 
-Each cut lies in the last `search` seconds before the 30 s limit of its window, in the middle
-of the longest quiet stretch there: frame power (20 ms hops) smoothed over `smooth` seconds,
-"quiet" meaning within twice the minimum (plus a -100 dBFS floor, so digital silence ties).
-The middle of the longest pause keeps speech away from both windows' edges, where Whisper
-tends to drop words. Short audio is one window.
+Each cut lies in the last `search` seconds before the 30 s limit of its window (its zone; earlier
+if the last window would get less than `search` seconds), in the longest quiet stretch there:
+frame power (20 ms hops) smoothed over `smooth` seconds, "quiet" meaning within twice the
+minimum (plus a -100 dBFS floor, so digital silence ties). The cut keeps speech away from both
+windows' edges, where Whisper tends to drop words: in the middle of the quiet stretch, but in
+a long silence (below -60 dBFS) about `lead` seconds before the speech that ends it, or at the
+zone's end when it goes on past it. So a window starts close to its speech: given seconds of
+silence first, Whisper invents text (" 1. 1. 1."). Short audio is one window.
 """
 from __future__ import annotations
 
@@ -14,24 +17,28 @@ from encdec.audio import N_SAMPLES, SAMPLE_RATE
 
 HOP = SAMPLE_RATE // 50  # 20 ms frames
 _POWER_FLOOR = 1e-10  # -100 dBFS
+_SILENT_POWER = 1e-6  # -60 dBFS: below the quietest speech Whisper transcribes
 
 
 def split_windows(audio: np.ndarray, max_samples: int = N_SAMPLES, search: float = 5.0,
-                  smooth: float = 0.2) -> list[tuple[int, int]]:
+                  smooth: float = 0.2, lead: float = 0.5) -> list[tuple[int, int]]:
     """`[(start, end), ...]` sample ranges that tile `audio`, each at most `max_samples` long."""
     search_samples = min(int(search * SAMPLE_RATE), max_samples // 2)
     windows, start = [], 0
     while len(audio) - start > max_samples:
-        low = start + max_samples - search_samples
-        cut = low + quietest_point(audio[low:start + max_samples], smooth)
+        high = min(start + max_samples, len(audio) - search_samples)
+        low = high - search_samples
+        cut = low + quiet_cut(audio[low:high], smooth, lead)
         windows.append((start, cut))
         start = cut
     windows.append((start, len(audio)))
     return windows
 
 
-def quietest_point(stretch: np.ndarray, smooth: float) -> int:
-    """Offset (in samples) of the middle of the longest quiet part of `stretch` (latest on ties)."""
+def quiet_cut(stretch: np.ndarray, smooth: float, lead: float) -> int:
+    """Offset (in samples) of the cut in the longest quiet part of `stretch` (latest on ties):
+    its middle; if it is silent, `lead` seconds before its end when that is later, or the end
+    of `stretch` when it reaches it."""
     frames = len(stretch) // HOP
     if frames == 0:
         return len(stretch) // 2
@@ -42,5 +49,10 @@ def quietest_point(stretch: np.ndarray, smooth: float) -> int:
     edges = np.flatnonzero(np.diff(quiet))
     starts, ends = edges[0::2], edges[1::2]  # runs [start, end) of quiet positions
     longest = len(starts) - 1 - int(np.argmax((ends - starts)[::-1]))
-    middle = (starts[longest] + ends[longest] - 1) // 2
-    return int(middle) * HOP + width * HOP // 2
+    first, end = starts[longest], ends[longest]
+    cut = (first + end - 1) // 2
+    if smoothed[first:end].max() <= _SILENT_POWER:
+        if end == len(smoothed):
+            return len(stretch)
+        cut = max(cut, end - 1 - round(lead * SAMPLE_RATE / HOP))
+    return int(cut) * HOP + width * HOP // 2

@@ -201,6 +201,18 @@ def test_windows_cut_at_the_quietest_point_near_30_seconds():
     assert windows[0][1] == pytest.approx(27.3 * SAMPLE_RATE, abs=0.05 * SAMPLE_RATE)
     assert len(windows) == 3
     assert split_windows(audio[:30 * SAMPLE_RATE]) == [(0, 30 * SAMPLE_RATE)]
+    # the cut before the last window leaves it 5 s at least (a second of speech alone reads badly)
+    short_tail = split_windows(audio[:int(57.5 * SAMPLE_RATE)])
+    assert len(short_tail) == 3 and short_tail[-1][1] - short_tail[-1][0] >= 5 * SAMPLE_RATE
+
+
+def test_a_cut_in_a_long_pause_falls_just_before_the_speech_after_it():
+    rng = np.random.default_rng(1)
+    audio = rng.normal(0, 0.1, 50 * SAMPLE_RATE).astype(np.float32)
+    audio[int(24.0 * SAMPLE_RATE):int(28.0 * SAMPLE_RATE)] = 0.0  # speech resumes at 28 s
+    assert split_windows(audio)[0][1] == pytest.approx(27.5 * SAMPLE_RATE, abs=0.15 * SAMPLE_RATE)
+    audio[int(28.0 * SAMPLE_RATE):int(33.0 * SAMPLE_RATE)] = 0.0  # the pause goes on past 30 s
+    assert split_windows(audio)[0][1] == 30 * SAMPLE_RATE
 
 
 def test_silence_checks():

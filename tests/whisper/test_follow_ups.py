@@ -353,11 +353,11 @@ def test_segments_are_reported_in_time_order_as_soon_as_what_precedes_them_is_de
                                [(s.id, round(s.start, 2), s.text) for s in segments]))
     engine = ScriptedEngine(script)
     engine.run(job)
-    # decoded in the order 0, 27.5, 55, then the follow-up at 5.0: its segment comes before
+    # decoded in the order 0, 27.5, 52.5, then the follow-up at 5.0: its segment comes before
     # the later windows', so they wait for it
-    assert [r[0] for r in engine.requests] == [0.0, 27.5, 55.0, 5.0]
+    assert [r[0] for r in engine.requests] == [0.0, 27.5, 52.5, 5.0]
     # numbered in time order across the windows, as the transcript's segments are
-    assert reported == [[(0, 0.0, " w1")], [(1, 5.0, " w2")], [(2, 27.5, " w2")], [(3, 55.0, " w2")]]
+    assert reported == [[(0, 0.0, " w1")], [(1, 5.0, " w2")], [(2, 27.5, " w2")], [(3, 52.5, " w2")]]
     assert [s.id for s in job.results([None])[0].segments] == [0, 1, 2, 3]
 
 
@@ -402,7 +402,7 @@ def test_unconditioned_windows_after_the_first_get_no_initial_prompt(carry):
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)], TranscribeOptions(
         condition_on_previous_text=False, initial_prompt="w7 w8", carry_initial_prompt=carry))
     engine.run(job)
-    assert [r[0] for r in engine.requests] == [0.0, 27.5, 55.0, 5.0]  # the last: a follow-up
+    assert [r[0] for r in engine.requests] == [0.0, 27.5, 52.5, 5.0]  # the last: a follow-up
     prompted = [SOT_PREV, 7, 8, SOT]
     assert engine.prompts == [prompted] + [prompted if carry else [SOT]] * 3
 

@@ -8,14 +8,16 @@ transcribed, and the WER is within one point of faster-whisper's `WhisperModel` 
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from encdec.audio import SAMPLE_RATE
 from encdec.whisper.options import TranscribeOptions
 from encdec.whisper.pipeline import TranscriptionJob
 from encdec.whisper.transcribe import run_job
 from encdec.whisper.windows import split_windows
 from tests.conftest import assert_all_blocks_free
-from tests.speech_corpus import sentence_coverage, wer
+from tests.speech_corpus import CORPUS, sentence_coverage, speak, wer
 
 faster_whisper = pytest.importorskip("faster_whisper")
 
@@ -105,3 +107,23 @@ def test_conditioned_windows_are_prompted_with_the_previous_windows_text(tiny_en
         # <|startofprev|> ... the previous window's last segment (timestamps included), sot
         assert prompt[0] == sot_prev and prompt[-1] == sot
         assert prompt[-1 - len(last):-1] == last
+
+
+@pytest.mark.parametrize("resume", [27.5, 31.0])  # speech resumes inside the first cut's zone; past its limit
+def test_a_window_starts_close_to_the_speech_after_a_long_silence(tiny_en, speech_dir, resume):
+    """Cut at quiet points (`condition_on_previous_text=False`), the window after a long digital
+    silence starts at most a second before the speech, where tiny.en would invent text for
+    seconds of silence (" 1. 1. 1."), and nothing is transcribed inside the silence."""
+    parts = [speak(speech_dir, f"gap{i}", voice, speed, text) for i, (voice, speed, text) in enumerate(CORPUS[:8])]
+    before = parts[0]
+    after = np.concatenate([p for part in parts[1:] for p in (part, np.zeros(SAMPLE_RATE // 2, np.float32))])
+    audio = np.concatenate([before, np.zeros(int(resume * SAMPLE_RATE) - len(before), np.float32), after])
+    speech_end, speech_start = len(before) / SAMPLE_RATE, int(resume * SAMPLE_RATE) / SAMPLE_RATE
+    assert len(after) > 25 * SAMPLE_RATE  # the speech after the silence needs windows of its own
+    starts = [start / SAMPLE_RATE for start, _ in split_windows(audio)]
+    resumed = next(start for start in starts if start > speech_end)
+    assert speech_start - 1.0 <= resumed <= speech_start
+    [result] = tiny_en.transcribe([audio], language="en", condition_on_previous_text=False, temperature=0.0)
+    assert all(s.start < speech_end or s.start >= speech_start - 1.0 for s in result.segments), result.segments
+    sentences = [text for _, _, text in CORPUS[:8]]
+    assert min(sentence_coverage(sentences, result.text)) >= 0.5, result.text
