@@ -44,7 +44,7 @@ def prepare_article(text: str, tokenizer: Any, hf_config: Any, max_tokens: int,
     (then ArticleTooLong names the limit)."""
     if not text.strip():
         raise ValueError("the text to summarize is empty")
-    return fit_article(tokenizer(task_prefix(hf_config, SUMMARIZATION) + text)["input_ids"],
+    return fit_article(tokenizer(task_prefix(hf_config, SUMMARIZATION) + text, verbose=False)["input_ids"],
                        tokenizer, max_tokens, truncate)
 
 

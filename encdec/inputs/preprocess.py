@@ -135,11 +135,12 @@ class InputPreprocessor:
         return text, ids
 
     def _tokenize(self, **text_and_options: Any) -> list[int]:
-        """Token ids of `text=` (encoder side) or `text_target=` (decoder side)."""
+        """Token ids of `text=` (encoder side) or `text_target=` (decoder side); a text over the
+        model's length is the caller's to cut or refuse (no tokenizer warning)."""
         if self.tokenizer is None:
             raise ValueError("the model directory has no tokenizer: pass token ids "
                              "({'prompt_token_ids': [...]}) instead of text")
-        return list(self.tokenizer(**text_and_options)["input_ids"])
+        return list(self.tokenizer(**text_and_options, verbose=False)["input_ids"])
 
     def _check_vocab(self, ids: list[int], field: str, vocab: int) -> None:
         bad = [t for t in ids if not isinstance(t, int) or t < 0 or t >= vocab]

@@ -35,4 +35,4 @@ def marian_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: O
     elif target_lang:
         unused.append(("target_lang", "this Marian model translates into the one language it "
                                       "was trained on"))
-    return TranslationInputs(tokenizer(text)["input_ids"], unused=tuple(unused))
+    return TranslationInputs(tokenizer(text, verbose=False)["input_ids"], unused=tuple(unused))

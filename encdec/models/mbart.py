@@ -34,6 +34,6 @@ def mbart50_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: 
         missing = [name for name, lang in (("source", source_lang), ("target", target_lang)) if not lang]
         raise ValueError(f"mBART-50 translates with a source and a target language (e.g. en_XX, "
                          f"fr_XX): give the {' and '.join(missing)} language{'s' * (len(missing) - 1)}")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     return TranslationInputs([language_code_id(tokenizer, source_lang), *ids, tokenizer.eos_token_id],
                              language_code_id(tokenizer, target_lang))

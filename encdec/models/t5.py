@@ -192,4 +192,4 @@ def t5_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: Optio
     if not prefix:
         known = sorted(f"translation_{source}_to_{target}" for source, target in t5_translation_pairs(hf_config))
         raise ValueError(f"this T5 checkpoint has no {task} task; it has {known or 'none'}")
-    return TranslationInputs(tokenizer(prefix + text)["input_ids"])
+    return TranslationInputs(tokenizer(prefix + text, verbose=False)["input_ids"])

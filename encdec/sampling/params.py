@@ -27,6 +27,7 @@ BUILTIN_DEFAULTS = dict(
 )
 EARLY_STOPPING_VALUES = (True, False, "never")
 BEAM_RULES = ("hf", "whisper")
+MAX_LOGIT_BIAS = 1e10  # any bias within it keeps float32 logits finite at any temperature
 INTEGER_FIELDS = ("n", "max_tokens", "min_tokens", "top_k", "seed", "logprobs", "prompt_logprobs", "beam_width",
                   "no_repeat_ngram_size", "forced_bos_token_id", "forced_eos_token_id", "truncate_prompt_tokens")
 REPETITION_PENALTY_RANGE = (1e-30, 1e30)  # any penalty past these overflows float32 scores
@@ -180,8 +181,7 @@ class SamplingParams:
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, dict), f"logit_bias must be a dict of token id -> number, "
                                                       f"got {self.logit_bias!r}")
-            self.logit_bias = {_integer("logit_bias", token): _finite("logit_bias", bias)
-                               for token, bias in self.logit_bias.items()}
+            self.logit_bias = {_integer("logit_bias", token): _bias(bias) for token, bias in self.logit_bias.items()}
         if self.bad_words_ids is not None:
             _check(_is_list(self.bad_words_ids) and all(_is_list(w) and len(w) for w in self.bad_words_ids),
                    f"bad_words_ids must be a list of non-empty lists of token ids, got {self.bad_words_ids!r}")
@@ -339,8 +339,9 @@ def _integer(name: str, value: Any) -> Optional[int]:
     return int(value)
 
 
-def _finite(name: str, value: Any) -> float:
-    _check(is_number(value) and math.isfinite(value), f"{name} values must be finite numbers, got {value!r}")
+def _bias(value: Any) -> float:
+    _check(is_number(value) and math.isfinite(value) and abs(value) <= MAX_LOGIT_BIAS,
+           f"logit_bias values must be numbers between -1e10 and 1e10, got {value!r}")
     return float(value)
 
 

@@ -136,3 +136,13 @@ def test_empty_texts_are_refused(t5_dir, capsys):
     status, lines, err = translate(capsys, t5_dir, "--source-lang", "en", "--target-lang", "de", " ")
     assert status == 1 and len(lines) == len(TEXTS) + 1 and lines[0] == ""  # its line, empty
     assert "encdec: error: TEXT 1: the text to translate is empty" in err
+
+
+def test_a_text_cut_to_fit_gets_no_tokenizer_warning(tmp_path, capsys, caplog):
+    """The note says the text was cut; the tokenizer's logged "will result in indexing errors",
+    which contradicts it, is not logged."""
+    model_dir = make_family_checkpoint("marian", tmp_path / "marian", seed=1)
+    assert main(["translate", "--model", str(model_dir), "--target-lang", "fr", "--max-tokens", "2",
+                 " ".join(TEXTS * 100)]) == 0
+    assert "cut to the model's limit" in capsys.readouterr().err
+    assert not [r for r in caplog.records if "indexing errors" in r.getMessage()]

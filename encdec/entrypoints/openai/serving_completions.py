@@ -225,7 +225,7 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
         raise bad_request("prompt contains an empty string", "prompt")
     if texts and engine.tokenizer is None:
         raise bad_request("this model has no tokenizer: send token ids", "prompt")
-    encoded = iter(await tokenize_off_loop(lambda: engine.tokenizer(texts)["input_ids"]) if texts else [])
+    encoded = iter(await tokenize_off_loop(lambda: engine.tokenizer(texts, verbose=False)["input_ids"]) if texts else [])
     limit, vocab = engine.model_config.max_encoder_len, engine.model_config.encoder_vocab_size
     prompts = []
     for i, p in enumerate(prompt):
