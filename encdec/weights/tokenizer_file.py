@@ -18,9 +18,11 @@ class TokenizerFile:
         self.backend = Tokenizer.from_file(os.fspath(path))
 
     def __call__(self, text: Union[str, list[str], None] = None, add_special_tokens: bool = True,
-                 text_target: Union[str, list[str], None] = None) -> dict:
+                 text_target: Union[str, list[str], None] = None, verbose: bool = True) -> dict:
         """`{"input_ids": ids}` of one text, or a list of id lists for a list of texts; the
-        decoder side's `text_target` reads the same vocabulary as `text`."""
+        decoder side's `text_target` reads the same vocabulary as `text`. `verbose` is
+        transformers' (whose tokenizers warn of texts over the model's length); this one never
+        warns."""
         if (text is None) == (text_target is None):
             raise ValueError("give one of text and text_target")
         text = text if text_target is None else text_target
