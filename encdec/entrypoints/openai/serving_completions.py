@@ -279,11 +279,13 @@ class LogprobsBuilder:
             candidates = {t: e.logprob for t, e in entries.items()}
             best = dict(sorted(candidates.items(), key=lambda kv: kv[1], reverse=True)[:self.top])
             best.setdefault(token, candidates[token])  # as OpenAI's: the sampled token is always there
-            pieces = {t: copy.copy(self.detokenizer).step([*self.ids, t], last) for t in best if t != token}
-            self.ids.append(token)
-            pieces[token] = piece = self.detokenizer.step(self.ids, last)
             if self.as_token_ids:
-                pieces = {t: f"token_id:{t}" for t in pieces}
+                pieces = {t: f"token_id:{t}" for t in best}
+            else:  # what each alternative would have added
+                pieces = {t: copy.copy(self.detokenizer).step([*self.ids, t], last) for t in best if t != token}
+            self.ids.append(token)
+            piece = self.detokenizer.step(self.ids, last)  # the text's own piece, for the offsets
+            pieces.setdefault(token, piece)
             result.tokens.append(pieces[token])
             result.token_logprobs.append(max(candidates[token], LOWEST_LOGPROB))
             top: dict[str, float] = {}
