@@ -15,7 +15,10 @@ the engine runs.
   finish_reason "abort".
 * `max_waiting_requests` bounds the requests that wait for a place in the running batch (those
   not yet running beyond its free places, `num_queued`); past it `generate()` raises
-  `EngineOverloaded` at once. A job of several requests (a list of prompts, a Whisper upload's
+  `EngineOverloaded` at once. The engine thread counts the free places and the scheduler's
+  waiting requests together between steps, under the lock `generate()` checks under, so a
+  burst that arrives while a step moves requests into the batch is counted against the batch
+  as it was. A job of several requests (a list of prompts, a Whisper upload's
   windows) shares an `Admission`: it is taken or refused whole.
 * A request whose own logits processor fails gets that error, alone (`LLMEngine.take_failures`);
   the others go on.
@@ -115,7 +118,9 @@ class AsyncLLMEngine:
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
-        self._free_places = engine.scheduler_config.max_num_seqs  # see _count_free_places
+        # see _count_free_places; the scheduler's waiting requests as of then, and those added since
+        self._free_places = self._counted_waiting = 0
+        self._count_free_places()
 
     @classmethod
     def from_model(cls, model: str, max_waiting_requests: Optional[int] = None,
@@ -148,17 +153,25 @@ class AsyncLLMEngine:
 
     def num_queued(self) -> int:
         """The waiting requests that the running batch has no place for: those beyond its free
-        places (`_count_free_places`). `max_waiting_requests` bounds them."""
-        return max(0, self.num_waiting() - self._free_places)
+        places as of the last count (`_count_free_places`), those taken since included.
+        `max_waiting_requests` bounds them."""
+        taken = sum(1 for item in list(self._inbox) if item[0] == "add")
+        return max(0, taken + self._counted_waiting - self._free_places)
 
     def _count_free_places(self) -> None:
         """On the engine thread, between steps: the batch's free places, `max_num_seqs` less the
-        sequences the running and swapped groups may run (none while the cache is out of blocks)."""
+        sequences the running and swapped groups may run, and at most `max_running_requests`
+        less those groups (none while the cache is out of blocks); and the waiting requests."""
         scheduler = self.engine.scheduler
         held = [*scheduler.running, *scheduler.swapped]
-        seqs = sum(group.get_max_num_running_seqs() for group in held)
-        self._free_places = 0 if scheduler.out_of_blocks and held else max(
-            0, self.engine.scheduler_config.max_num_seqs - seqs)
+        free = self.engine.scheduler_config.max_num_seqs - sum(
+            group.get_max_num_running_seqs() for group in held)
+        cap = self.engine.scheduler_config.max_running_requests
+        if cap is not None:
+            free = min(free, cap - len(held))
+        with self._lock:
+            self._free_places = 0 if scheduler.out_of_blocks and held else max(0, free)
+            self._counted_waiting = len(scheduler.waiting)
 
     async def transcribe(self, inputs: Any, **options: Any) -> list:
         """Whisper: `LLM.transcribe`'s call and result, its windows in this engine's batch
@@ -221,10 +234,12 @@ class AsyncLLMEngine:
                                   f"{type(self._dead).__name__}: {self._dead}") from self._dead
         if self._stopping:
             raise EngineDeadError("the engine is shutting down")
-        if (count_waiting and self.max_waiting_requests is not None
-                and self.num_queued() >= self.max_waiting_requests):
-            raise EngineOverloaded(f"{self.num_queued()} requests are waiting for a place in the batch "
-                                   f"(max_waiting_requests={self.max_waiting_requests}); try again later")
+        if count_waiting and self.max_waiting_requests is not None:
+            queued = self.num_queued()
+            if queued >= self.max_waiting_requests:
+                waiting = "1 request is" if queued == 1 else f"{queued} requests are"
+                raise EngineOverloaded(f"{waiting} waiting for a place in the batch "
+                                       f"(max_waiting_requests={self.max_waiting_requests}); try again later")
 
     # -- the engine loop -------------------------------------------------------------------
     def _ensure_running(self) -> None:
@@ -269,7 +284,9 @@ class AsyncLLMEngine:
 
     def _drain_inbox(self) -> None:
         while self._inbox:
-            item = self._inbox.popleft()
+            with self._lock:  # a request leaves the inbox for the waiting ones it is counted with
+                item = self._inbox.popleft()
+                self._counted_waiting += item[0] == "add"
             if item[0] == "abort":
                 _, request_id, owner = item
                 stream = self._streams.get(request_id)

@@ -7,6 +7,7 @@ batch it shares does not matter), and every block must be free once the callers 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -121,6 +122,62 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
         params = SamplingParams(temperature=0, max_tokens=2)
         job = await asyncio.gather(*(collect_in("A job", params, admission) for _ in range(6)))
         assert all(outputs[-1].finished for outputs in job)
+        await engine.shutdown()
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
+def test_requests_held_back_by_max_running_requests_wait_for_a_place(tiny_bart_dir):
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), max_waiting_requests=1, max_running_requests=2,
+                                       num_gpu_blocks=200)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+
+    async def collect():
+        return [out async for out in engine.generate("A burst", params)]
+
+    async def main():
+        # two run, though the batch has room for 256 sequences; one waits; the rest are refused
+        results = await asyncio.gather(*(collect() for _ in range(5)), return_exceptions=True)
+        assert [isinstance(r, EngineOverloaded) for r in results] == [False] * 3 + [True] * 2
+        assert all(len(r[-1].outputs[0].token_ids) == 20 for r in results[:3])
+        await engine.shutdown()
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
+def test_a_burst_during_a_step_is_counted_against_the_batch_before_it(tiny_bart_dir, monkeypatch):
+    """Requests that arrive while a step moves waiting requests into the batch must not see
+    those requests' places as free."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), max_waiting_requests=1, max_num_seqs=2,
+                                       num_gpu_blocks=200)
+    step, stepping, release = engine.engine.step, threading.Event(), threading.Event()
+
+    def held_step():  # the first step after which two run waits for the burst
+        outputs = step()
+        if len(engine.engine.scheduler.running) == 2 and not release.is_set():
+            stepping.set()
+            release.wait(30)
+        return outputs
+
+    monkeypatch.setattr(engine.engine, "step", held_step)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+
+    async def collect():
+        return [out async for out in engine.generate("A burst", params)]
+
+    async def main():
+        running = [asyncio.ensure_future(collect()) for _ in range(2)]
+        assert await asyncio.get_running_loop().run_in_executor(None, stepping.wait, 30)
+        burst = [asyncio.ensure_future(collect()) for _ in range(3)]
+        await asyncio.sleep(0.2)  # the step is held: no place frees meanwhile
+        refused = [task for task in burst if task.done()]
+        assert len(refused) == 2 and all(isinstance(task.exception(), EngineOverloaded) for task in refused)
+        release.set()
+        taken = [task for task in burst if task not in refused]
+        for outputs in await asyncio.gather(*running, *taken):
+            assert len(outputs[-1].outputs[0].token_ids) == 8
         await engine.shutdown()
 
     asyncio.run(main())
