@@ -65,8 +65,8 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
                allow_empty: bool = False) -> np.ndarray:
     """Return ``source`` as a mono float32 waveform at ``sr`` Hz.
 
-    ``source`` is a path to a file that soundfile (WAV, FLAC, MP3, OGG, ...) or PyAV (FFmpeg:
-    M4A, MP4, WebM, ...) decodes, such a file opened in binary mode (read from where it is, as
+    ``source`` is a path to a file that soundfile (WAV, FLAC, OGG, ...) or PyAV (FFmpeg:
+    MP3, M4A, MP4, WebM, ...) decodes, such a file opened in binary mode (read from where it is, as
     faster-whisper takes one), a ``(waveform, sample_rate)`` pair, or a 1-D waveform alone (16
     kHz). Channels are averaged
     (a 2-D waveform's smaller dimension is taken as the channel axis). A file's samples are
@@ -172,12 +172,19 @@ class TooManySamples(ValueError):
 
 
 def _soundfile_blocks(source) -> tuple[Iterator[np.ndarray], int]:
-    """libsndfile's float32 (frames, channels) blocks of `source`, and its sample rate."""
+    """libsndfile's float32 (frames, channels) blocks of `source`, and its sample rate: the
+    frames it decodes, however many the header promised. MP3 is left to FFmpeg, which decodes
+    it for openai-whisper and faster-whisper, and reads every frame of a file whose header
+    counts fewer (libsndfile stops at the count)."""
     sound = soundfile.SoundFile(source)
+    if sound.format == "MP3":
+        sound.close()
+        raise ValueError("MP3: decoded by FFmpeg")
 
     def blocks() -> Iterator[np.ndarray]:
         with sound:
-            yield from sound.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True)
+            while len(block := sound.read(BLOCK_FRAMES, dtype="float32", always_2d=True)):
+                yield block
     return blocks(), sound.samplerate
 
 

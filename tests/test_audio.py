@@ -234,6 +234,30 @@ def test_other_containers(files, inputs):
     assert abs(len(ogg) - len(inputs["wav22k"])) < 1600 and _corr(ogg, inputs["wav22k"]) > 0.9
 
 
+def test_mp3_decodes_as_faster_whisper_decodes_it(tmp_path, inputs):
+    """FFmpeg decodes MP3, as for openai-whisper and faster-whisper: every frame the file holds,
+    whatever its header counts (an upload cut short still counts the whole; libsndfile's reader
+    handed back that many frames, the missing ones from memory it had not written)."""
+    from faster_whisper.audio import decode_audio
+
+    speech = inputs["wav16k"]
+    whole = tmp_path / "speech.mp3"
+    soundfile.write(whole, speech, 16000, format="MP3")
+    data = whole.read_bytes()
+    cut, longer = tmp_path / "cut.mp3", tmp_path / "longer.mp3"
+    cut.write_bytes(data[:len(data) * 2 // 5])
+    longer.write_bytes(data + data)
+    assert soundfile.info(cut).frames == soundfile.info(longer).frames == soundfile.info(whole).frames
+    decoded = {}
+    for path in (whole, cut, longer):
+        decoded[path] = A.load_audio(path)
+        reference = decode_audio(str(path))
+        assert len(decoded[path]) == len(reference)
+        assert np.abs(decoded[path] - reference).max() < 1e-4
+    assert abs(len(decoded[whole]) - len(speech)) < 1600
+    assert len(decoded[cut]) < 0.45 * len(speech) and len(decoded[longer]) > 1.9 * len(speech)
+
+
 @pytest.mark.parametrize("container, codec, channels", [("mp4", "aac", 1), ("webm", "libopus", 2)])
 def test_formats_of_ffmpeg(tmp_path, inputs, container, codec, channels):
     """M4A (AAC) and WebM (Opus), which libsndfile does not read, decode through PyAV."""

@@ -149,9 +149,13 @@ class InputPreprocessor:
 
 
 def truncate_prompt(ids: list[int], truncate_prompt_tokens: Optional[int], limit: int) -> list[int]:
-    """vLLM's `truncate_prompt_tokens`: the last k ids (-1: the last `limit`; None: all)."""
+    """vLLM's `truncate_prompt_tokens`: the last k ids (-1: the last `limit`; None: all); a k
+    past `limit` is refused, as vLLM refuses one past the model's length."""
     if truncate_prompt_tokens is None:
         return ids
+    if truncate_prompt_tokens > limit:
+        raise ValueError(f"truncate_prompt_tokens is {truncate_prompt_tokens}, more than the encoder's "
+                         f"{limit} positions (-1 keeps the last {limit} tokens)")
     return ids[-(limit if truncate_prompt_tokens == -1 else truncate_prompt_tokens):]
 
 

@@ -133,6 +133,9 @@ def test_truncate_prompt_tokens_keeps_the_last_ones(llm):
     [whole] = llm.generate(TokensPrompt(prompt_token_ids=[5] * (limit + 10)),
                            dataclasses.replace(params, truncate_prompt_tokens=-1), use_tqdm=False)
     assert len(whole.encoder_prompt_token_ids) == limit
+    with pytest.raises(ValueError, match=f"truncate_prompt_tokens is {limit + 1}, more than the encoder's {limit}"):
+        llm.generate(TokensPrompt(prompt_token_ids=[5, 9]),
+                     dataclasses.replace(params, truncate_prompt_tokens=limit + 1), use_tqdm=False)
     assert_all_blocks_free(llm)
 
 

@@ -79,6 +79,9 @@ class StreamOptions(JSONRequest):
 # ----------------------------------------------------------------------------- completions
 
 
+MAX_PROMPT_LOGPROBS = 20  # vLLM's default --max-logprobs: each scored position's alternatives
+
+
 class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
     `decoder_prompt`, `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
@@ -114,7 +117,7 @@ class CompletionRequest(JSONRequest):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
-    prompt_logprobs: Optional[int] = Field(None, ge=0)
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_PROMPT_LOGPROBS)
     return_tokens_as_token_ids: bool = False
     use_beam_search: Optional[bool] = None
     length_penalty: Optional[float] = None

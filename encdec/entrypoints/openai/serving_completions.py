@@ -227,9 +227,13 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
         raise bad_request("this model has no tokenizer: send token ids", "prompt")
     encoded = iter(await tokenize_off_loop(lambda: engine.tokenizer(texts, verbose=False)["input_ids"]) if texts else [])
     limit, vocab = engine.model_config.max_encoder_len, engine.model_config.encoder_vocab_size
+    try:
+        cut = [truncate_prompt(next(encoded) if isinstance(p, str) else p, body.truncate_prompt_tokens, limit)
+               for p in prompt]
+    except ValueError as err:
+        raise bad_request(str(err), "truncate_prompt_tokens") from None
     prompts = []
-    for i, p in enumerate(prompt):
-        ids = truncate_prompt(next(encoded) if isinstance(p, str) else p, body.truncate_prompt_tokens, limit)
+    for i, ids in enumerate(cut):
         if not ids or len(ids) > limit:
             raise bad_request(f"prompt {i} has {len(ids)} tokens; the model takes 1 to {limit}", "prompt")
         if any(not 0 <= t < vocab for t in ids):
