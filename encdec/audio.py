@@ -26,9 +26,7 @@ import os
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator, Optional, Sequence, Union
 
-import librosa
 import numpy as np
-import soundfile
 import torch
 
 logger = logging.getLogger(__name__)
@@ -46,7 +44,6 @@ MAX_AMPLITUDE = 1e16
 # Sample rates taken: 1 kHz (below any speech codec's 8 kHz) to 1 MHz (past 768 kHz studio audio).
 MIN_SAMPLE_RATE = 1_000
 MAX_SAMPLE_RATE = 1_000_000
-BLOCK_FRAMES = 1 << 16  # frames a file is decoded in at a time
 MEL_BLOCK_FRAMES = 3000  # log-mel frames of a long input computed at a time
 
 AudioSource = Union[str, os.PathLike, BinaryIO, tuple, np.ndarray, torch.Tensor]
@@ -65,18 +62,18 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
                allow_empty: bool = False) -> np.ndarray:
     """Return ``source`` as a mono float32 waveform at ``sr`` Hz.
 
-    ``source`` is a path to a file that soundfile (WAV, FLAC, OGG, ...) or PyAV (FFmpeg:
-    MP3, M4A, MP4, WebM, ...) decodes, such a file opened in binary mode (read from where it is, as
-    faster-whisper takes one), a ``(waveform, sample_rate)`` pair, or a 1-D waveform alone (16
-    kHz). Channels are averaged
-    (a 2-D waveform's smaller dimension is taken as the channel axis). A file's samples are
-    clipped to [-1, 1], as the 16-bit decoding of openai-whisper and faster-whisper clips them;
-    integer PCM is scaled to [-1, 1) (unsigned PCM, as 8-bit WAV, is centred on its midpoint:
-    (x - 128) / 128); a float file's NaN samples become 0 (a waveform given as an array with
-    NaN or infinite samples is refused). The sample rate is an integer in [MIN_SAMPLE_RATE, MAX_SAMPLE_RATE]. A file
-    with more than ``max_samples`` samples per channel, at its own rate, is refused while it is
-    decoded (bounding the memory an upload can take). No samples at all is an error unless
-    ``allow_empty``.
+    ``source`` is a path to an audio or video file, such a file opened in binary mode (read
+    whole, from its start), a ``(waveform, sample_rate)`` pair, or a 1-D waveform alone (16
+    kHz). A file is decoded as openai-whisper and faster-whisper decode it: by FFmpeg (bundled
+    with PyAV), its first audio stream mixed down to mono and resampled to ``sr`` in 16-bit
+    samples by FFmpeg's resampler (so clipped to [-1, 1)), packets FFmpeg cannot decode skipped.
+    A waveform's channels are averaged (a 2-D waveform's smaller dimension is taken as the
+    channel axis); integer PCM is scaled to [-1, 1) (unsigned PCM, as 8-bit WAV, is centred on
+    its midpoint: (x - 128) / 128); NaN or infinite samples are refused; another rate is
+    resampled by FFmpeg's resampler too. A sample rate is an integer in [MIN_SAMPLE_RATE,
+    MAX_SAMPLE_RATE]. A file with more than ``max_samples`` samples per channel, at its own
+    rate, is refused while it is decoded (bounding the memory an upload can take). No samples
+    at all is an error unless ``allow_empty``.
     """
     if sr <= 0:
         raise ValueError(f"target sample rate must be positive, got {sr}")
@@ -91,20 +88,23 @@ def load_audio(source: AudioSource, sr: int = SAMPLE_RATE, max_samples: Optional
         waveform, rate = source
         name = "waveform"
         audio = _downmix(_as_float_array(waveform, name), name)
+        rate = _sample_rate(rate, name)
     elif isinstance(source, (str, os.PathLike)):
         name = os.fspath(source)
-        audio, rate = _read_file(Path(name), max_samples)
+        audio = _read_file(Path(name), sr, max_samples)
+        rate = sr
     elif hasattr(source, "read"):
         name = str(getattr(source, "name", "") or "file object")
+        if getattr(source, "seekable", lambda: False)():
+            source.seek(0)
         data = source.read()
         if not isinstance(data, (bytes, bytearray)):
             raise ValueError(f"{name}: a file object must be opened in binary mode ('rb')")
-        audio, rate = _decode(io.BytesIO(data), name, max_samples)
+        audio, rate = _decode(io.BytesIO(data), name, sr, max_samples), sr
     else:
         hint = ("; samples in a list are taken as inputs, one each: pass np.asarray(samples)"
                 if isinstance(source, numbers.Real) else "")
         raise ValueError(f"expected {AUDIO_SOURCES}, got {type(source).__name__}{hint}")
-    rate = _sample_rate(rate, name)
     if audio.size == 0 and not allow_empty:
         raise ValueError(f"{name}: contains no audio samples")
     if not np.all(np.isfinite(audio)):
@@ -128,38 +128,70 @@ def _sample_rate(rate: Any, name: str) -> int:
     return int(rate)
 
 
-def _read_file(path: Path, max_samples: Optional[int]) -> tuple[np.ndarray, int]:
+def _read_file(path: Path, sr: int, max_samples: Optional[int]) -> np.ndarray:
     if path.is_dir():
         raise ValueError(f"{path}: is a directory, not an audio file")
     if not path.exists():
         raise AudioFileNotFoundError(f"audio file not found: {path}")
     # a pipe or a device (/dev/stdin, <(...)) is read whole first: the decoders seek
-    return _decode(path if path.is_file() else io.BytesIO(path.read_bytes()), str(path), max_samples)
+    return _decode(path if path.is_file() else io.BytesIO(path.read_bytes()), str(path), sr, max_samples)
 
 
-def _decode(source: Union[Path, io.BytesIO], name: str, max_samples: Optional[int]) -> tuple[np.ndarray, int]:
-    """A file's (or its bytes') samples, channels averaged, and its sample rate."""
+def _decode(source: Union[Path, io.BytesIO], name: str, sr: int, max_samples: Optional[int]) -> np.ndarray:
+    """A file's (or its bytes') first audio stream, decoded, mixed down to mono and resampled
+    to `sr` by FFmpeg, in 16-bit samples as the references take them; as float32."""
     if (source.stat().st_size if isinstance(source, Path) else source.getbuffer().nbytes) == 0:
         raise ValueError(f"{name}: audio file is empty")
+    import av
+
+    pieces = []
     try:
-        try:
-            blocks, rate = _soundfile_blocks(source)
-        except Exception as error:  # a format libsndfile does not read: FFmpeg's decoders
-            logger.debug("soundfile could not read %s (%s); trying PyAV", name, error)
-            blocks, rate = _av_blocks(_rewound(source))
-        mono, total = [], 0
-        for block in blocks:  # (frames, channels) blocks, averaged as they come
-            total += len(block)
-            if max_samples is not None and total > max_samples:
-                raise TooManySamples(f"{name}: more than {max_samples} samples per channel", total / rate)
-            mono.append(block.mean(axis=1))
-    except TooManySamples:
+        with av.open(str(source) if isinstance(source, Path) else source, metadata_errors="ignore") as container:
+            if not container.streams.audio:
+                raise UnreadableAudio(f"{name}: not a readable audio file (no audio stream)")
+            stream = container.streams.audio[0]
+            if stream.codec_context is None or not stream.codec_context.sample_rate:
+                raise UnreadableAudio(f"{name}: not a readable audio file (FFmpeg has no decoder for its audio)")
+            try:
+                _sample_rate(stream.codec_context.sample_rate, name)
+            except ValueError as error:
+                raise UnreadableAudio(str(error)) from None
+            mono = av.AudioResampler(format="s16", layout="mono", rate=sr)
+            decoded = 0
+            for frame in itertools.chain(_decodable_frames(container.decode(stream)), [None]):  # None: flush
+                if frame is not None:
+                    decoded += frame.samples
+                    if max_samples is not None and decoded > max_samples:
+                        raise TooManySamples(f"{name}: more than {max_samples} samples per channel",
+                                             decoded / frame.sample_rate)
+                pieces.extend(out.to_ndarray().reshape(-1) for out in mono.resample(frame))
+    except (TooManySamples, UnreadableAudio):
         raise
     except Exception as error:
         raise ValueError(f"{name}: not a readable audio file ({str(error) or type(error).__name__})") from error
-    audio = np.concatenate(mono) if mono else np.zeros(0, np.float32)
-    np.nan_to_num(audio, copy=False, nan=0.0)  # a float file's NaN samples: silence
-    return np.clip(audio, -1.0, 1.0, out=audio), rate
+    if not pieces:
+        return np.zeros(0, np.float32)
+    return np.concatenate(pieces).astype(np.float32) / np.float32(32768)
+
+
+def _decodable_frames(frames: Iterator[Any]) -> Iterator[Any]:
+    """`frames`, past those whose packets FFmpeg finds invalid (a corrupt or cut-off stretch):
+    faster-whisper decodes what is left, and so does openai-whisper's ffmpeg."""
+    import av
+
+    while True:
+        try:
+            frame = next(frames)
+        except StopIteration:
+            return
+        except av.error.InvalidDataError:
+            continue
+        yield frame
+
+
+class UnreadableAudio(ValueError):
+    """A file whose audio is refused for what it is (no audio stream, no decoder, a sample rate
+    out of range), its message whole."""
 
 
 class TooManySamples(ValueError):
@@ -169,49 +201,6 @@ class TooManySamples(ValueError):
     def __init__(self, message: str, seconds: float):
         super().__init__(message)
         self.seconds = seconds
-
-
-def _soundfile_blocks(source) -> tuple[Iterator[np.ndarray], int]:
-    """libsndfile's float32 (frames, channels) blocks of `source`, and its sample rate: the
-    frames it decodes, however many the header promised. MP3 is left to FFmpeg, which decodes
-    it for openai-whisper and faster-whisper, and reads every frame of a file whose header
-    counts fewer (libsndfile stops at the count)."""
-    sound = soundfile.SoundFile(source)
-    if sound.format == "MP3":
-        sound.close()
-        raise ValueError("MP3: decoded by FFmpeg")
-
-    def blocks() -> Iterator[np.ndarray]:
-        with sound:
-            while len(block := sound.read(BLOCK_FRAMES, dtype="float32", always_2d=True)):
-                yield block
-    return blocks(), sound.samplerate
-
-
-def _av_blocks(source) -> tuple[Iterator[np.ndarray], int]:
-    """FFmpeg's (PyAV's) float32 (frames, channels) blocks of the first audio stream of
-    `source`, and its sample rate."""
-    import av
-
-    container = av.open(source)
-    if not container.streams.audio:
-        container.close()
-        raise ValueError("no audio stream")
-    stream = container.streams.audio[0]
-
-    def blocks() -> Iterator[np.ndarray]:
-        with container:
-            planar = av.AudioResampler(format="fltp")  # float32, one plane per channel
-            for frame in itertools.chain(container.decode(stream), [None]):  # None: flush
-                for converted in planar.resample(frame):
-                    yield converted.to_ndarray().T
-    return blocks(), stream.codec_context.sample_rate
-
-
-def _rewound(source):
-    if isinstance(source, io.BytesIO):
-        source.seek(0)
-    return source
 
 
 def _as_float_array(waveform: ArrayLike, name: str) -> np.ndarray:
@@ -240,11 +229,15 @@ def _downmix(audio: np.ndarray, name: str) -> np.ndarray:
 
 
 def _resample(audio: np.ndarray, orig_sr: int, target_sr: int) -> np.ndarray:
-    try:
-        return librosa.resample(audio, orig_sr=orig_sr, target_sr=target_sr, res_type="soxr_hq")
-    except Exception as error:  # soxr missing: librosa's default resampler
-        logger.debug("soxr_hq resampling unavailable (%s); using librosa's default", error)
-        return librosa.resample(audio, orig_sr=orig_sr, target_sr=target_sr)
+    """`audio` (mono float32) at `target_sr`, by FFmpeg's resampler (as a file's is resampled)."""
+    import av
+
+    frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(audio, dtype=np.float32)[None, :],
+                                       format="flt", layout="mono")
+    frame.sample_rate = orig_sr
+    resampler = av.AudioResampler(format="flt", layout="mono", rate=target_sr)
+    pieces = [out.to_ndarray().reshape(-1) for piece in (frame, None) for out in resampler.resample(piece)]
+    return np.concatenate(pieces) if pieces else np.zeros(0, np.float32)
 
 
 # --------------------------------------------------------------------------- log-mel

@@ -234,6 +234,54 @@ def test_other_containers(files, inputs):
     assert abs(len(ogg) - len(inputs["wav22k"])) < 1600 and _corr(ogg, inputs["wav22k"]) > 0.9
 
 
+def _syncsafe(size: int) -> bytes:
+    return bytes((size >> shift) & 0x7F for shift in (21, 14, 7, 0))
+
+
+def _mislabelled_id3() -> bytes:
+    """An ID3v2.4 tag whose title says UTF-8 and holds Latin-1, as many real files' do."""
+    title = b"\x03Caf\xe9 del Mar"
+    frame = b"TIT2" + _syncsafe(len(title)) + b"\x00\x00" + title
+    return b"ID3\x04\x00\x00" + _syncsafe(len(frame)) + frame
+
+
+def _file_recipe(name: str, files: dict, tmp_path: Path) -> Path:
+    speech, rate = soundfile.read(files["wav44k"], dtype="float32")
+    path = tmp_path / name
+    if name == "stereo-48k.flac":  # 24-bit
+        soundfile.write(path, np.stack([speech, 0.5 * speech], axis=1), 48000, subtype="PCM_24")
+    elif name == "5.1.m4a":  # FFmpeg's downmix, not a mean over the channels (LFE included)
+        path.write_bytes(av_encoded(speech, rate, "mp4", "aac", channels=6))
+    elif name in ("corrupt.mp3", "tagged.mp3"):
+        soundfile.write(path, speech, rate, format="MP3")
+        data = bytearray(path.read_bytes())
+        if name == "corrupt.mp3":  # a damaged stretch: skipped, the rest decoded
+            middle = len(data) // 2
+            data[middle:middle + 3000] = np.random.default_rng(0).integers(0, 256, 3000, np.uint8).tobytes()
+        else:
+            data[:0] = _mislabelled_id3()
+        path.write_bytes(bytes(data))
+    else:
+        return files[name]
+    return path
+
+
+@pytest.mark.parametrize("name", ["wav8k", "wav22k", "stereo44k", "ogg", "stereo-48k.flac", "5.1.m4a",
+                                  "corrupt.mp3", "tagged.mp3"])
+def test_files_decode_to_faster_whispers_samples(files, tmp_path, name):
+    """Sample for sample: FFmpeg decodes, mixes down and resamples (to 16-bit) as for the
+    references, which is what makes their transcripts ours."""
+    from faster_whisper.audio import decode_audio
+
+    path = _file_recipe(name, files, tmp_path)
+    reference = decode_audio(str(path))
+    assert len(reference) > 16000
+    np.testing.assert_array_equal(A.load_audio(path), reference)
+    with open(path, "rb") as f:
+        f.read(100)  # a file object is read whole, wherever it stands
+        np.testing.assert_array_equal(A.load_audio(f), reference)
+
+
 def test_mp3_decodes_as_faster_whisper_decodes_it(tmp_path, inputs):
     """FFmpeg decodes MP3, as for openai-whisper and faster-whisper: every frame the file holds,
     whatever its header counts (an upload cut short still counts the whole; libsndfile's reader
@@ -273,9 +321,14 @@ def test_formats_of_ffmpeg(tmp_path, inputs, container, codec, channels):
 def test_float_files_are_clipped_as_the_references_decode_them(tmp_path, inputs):
     """openai-whisper and faster-whisper decode files to 16-bit, which clips at full scale: a
     float WAV left at int16 scale is heard clipped, not as numbers in the thousands."""
+    from faster_whisper.audio import decode_audio
+
     path = tmp_path / "loud.wav"
     soundfile.write(path, inputs["wav16k"] * 32768, 16000, subtype="FLOAT")
-    assert np.array_equal(A.load_audio(path), np.clip(inputs["wav16k"] * 32768, -1, 1))
+    loud = A.load_audio(path)
+    assert np.array_equal(loud, decode_audio(str(path)))
+    speech = np.abs(inputs["wav16k"]) > 1e-3
+    assert np.array_equal(np.abs(loud[speech]) >= 32767 / 32768, np.abs(inputs["wav16k"][speech]) * 32768 >= 1)
 
 
 def test_samples_past_max_samples_are_refused_while_decoding(tmp_path):
@@ -345,16 +398,20 @@ def test_empty_file(tmp_path):
         A.load_audio(path)
 
 
-def test_a_float_files_nan_samples_are_silence_and_a_bfloat16_tensor_is_read(tmp_path):
-    """As the references decode such files (faster-whisper also reads NaN as a sample, not an
-    error); a bfloat16 tensor is widened (numpy has no bfloat16)."""
+def test_a_float_files_nan_samples_decode_as_the_references_and_a_bfloat16_tensor_is_read(tmp_path):
+    """As the references decode such files (a NaN sample is FFmpeg's 16-bit -1, not an error);
+    a bfloat16 tensor is widened (numpy has no bfloat16)."""
+    from faster_whisper.audio import decode_audio
+
     samples = np.random.default_rng(0).uniform(-0.5, 0.5, 1600).astype(np.float32)
     samples[[3, 700]] = np.nan
     path = tmp_path / "nan.wav"
     soundfile.write(path, samples, 16000, subtype="FLOAT")
-    expected = np.where(np.isnan(samples), 0.0, samples)
-    np.testing.assert_array_equal(A.load_audio(path), expected)
-    tensor = torch.tensor(expected).to(torch.bfloat16)
+    decoded = A.load_audio(path)
+    np.testing.assert_array_equal(decoded, decode_audio(str(path)))
+    finite = ~np.isnan(samples)
+    np.testing.assert_allclose(decoded[finite], samples[finite], atol=1 / 32768)
+    tensor = torch.tensor(decoded).to(torch.bfloat16)
     np.testing.assert_array_equal(A.load_audio(tensor), tensor.float().numpy())
 
 
