@@ -14,12 +14,14 @@ the engine runs.
   caller's stream, as vLLM's does: with a last output whose unfinished completions say
   finish_reason "abort".
 * `max_waiting_requests` bounds the requests that wait for a place in the running batch (those
-  not yet running beyond its free places, `num_queued`); past it `generate()` raises
-  `EngineOverloaded` at once. The engine thread counts the free places and the scheduler's
-  waiting requests together between steps, under the lock `generate()` checks under, so a
-  burst that arrives while a step moves requests into the batch is counted against the batch
-  as it was. A job of several requests (a list of prompts, a Whisper upload's
-  windows) shares an `Admission`: it is taken or refused whole.
+  not yet running that do not fit its free places, `num_queued`); past it `generate()` raises
+  `EngineOverloaded` at once. A place is a sequence (`max_num_seqs`; n > 1 samples and beams
+  take several) and a request (`max_running_requests`), filled in arrival order as the
+  scheduler fills them. The engine thread counts them between steps, under the lock
+  `generate()` checks under, so a burst that arrives while a step moves requests into the batch
+  is counted against the batch as it was. A job of several requests (a list of prompts, a
+  Whisper upload's windows) shares an `Admission`: it is taken or refused whole, refused if it
+  would leave more than `max_waiting_requests` waiting while some already wait.
 * A request whose own logits processor fails gets that error, alone (`LLMEngine.take_failures`);
   the others go on.
 * If a step raises, every request in flight gets `EngineDeadError` (caused by the step's
@@ -58,8 +60,9 @@ class EngineDeadError(RuntimeError):
 @dataclass
 class Admission:
     """A job of several requests, taken or refused whole: the first of them to reach
-    `generate()` is checked against `max_waiting_requests`, the rest follow it in. `taken` is
-    set once `size` of them are in the engine, validated (the server then starts its stream)."""
+    `generate()` is checked against `max_waiting_requests` for all `size` of them, the rest
+    follow it in. `taken` is set once `size` of them are in the engine, validated (the server
+    then starts its stream)."""
 
     size: int = 1
     admitted: bool = False
@@ -101,6 +104,29 @@ class RequestStream:
             pass
 
 
+@dataclass(frozen=True)
+class Room:
+    """The running batch's free places as waiting requests fill them in arrival order: free
+    sequences, free requests (None: no limit) and the requests left waiting without a place
+    (once one waits, the ones after it wait too, as the scheduler admits them in order)."""
+
+    seqs: int
+    requests: Optional[int]
+    queued: int = 0
+
+    def wait(self, places: int) -> "Room":
+        """The room after one more waiting request of `places` sequences."""
+        if not self.queued and places <= self.seqs and self.requests != 0:
+            return Room(self.seqs - places, None if self.requests is None else self.requests - 1)
+        return Room(self.seqs, self.requests, self.queued + 1)
+
+
+def _places(params: Any) -> int:
+    """The sequences a request of `params` may run at once (one for what is no SamplingParams:
+    the engine refuses it)."""
+    return params.max_num_seqs if isinstance(params, SamplingParams) else 1
+
+
 class AsyncLLMEngine:
     """An `LLMEngine` served to asyncio callers; see the module docstring."""
 
@@ -118,8 +144,9 @@ class AsyncLLMEngine:
         self._stopping = False
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
-        # see _count_free_places; the scheduler's waiting requests as of then, and those added since
-        self._free_places = self._counted_waiting = 0
+        # see _count_free_places: the batch's free places, and the waiting (id, places) to fill them
+        self._free = Room(0, 0)
+        self._waiting: list[tuple[str, int]] = []
         self._count_free_places()
 
     @classmethod
@@ -151,27 +178,36 @@ class AsyncLLMEngine:
         """Requests taken but not yet running (the inbox and the scheduler's waiting queue)."""
         return sum(1 for item in list(self._inbox) if item[0] == "add") + len(self.engine.scheduler.waiting)
 
-    def num_queued(self) -> int:
-        """The waiting requests that the running batch has no place for: those beyond its free
-        places as of the last count (`_count_free_places`), those taken since included.
-        `max_waiting_requests` bounds them."""
-        taken = sum(1 for item in list(self._inbox) if item[0] == "add")
-        return max(0, taken + self._counted_waiting - self._free_places)
+    def num_queued(self, extra: int = 0, places: int = 1) -> int:
+        """The waiting requests that the running batch has no place for (see the module
+        docstring), as of the last count between steps, those taken since included and those
+        whose abort is on its way left out; with `extra` more requests of `places` sequences
+        each. `max_waiting_requests` bounds them."""
+        inbox = list(self._inbox)
+        leaving = {item[1] for item in inbox if item[0] == "abort"}
+        waiting = self._waiting + [(item[1], _places(item[3])) for item in inbox if item[0] == "add"]
+        room = self._free
+        for request_id, need in waiting:
+            if request_id not in leaving:
+                room = room.wait(need)
+        for _ in range(extra):
+            room = room.wait(places)
+        return room.queued
 
     def _count_free_places(self) -> None:
         """On the engine thread, between steps: the batch's free places, `max_num_seqs` less the
-        sequences the running and swapped groups may run, and at most `max_running_requests`
-        less those groups (none while the cache is out of blocks); and the waiting requests."""
-        scheduler = self.engine.scheduler
+        sequences the running and swapped groups may run, and `max_running_requests` less those
+        groups (none while the cache is out of blocks); and the requests waiting for them."""
+        scheduler, config = self.engine.scheduler, self.engine.scheduler_config
         held = [*scheduler.running, *scheduler.swapped]
-        free = self.engine.scheduler_config.max_num_seqs - sum(
-            group.get_max_num_running_seqs() for group in held)
-        cap = self.engine.scheduler_config.max_running_requests
-        if cap is not None:
-            free = min(free, cap - len(held))
+        seqs = config.max_num_seqs - sum(group.get_max_num_running_seqs() for group in held)
+        requests = None if config.max_running_requests is None else config.max_running_requests - len(held)
+        if scheduler.out_of_blocks and held:
+            seqs = requests = 0
+        free = Room(max(0, seqs), requests if requests is None else max(0, requests))
+        waiting = [(group.request_id, group.get_max_num_running_seqs()) for group in scheduler.waiting]
         with self._lock:
-            self._free_places = 0 if scheduler.out_of_blocks and held else max(0, free)
-            self._counted_waiting = len(scheduler.waiting)
+            self._free, self._waiting = free, waiting
 
     async def transcribe(self, inputs: Any, **options: Any) -> list:
         """Whisper: `LLM.transcribe`'s call and result, its windows in this engine's batch
@@ -191,7 +227,9 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         stream = RequestStream(loop, asyncio.Queue(), loop.create_future())
         with self._lock:
-            self._check_accepting(count_waiting=admission is None or not admission.admitted)
+            first = admission is None or not admission.admitted  # the rest of a job follow it in
+            self._check_accepting(job=(1 if admission is None else admission.size) if first else 0,
+                                  places=_places(sampling_params))
             if admission is not None:
                 admission.admitted = True
             self._inbox.append(("add", request_id, prompt, sampling_params, stream, return_cross_kv))
@@ -228,15 +266,18 @@ class AsyncLLMEngine:
         self._inbox.append(("abort", request_id, stream))
         self._wakeup.set()
 
-    def _check_accepting(self, count_waiting: bool = True) -> None:
+    def _check_accepting(self, job: int = 1, places: int = 1) -> None:
+        """Refuse new work once dead or stopping, and a job of `job` requests (of `places`
+        sequences each) that would leave more than `max_waiting_requests` waiting while some
+        already wait (on an engine with none waiting, any job may start)."""
         if self._dead is not None:
             raise EngineDeadError(f"the engine stopped after an error and takes no more requests: "
                                   f"{type(self._dead).__name__}: {self._dead}") from self._dead
         if self._stopping:
             raise EngineDeadError("the engine is shutting down")
-        if count_waiting and self.max_waiting_requests is not None:
+        if job and self.max_waiting_requests is not None:
             queued = self.num_queued()
-            if queued >= self.max_waiting_requests:
+            if queued and self.num_queued(job, places) > self.max_waiting_requests:
                 waiting = "1 request is" if queued == 1 else f"{queued} requests are"
                 raise EngineOverloaded(f"{waiting} waiting for a place in the batch "
                                        f"(max_waiting_requests={self.max_waiting_requests}); try again later")
@@ -286,7 +327,8 @@ class AsyncLLMEngine:
         while self._inbox:
             with self._lock:  # a request leaves the inbox for the waiting ones it is counted with
                 item = self._inbox.popleft()
-                self._counted_waiting += item[0] == "add"
+                if item[0] == "add":
+                    self._waiting = self._waiting + [(item[1], _places(item[3]))]
             if item[0] == "abort":
                 _, request_id, owner = item
                 stream = self._streams.get(request_id)

@@ -214,9 +214,21 @@ class LLMEngine:
         bm = self.block_manager
         needed = bm.max_num_blocks(len(encoder_ids), max_len, seqs)
         if not bm.can_ever_fit(needed):
-            raise ValueError(f"the request needs {needed} KV cache blocks (encoder "
+            def fits(decoder_len: int, num_seqs: int) -> bool:
+                return bm.can_ever_fit(bm.max_num_blocks(len(encoder_ids), decoder_len, num_seqs))
+
+            # the field to change: a prompt that never fits, else the samples, else the length
+            if not fits(1, 1):
+                field = "encoder_prompt"
+            elif not fits(len(decoder_ids) + 1, 1):
+                field = "decoder_prompt"
+            elif seqs > 1 and fits(max_len, 1):
+                field = f"{'beam_width' if params.use_beam_search else 'n'}={seqs}"
+            else:
+                field = "max_tokens" + ("=" + str(params.max_tokens) if params.max_tokens is not None else " (unset)")
+            raise ValueError(f"{field}: the request needs {needed} KV cache blocks (encoder "
                              f"{len(encoder_ids)} tokens, decoder up to {max_len} tokens, "
-                             f"{seqs} sequences) but the cache has only num_gpu_blocks="
+                             f"{seqs} sequence{'s' if seqs > 1 else ''}) but the cache has only num_gpu_blocks="
                              f"{bm.num_total_gpu_blocks}, less a watermark of "
                              f"{bm.watermark_blocks} kept free")
 

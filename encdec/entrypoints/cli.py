@@ -417,7 +417,7 @@ def add_transcribe(subparsers) -> None:
                               epilog=TRANSCRIBE_EPILOG,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("model and input")
-    g.add_argument("files", nargs="+", metavar="FILE", help="audio files (any format librosa reads)")
+    g.add_argument("files", nargs="+", metavar="FILE", help="audio or video files (any format FFmpeg reads)")
     g.add_argument("--model", default="tiny.en",
                    help="tiny.en or base (bundled), or a local Whisper checkpoint directory "
                         "(default: tiny.en)")
@@ -517,7 +517,8 @@ def add_serve(subparsers) -> None:
                    help="requests queued per model before new ones get 429 (default: no limit)")
     p.add_argument("--shutdown-timeout", type=non_negative_float, default=30,
                    help="on SIGTERM, seconds to let requests in flight finish before aborting "
-                        "them (default: 30)")
+                        "them (at least 1; the process then ends by the signal, as uvicorn ends: "
+                        "exit status 143) (default: 30)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level (default: info)")
     add_engine_options(p)

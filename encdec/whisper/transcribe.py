@@ -185,7 +185,10 @@ async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Ca
         return request, final
 
     loop = asyncio.get_running_loop()
-    pending = {asyncio.ensure_future(decode(r)) for r in job.start()}
+    first = job.start()
+    if not admission.admitted:  # the windows that start together are weighed together
+        admission.size = max(1, len(first))
+    pending = {asyncio.ensure_future(decode(r)) for r in first}
     try:
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)

@@ -147,29 +147,44 @@ def test_requests_held_back_by_max_running_requests_wait_for_a_place(tiny_bart_d
     engine_blocks_free(engine.engine)
 
 
+class TwoRunning:
+    """An engine of two places whose first step after which two requests run is held (until
+    `release`): arrivals meanwhile meet the batch as that step left it."""
+
+    def __init__(self, model_dir, monkeypatch):
+        self.engine = AsyncLLMEngine.from_model(str(model_dir), max_waiting_requests=1, max_num_seqs=2,
+                                                num_gpu_blocks=200)
+        self.stepping, self.release = threading.Event(), threading.Event()
+        step = self.engine.engine.step
+
+        def held_step():
+            outputs = step()
+            if len(self.engine.engine.scheduler.running) == 2 and not self.release.is_set():
+                self.stepping.set()
+                self.release.wait(30)
+            return outputs
+
+        monkeypatch.setattr(self.engine.engine, "step", held_step)
+
+    async def collect(self):
+        params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+        return [out async for out in self.engine.generate("A burst", params)]
+
+    async def start_two(self) -> list:
+        """Two running requests' tasks, once their step is held."""
+        running = [asyncio.ensure_future(self.collect()) for _ in range(2)]
+        assert await asyncio.get_running_loop().run_in_executor(None, self.stepping.wait, 30)
+        return running
+
+
 def test_a_burst_during_a_step_is_counted_against_the_batch_before_it(tiny_bart_dir, monkeypatch):
     """Requests that arrive while a step moves waiting requests into the batch must not see
     those requests' places as free."""
-    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), max_waiting_requests=1, max_num_seqs=2,
-                                       num_gpu_blocks=200)
-    step, stepping, release = engine.engine.step, threading.Event(), threading.Event()
-
-    def held_step():  # the first step after which two run waits for the burst
-        outputs = step()
-        if len(engine.engine.scheduler.running) == 2 and not release.is_set():
-            stepping.set()
-            release.wait(30)
-        return outputs
-
-    monkeypatch.setattr(engine.engine, "step", held_step)
-    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-
-    async def collect():
-        return [out async for out in engine.generate("A burst", params)]
+    two = TwoRunning(tiny_bart_dir, monkeypatch)
+    engine, collect, release = two.engine, two.collect, two.release
 
     async def main():
-        running = [asyncio.ensure_future(collect()) for _ in range(2)]
-        assert await asyncio.get_running_loop().run_in_executor(None, stepping.wait, 30)
+        running = await two.start_two()
         burst = [asyncio.ensure_future(collect()) for _ in range(3)]
         await asyncio.sleep(0.2)  # the step is held: no place frees meanwhile
         refused = [task for task in burst if task.done()]
@@ -177,6 +192,67 @@ def test_a_burst_during_a_step_is_counted_against_the_batch_before_it(tiny_bart_
         release.set()
         taken = [task for task in burst if task not in refused]
         for outputs in await asyncio.gather(*running, *taken):
+            assert len(outputs[-1].outputs[0].token_ids) == 8
+        await engine.shutdown()
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
+def test_places_are_sequences_and_a_job_is_weighed_whole(tiny_bart_dir):
+    """Requests of several sequences take as many places (two samples, four beams), and a job
+    that would leave more than max_waiting_requests waiting is refused while some wait."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), max_waiting_requests=3, max_num_seqs=4,
+                                       num_gpu_blocks=400)
+
+    async def collect(params, admission=None):
+        return [out async for out in engine.generate("A burst", params, admission=admission)]
+
+    async def burst(params, count=10):
+        results = await asyncio.gather(*(collect(params) for _ in range(count)), return_exceptions=True)
+        return [isinstance(r, EngineOverloaded) for r in results]
+
+    async def main():
+        pairs = SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=20, ignore_eos=True)
+        assert await burst(pairs) == [False] * 5 + [True] * 5  # two run, three wait
+        beams = SamplingParams(beam_width=4, max_tokens=20, ignore_eos=True)
+        assert await burst(beams) == [False] * 4 + [True] * 6  # one runs, three wait
+        single = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+        running = [asyncio.ensure_future(collect(single)) for _ in range(5)]  # four run, one waits
+        while engine.num_queued() == 0:
+            await asyncio.sleep(0.01)
+        job = Admission(size=3)  # would leave four waiting
+        results = await asyncio.gather(*(collect(single, job) for _ in range(3)), return_exceptions=True)
+        assert all(isinstance(r, EngineOverloaded) for r in results)
+        job = Admission(size=2)  # three: taken
+        assert all(len(r[-1].outputs[0].token_ids) == 30
+                   for r in await asyncio.gather(*(collect(single, job) for _ in range(2)), *running))
+        job = Admission(size=6)  # on an engine with none waiting any job starts
+        assert len(await asyncio.gather(*(collect(single, job) for _ in range(6)))) == 6
+        await engine.shutdown()
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
+def test_a_waiting_request_whose_caller_leaves_frees_its_place_at_once(tiny_bart_dir, monkeypatch):
+    """Not at the end of the step under way: its abort, on its way to the engine, already counts."""
+    two = TwoRunning(tiny_bart_dir, monkeypatch)
+    engine, collect, release = two.engine, two.collect, two.release
+
+    async def main():
+        running = await two.start_two()
+        waiting = asyncio.ensure_future(collect())
+        await asyncio.sleep(0.05)
+        with pytest.raises(EngineOverloaded):
+            await collect()
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        later = asyncio.ensure_future(collect())  # the step is still held
+        await asyncio.sleep(0.05)
+        assert not later.done()
+        release.set()
+        for outputs in await asyncio.gather(*running, later):
             assert len(outputs[-1].outputs[0].token_ids) == 8
         await engine.shutdown()
 

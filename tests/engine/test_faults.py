@@ -42,8 +42,25 @@ def test_a_long_decoder_prompt_counts_in_admission(tiny_bart_dir):
     4, a 40-token decoder prompt and 4 new tokens 11: 12 blocks, more than the cache's 11."""
     llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=11, block_size=4)
     prompt = {"encoder_prompt": encoder_prompt(4), "decoder_prompt": TokensPrompt(prompt_token_ids=[2] + [50] * 39)}
-    with pytest.raises(ValueError, match="needs 12 KV cache blocks"):
+    with pytest.raises(ValueError, match="^prompt 0: decoder_prompt: the request needs 12 KV cache blocks"):
         llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    assert_all_blocks_free(llm)
+
+
+def test_a_request_that_never_fits_names_what_to_change(tiny_bart_dir):
+    """The message starts with the field at fault (the server's `param`): the encoder prompt
+    if it never fits alone, else the samples if one would fit, else the length asked for."""
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=11, block_size=4)
+
+    def refusal(encoder_len: int, **params) -> str:
+        with pytest.raises(ValueError) as refused:
+            llm.generate(encoder_prompt(encoder_len), SamplingParams(temperature=1.0, seed=0, **params), use_tqdm=False)
+        return str(refused.value).removeprefix("prompt 0: ")
+
+    assert refusal(48, max_tokens=1).startswith("encoder_prompt: the request needs 13 KV cache blocks")
+    assert refusal(4, max_tokens=20, n=2).startswith("n=2: the request needs 13 KV cache blocks")
+    assert refusal(4, max_tokens=40).startswith("max_tokens=40: the request needs 12 KV cache blocks "
+                                                "(encoder 4 tokens, decoder up to 42 tokens, 1 sequence)")
     assert_all_blocks_free(llm)
 
 

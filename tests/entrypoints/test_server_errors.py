@@ -551,7 +551,8 @@ def test_still_serving_after_errors(server, tiny_bart_dir):
 
 
 def test_sigterm_drains_then_exits(tiny_bart_dir):
-    """Requests in flight finish; one that comes meanwhile gets 503; then the process ends."""
+    """Requests in flight finish; one that comes meanwhile gets 503 (not a scrape of /metrics);
+    then the process ends."""
     remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
                            "--num-gpu-blocks", "256", "--max-num-seqs", "1"])
     body = {"model": "bart", "prompt": TEXT, "stream": True, **LONG}
@@ -569,11 +570,13 @@ def test_sigterm_drains_then_exits(tiny_bart_dir):
             remote.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.2)
             refused = await http.get("/v1/models")
-            return await asyncio.gather(*streams), refused
+            scraped = await http.get("/metrics")  # a scrape may watch the drain
+            return await asyncio.gather(*streams), refused, scraped
 
     try:
-        events, refused = asyncio.run(drain())
+        events, refused, scraped = asyncio.run(drain())
         assert_error(refused, 503, None)
+        assert scraped.status_code == 200 and "encdec_num_requests_running" in scraped.text
         assert all(e[-1] == "data: [DONE]" and '"finish_reason":"length"' in e[-2] for e in events)
         assert remote.proc.wait(timeout=30) in (0, -signal.SIGTERM)
         assert "refusing new requests" in remote.output()

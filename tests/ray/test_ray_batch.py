@@ -83,8 +83,8 @@ def test_a_text_the_engine_refuses_is_its_error_row(tiny_bart_dir, documents, of
                  "--swap-space", "0.01"]) == 1
     rows = {r["id"]: r for r in read_results(out)}
     assert {k: rows[str(folder / f"{k}.txt")]["summary"] for k in short} == {k: offline_summaries[k] for k in short}
-    refused = ("the request needs 18 KV cache blocks (encoder 256 tokens, decoder up to 17 tokens, 1 "
-               "sequences) but the cache has only num_gpu_blocks=12, less a watermark of 0 kept free")
+    refused = ("encoder_prompt: the request needs 18 KV cache blocks (encoder 256 tokens, decoder up to 17 "
+               "tokens, 1 sequence) but the cache has only num_gpu_blocks=12, less a watermark of 0 kept free")
     assert (rows[str(long)]["summary"], rows[str(long)]["error"]) == (None, refused)
     assert f"encdec: error: {long}: {refused}" in capsys.readouterr().err
 
@@ -93,8 +93,8 @@ def test_actors_that_fail_stop_the_job_with_the_reason_on_one_line(clip_paths, t
     assert main(["batch", "transcribe", clip_paths[0], "--output", str(tmp_path), "--num-gpu-blocks", "1",
                  "--swap-space", "0.01"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (  # (Ray's own log lines above it)
-        "encdec: error: ValueError: the request needs 109 KV cache blocks (encoder 1500 tokens, decoder "
-        "up to 225 tokens, 1 sequences) but the cache has only num_gpu_blocks=1, less a watermark of 0 "
+        "encdec: error: ValueError: encoder_prompt: the request needs 109 KV cache blocks (encoder 1500 "
+        "tokens, decoder up to 225 tokens, 1 sequence) but the cache has only num_gpu_blocks=1, less a watermark of 0 "
         "kept free")
 
 

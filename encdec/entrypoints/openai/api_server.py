@@ -149,7 +149,8 @@ class DrainingServer(uvicorn.Server):
     async def _drain(self, sig: int) -> None:
         logger.info("%s: refusing new requests; waiting up to %g s for %d in flight",
                     signal.Signals(sig).name, self.shutdown_timeout, self.state.inflight)
-        deadline = time.monotonic() + self.shutdown_timeout
+        # uvicorn's own wait before it cancels what is left is the timeout's last second
+        deadline = time.monotonic() + max(0.0, self.shutdown_timeout - CANCEL_AFTER_DRAIN_SECONDS)
         while self.state.inflight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.state.inflight:

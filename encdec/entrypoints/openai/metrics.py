@@ -41,7 +41,8 @@ class EngineCollector:
         preemptions = CounterMetricFamily("encdec_num_preemptions", "Requests preempted.",
                                           labels=["model"])
         aborts = CounterMetricFamily("encdec_num_aborted_requests", "Requests stopped before they "
-                                     "finished (their client left, or the server shut down).",
+                                     "finished (their client left, the server shut down, or another "
+                                     "prompt of their request was refused).",
                                      labels=["model"])
         for served in self.models:
             engine = served.engine.engine

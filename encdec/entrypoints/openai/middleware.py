@@ -139,7 +139,7 @@ class ServingMiddleware:
             if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), self.api_key):
                 return OpenAIError(401, "missing or wrong API key: send Authorization: Bearer KEY",
                                    code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-        if self.state.draining:
+        if self.state.draining and path != "/metrics":  # a scrape may watch the drain
             return OpenAIError(503, "the server is shutting down", code="shutting_down")
         declared = headers.get("content-length", "")
         if not upload and declared.isdigit() and int(declared) > self.max_body_bytes:
