@@ -146,7 +146,9 @@ def _decode(source: Union[Path, io.BytesIO], name: str, sr: int, max_samples: Op
 
     pieces = []
     try:
-        with av.open(str(source) if isinstance(source, Path) else source, metadata_errors="ignore") as container:
+        # a path through FFmpeg's file protocol: "a:b.wav" is no URL of protocol "a"
+        url = f"file:{source.absolute()}" if isinstance(source, Path) else source
+        with av.open(url, metadata_errors="ignore") as container:
             if not container.streams.audio:
                 raise UnreadableAudio(f"{name}: not a readable audio file (no audio stream)")
             stream = container.streams.audio[0]

@@ -282,6 +282,17 @@ def test_files_decode_to_faster_whispers_samples(files, tmp_path, name):
         np.testing.assert_array_equal(A.load_audio(f), reference)
 
 
+def test_a_path_is_a_file_whatever_its_name(files, tmp_path, monkeypatch):
+    """FFmpeg reads a name with a colon as a URL ("clip2:take 1.wav": protocol "clip2"); a path
+    is opened as the file it names."""
+    for name in ("clip2:take 1?#.wav", "file:x.wav"):
+        (tmp_path / name).write_bytes(files["wav16k"].read_bytes())
+    monkeypatch.chdir(tmp_path)
+    expected = A.load_audio(files["wav16k"])
+    for name in ("clip2:take 1?#.wav", "file:x.wav", tmp_path / "clip2:take 1?#.wav"):
+        np.testing.assert_array_equal(A.load_audio(name), expected)
+
+
 def test_mp3_decodes_as_faster_whisper_decodes_it(tmp_path, inputs):
     """FFmpeg decodes MP3, as for openai-whisper and faster-whisper: every frame the file holds,
     whatever its header counts (an upload cut short still counts the whole; libsndfile's reader
