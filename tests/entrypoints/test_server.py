@@ -704,6 +704,11 @@ def test_chunking_strategy(server, tiny_en):
         assert result.text == expected.text
         assert [(s.start, s.end) for s in result.segments] == [(s.start, s.end) for s in expected.segments]
     assert [(s.start, s.end) for s in filtered.segments] != [(0.0, 4.0)]  # what the filter changes here
+    with server.http() as http:  # a hand-written form may send the object as JSON
+        result = http.post("/v1/audio/transcriptions", files={"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")},
+                           data={"model": "tiny.en", "response_format": "verbose_json",
+                                 "chunking_strategy": json.dumps(server_vad)}).json()
+    assert [(s["start"], s["end"]) for s in result["segments"]] == [(s.start, s.end) for s in filtered.segments]
 
 
 def test_transcription_words_and_decoding_fields(server, tiny_en):

@@ -4,6 +4,7 @@ Requests forbid unknown fields, so a misspelt option is a 400 naming it, not sil
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Literal, Optional, Union
 
@@ -258,6 +259,18 @@ class TranscriptionRequest(TranslationRequest):
     def one_granularity(cls, value: Any) -> Any:
         """A hand-written form's `timestamp_granularities=word` (no brackets): a list of one."""
         return [value] if isinstance(value, str) else value
+
+    @field_validator("chunking_strategy", mode="before")
+    @classmethod
+    def object_as_json(cls, value: Any) -> Any:
+        """A hand-written form's `chunking_strategy={"type": "server_vad", ...}`: the object
+        (the official client sends one field per key, `chunking_strategy[type]`)."""
+        if isinstance(value, str) and value.lstrip().startswith("{"):
+            try:
+                return json.loads(value)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"not a JSON object: {err}") from None
+        return value
 
 
 class TranscriptionSegment(BaseModel):
