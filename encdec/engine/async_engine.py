@@ -178,11 +178,14 @@ class AsyncLLMEngine:
         """Requests taken but not yet running (the inbox and the scheduler's waiting queue)."""
         return sum(1 for item in list(self._inbox) if item[0] == "add") + len(self.engine.scheduler.waiting)
 
-    def num_queued(self, extra: int = 0, places: int = 1) -> int:
+    def num_queued(self) -> int:
         """The waiting requests that the running batch has no place for (see the module
-        docstring), as of the last count between steps, those taken since included and those
-        whose abort is on its way left out; with `extra` more requests of `places` sequences
-        each. `max_waiting_requests` bounds them."""
+        docstring). `max_waiting_requests` bounds them."""
+        return self._room().queued
+
+    def _room(self) -> Room:
+        """The free places as of the last count between steps, filled by the requests waiting
+        then and those taken since, less those whose abort is on its way."""
         inbox = list(self._inbox)
         leaving = {item[1] for item in inbox if item[0] == "abort"}
         waiting = self._waiting + [(item[1], _places(item[3])) for item in inbox if item[0] == "add"]
@@ -190,9 +193,7 @@ class AsyncLLMEngine:
         for request_id, need in waiting:
             if request_id not in leaving:
                 room = room.wait(need)
-        for _ in range(extra):
-            room = room.wait(places)
-        return room.queued
+        return room
 
     def _count_free_places(self) -> None:
         """On the engine thread, between steps: the batch's free places, `max_num_seqs` less the
@@ -276,8 +277,11 @@ class AsyncLLMEngine:
         if self._stopping:
             raise EngineDeadError("the engine is shutting down")
         if job and self.max_waiting_requests is not None:
-            queued = self.num_queued()
-            if queued and self.num_queued(job, places) > self.max_waiting_requests:
+            room = after = self._room()
+            for _ in range(job):
+                after = after.wait(places)
+            if room.queued and after.queued > self.max_waiting_requests:
+                queued = room.queued
                 waiting = "1 request is" if queued == 1 else f"{queued} requests are"
                 raise EngineOverloaded(f"{waiting} waiting for a place in the batch "
                                        f"(max_waiting_requests={self.max_waiting_requests}); try again later")
@@ -328,7 +332,7 @@ class AsyncLLMEngine:
             with self._lock:  # a request leaves the inbox for the waiting ones it is counted with
                 item = self._inbox.popleft()
                 if item[0] == "add":
-                    self._waiting = self._waiting + [(item[1], _places(item[3]))]
+                    self._waiting.append((item[1], _places(item[3])))
             if item[0] == "abort":
                 _, request_id, owner = item
                 stream = self._streams.get(request_id)
