@@ -61,7 +61,7 @@ SERVE = ["serve", "--model", "tiny.en"]
     (["--fp16", "yes"], "argument --fp16: expected True or False, got 'yes'"),
     (["--model_dir", "/nonexistent"], "argument --model_dir: /nonexistent: no such directory"),
     # checks across flags, after parsing
-    (["--vad_threshold", "2"], "--vad_threshold must be in (0, 1), got 2.0"),
+    (["--vad_threshold", "2"], "--vad_threshold must be in [0, 1], got 2.0"),
     (["--highlight_words", "True"], "--highlight_words needs --word_timestamps=True"),
     (["--compute_type", "int8", "--dtype", "bfloat16"],
      "--compute_type=int8 runs in float32, which contradicts --dtype=bfloat16; give one of the two"),

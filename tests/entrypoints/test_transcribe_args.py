@@ -224,7 +224,7 @@ def test_word_timestamps_on_a_translation_are_warned_about(llm, capsys):
     (["--max_line_count", "2"], "--max_line_count needs --word_timestamps=True"),
     (["--max_words_per_line", "3"], "--max_words_per_line needs --word_timestamps=True"),
     (["--beam_size", "None", "--patience", "2"], "--patience must be a number > 0, with --beam_size set"),
-    (["--vad_threshold", "1.5"], "--vad_threshold must be in (0, 1)"),
+    (["--vad_threshold", "1.5"], "--vad_threshold must be in [0, 1]"),
     (["--clip_timestamps", "3,1"], "--clip_timestamps must be"),
     (["--vad_filter", "True", "--clip_timestamps", "1,2"], "--clip_timestamps and --vad_filter exclude"),
 ])

@@ -33,12 +33,21 @@ def test_regions_follow_thresholds_gaps_and_padding():
     assert all(e - s <= 2 * FRAME for s, e in speech_regions(frames("0111111110"), 10 * FRAME, long))
 
 
+def test_the_thresholds_ends_are_allowed():
+    """OpenAI's `server_vad` threshold runs from 0.0 to 1.0: at 0 every frame is speech, at 1
+    none of these is."""
+    probs = frames("0000111100")
+    n = len(probs) * FRAME
+    assert speech_regions(probs, n, VadOptions(threshold=0.0, min_silence_duration_ms=0, speech_pad_ms=0)) == [(0, n)]
+    assert speech_regions(probs, n, VadOptions(threshold=1.0, neg_threshold=1.0)) == []
+
+
 @pytest.mark.parametrize("fields, message", [
     (dict(max_speech_duration_s=0.001), r"vad max_speech_duration_s must be a number >= 0.064, got 0.001"),
     (dict(max_speech_duration_s=float("nan")), "vad max_speech_duration_s"),
-    (dict(threshold="0.5"), r"vad threshold must be in \(0, 1\), got '0.5'"),
+    (dict(threshold="0.5"), r"vad threshold must be in \[0, 1\], got '0.5'"),
     (dict(threshold=float("nan")), "vad threshold"),
-    (dict(neg_threshold=2.0), r"vad neg_threshold must be in \(0, 1\) or None, got 2.0"),
+    (dict(neg_threshold=2.0), r"vad neg_threshold must be in \[0, 1\] or None, got 2.0"),
     (dict(neg_threshold=-1.0), "vad neg_threshold"),
     (dict(speech_pad_ms=1.5), "vad speech_pad_ms must be an integer >= 0"),
     (dict(min_silence_duration_ms=-1), "vad min_silence_duration_ms"),

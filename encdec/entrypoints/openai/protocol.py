@@ -237,7 +237,7 @@ class ServerVad(OpenAIBaseModel):
     padding in milliseconds."""
 
     type: Literal["server_vad"]
-    threshold: Optional[float] = Field(None, gt=0.0, lt=1.0)
+    threshold: Optional[float] = Field(None, ge=0.0, le=1.0)
     silence_duration_ms: Optional[int] = Field(None, ge=0)
     prefix_padding_ms: Optional[int] = Field(None, ge=0)
 

@@ -29,6 +29,8 @@ from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 
 MAX_FORM_FIELDS = 32
 FORM_FIELDS_BYTES = 1024 * 1024  # what a form may carry beside its file: framing, text fields (a prompt)
+# the first bytes of the containers whose header states their length exactly (libsndfile reads it)
+COUNTED_CONTAINERS = (b"RIFF", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff")
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
 
 
@@ -145,11 +147,7 @@ def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
         upload.file.seek(0)
         shutil.copyfileobj(upload.file, copy)
         copy.flush()
-        try:
-            info = soundfile.info(copy.name)
-            declared, frames = info.duration, info.frames
-        except Exception:  # no header soundfile reads: decode and count
-            declared, frames = 0.0, 0
+        declared, frames = declared_length(copy.name)
         if declared > max_seconds:
             raise too_long(name, declared, max_seconds)
         if frames > max_samples:
@@ -166,6 +164,19 @@ def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
     if len(audio) / SAMPLE_RATE > max_seconds:
         raise too_long(name, len(audio) / SAMPLE_RATE, max_seconds)
     return audio
+
+
+def declared_length(path: str) -> tuple[float, int]:
+    """The seconds and samples per channel a WAV, FLAC, OGG, AIFF or CAF header states, read
+    without decoding; (0.0, 0) for other formats (an MP3's header holds an estimate at most)."""
+    with open(path, "rb") as file:
+        if file.read(4) not in COUNTED_CONTAINERS:
+            return 0.0, 0
+    try:
+        info = soundfile.info(path)
+    except Exception:  # a header soundfile does not read: decoding counts
+        return 0.0, 0
+    return info.duration, info.frames
 
 
 def too_dense(name: str, max_samples: int, max_seconds: float) -> OpenAIError:

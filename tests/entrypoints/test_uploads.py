@@ -1,0 +1,51 @@
+"""An upload's length: read from the header where the container states it exactly, else counted
+while decoding; a header's estimate never refuses audio within the limit."""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+import soundfile
+from starlette.datastructures import UploadFile
+
+from encdec.entrypoints.openai.errors import OpenAIError
+from encdec.entrypoints.openai.uploads import declared_length, decode_upload
+
+RATE = 16000
+
+
+def tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * RATE)) / RATE
+    return (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+
+
+def upload(data: bytes, name: str) -> UploadFile:
+    return UploadFile(io.BytesIO(data), size=len(data), filename=name)
+
+
+@pytest.mark.parametrize("fmt", ["WAV", "FLAC", "OGG"])
+def test_a_stated_length_is_read_from_the_header(tmp_path, fmt):
+    path = tmp_path / f"a.{fmt.lower()}"
+    soundfile.write(path, tone(2.5), RATE, format=fmt)
+    assert declared_length(str(path)) == (2.5, 2.5 * RATE)
+    with pytest.raises(OpenAIError, match=r"2\.50 s long, more than the server's limit of 2 s") as refused:
+        decode_upload(upload(path.read_bytes(), path.name), max_seconds=2.0)
+    assert refused.value.status == 400 and refused.value.param == "file"
+
+
+def test_an_mp3_cut_short_is_measured_by_what_it_holds(tmp_path, capfd):
+    """A cut MP3's header still counts the whole file: it is no reason to refuse it, and it is
+    not read (libmpg123 prints warnings on the server's stderr when it reads odd ones)."""
+    whole = tmp_path / "whole.mp3"
+    soundfile.write(whole, tone(6.0), RATE, format="MP3")
+    cut = whole.read_bytes()[:whole.stat().st_size // 3]
+    (tmp_path / "cut.mp3").write_bytes(cut)
+    assert soundfile.info(tmp_path / "cut.mp3").duration > 5.9  # what the header says
+    capfd.readouterr()
+    assert declared_length(str(tmp_path / "cut.mp3")) == (0.0, 0)
+    audio = decode_upload(upload(cut, "cut.mp3"), max_seconds=4.0)
+    assert 1.0 < len(audio) / RATE < 3.0
+    assert capfd.readouterr().err == ""
+    with pytest.raises(OpenAIError, match="more than the server's limit of 4 s"):
+        decode_upload(upload(whole.read_bytes(), "whole.mp3"), max_seconds=4.0)
