@@ -17,6 +17,7 @@ and every window shares the input's clamp.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import itertools
@@ -44,6 +45,8 @@ MAX_AMPLITUDE = 1e16
 # Sample rates taken: 1 kHz (below any speech codec's 8 kHz) to 1 MHz (past 768 kHz studio audio).
 MIN_SAMPLE_RATE = 1_000
 MAX_SAMPLE_RATE = 1_000_000
+# FFmpeg may open nothing a file names (a playlist's entries): only the file itself is read
+NO_PROTOCOLS = {"protocol_whitelist": "none"}
 MEL_BLOCK_FRAMES = 3000  # log-mel frames of a long input computed at a time
 
 AudioSource = Union[str, os.PathLike, BinaryIO, tuple, np.ndarray, torch.Tensor]
@@ -146,9 +149,11 @@ def _decode(source: Union[Path, io.BytesIO], name: str, sr: int, max_samples: Op
 
     pieces = []
     try:
-        # a path through FFmpeg's file protocol: "a:b.wav" is no URL of protocol "a"
-        url = f"file:{source.absolute()}" if isinstance(source, Path) else source
-        with av.open(url, metadata_errors="ignore") as container:
+        # Read through Python, not FFmpeg's file protocol ("a:b.wav" is no URL), and with no
+        # protocol for what a file names: a playlist (concat, HLS) must not read other files
+        with contextlib.ExitStack() as stack:
+            file = stack.enter_context(open(source, "rb")) if isinstance(source, Path) else source
+            container = stack.enter_context(av.open(file, metadata_errors="ignore", options=NO_PROTOCOLS))
             if not container.streams.audio:
                 raise UnreadableAudio(f"{name}: not a readable audio file (no audio stream)")
             stream = container.streams.audio[0]

@@ -4,6 +4,7 @@
 against faster-whisper's ``FeatureExtractor`` used the way its ``transcribe`` does.
 """
 
+import io
 import os
 import shutil
 import subprocess
@@ -291,6 +292,18 @@ def test_a_path_is_a_file_whatever_its_name(files, tmp_path, monkeypatch):
     expected = A.load_audio(files["wav16k"])
     for name in ("clip2:take 1?#.wav", "file:x.wav", tmp_path / "clip2:take 1?#.wav"):
         np.testing.assert_array_equal(A.load_audio(name), expected)
+
+
+def test_a_playlist_reads_no_other_file(files, tmp_path):
+    """An FFmpeg playlist (here concat's, whatever its name) is not audio: it must not make
+    the decoder read the files it names (a server's upload would read the server's files)."""
+    shutil.copy(files["wav16k"], tmp_path / "speech.wav")
+    playlist = tmp_path / "clip.wav"
+    playlist.write_text("ffconcat version 1.0\nfile 'speech.wav'\n")
+    for source in (playlist, io.BytesIO(playlist.read_bytes())):
+        with pytest.raises(ValueError, match="not a readable audio file"):
+            A.load_audio(source)
+    assert len(A.load_audio(tmp_path / "speech.wav")) > 0
 
 
 def test_mp3_decodes_as_faster_whisper_decodes_it(tmp_path, inputs):

@@ -64,6 +64,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
@@ -81,12 +82,15 @@ from encdec.whisper.options import TranscribeOptions
 from encdec.whisper.segments import (Span, clear_empty_segments, decode_text, span_tokens, split_spans,
                                      window_segments)
 from encdec.whisper.silence import compression_ratio, is_no_speech, is_silent
-from encdec.whisper.tokens import WhisperTokens
+from encdec.whisper.tokens import NUM_TIMESTAMP_TOKENS, WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
 from encdec.whisper.timing import align_words, hallucination_index, is_anomaly, speech_end, words_into_segments
 from encdec.whisper.vad import SpeechMap, VadOptions
 from encdec.whisper.windows import split_windows
 
+# openai-whisper's special tokens that Hugging Face's Whisper tokenizers read as plain text
+OPENAI_TEXT_SPECIALS = frozenset(["<|nospeech|>"] + [f"<|{i * TIME_PRECISION:.2f}|>" for i in range(NUM_TIMESTAMP_TOKENS)])
+SPECIAL_SPELLING = re.compile(r"<\|[a-z0-9.]+\|>")
 SAMPLE_LEN = 224  # tokens sampled per window at most (openai: n_text_ctx // 2)
 MAX_PROMPT_TOKENS = 223  # context tokens kept in a prompt (openai: n_text_ctx // 2 - 1)
 MAX_CONTROL_TOKENS = 3  # <|lang|> <|task|> <|notimestamps|> at most, after the prompt
@@ -697,6 +701,10 @@ def prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Union[str, list[int]
         raise ValueError(f"this Whisper vocabulary has no <|startofprev|>: {name} unsupported")
     ids = text if isinstance(text, list) else tokenizer(" " + text.strip(), add_special_tokens=False)["input_ids"]
     special = next((t for t in ids if not 0 <= t < tokens.eot), None)  # Whisper's come after its text tokens
+    spelled = None if isinstance(text, list) else next(
+        (m.group() for m in SPECIAL_SPELLING.finditer(text) if m.group() in OPENAI_TEXT_SPECIALS), None)
+    if spelled is not None:  # special in openai-whisper's vocabulary, plain text in Hugging Face's
+        raise ValueError(f"{name} contains {spelled!r}, the text of a special token; a prompt is plain text")
     if special is not None:
         what = f"token id {special}, not a text token" if isinstance(text, list) else \
             f"{tokenizer.decode([special])!r}, the text of a special token"

@@ -5,10 +5,13 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -250,6 +253,19 @@ def test_null_fields_take_their_defaults(server):
         summary = http.post("/v1/summarize", json={"model": "bart", "input": TEXT, "truncate": None,
                                                    "stream": None})
         assert summary.status_code == 200 and summary.json()["summaries"][0]["text"]
+
+
+def test_an_uploaded_playlist_reads_none_of_the_servers_files(server, tmp_path):
+    """An FFmpeg concat playlist uploaded as audio names a file beside the server's temporary
+    copy of the upload: a 400, not that file's transcript."""
+    shutil.copy(SAMPLE, tmp_path / "hello.wav")
+    beside = os.path.relpath(tmp_path / "hello.wav", tempfile.gettempdir())
+    assert not beside.startswith("..")  # within reach of concat's safe mode
+    playlist = f"ffconcat version 1.0\nfile '{beside}'\n".encode()
+    with server.http() as http:
+        response = http.post("/v1/audio/transcriptions", data={"model": "tiny.en"},
+                             files={"file": ("clip.wav", playlist, "audio/wav")})
+        assert "not a readable audio file" in assert_error(response, 400, "file")["message"]
 
 
 def test_bad_audio_requests(server):

@@ -136,9 +136,12 @@ def test_option_errors(tiny_en, corpus):
         tiny_en.transcribe(clip, task="translate")
     with pytest.raises(ValueError, match="task must be"):
         tiny_en.transcribe(clip, task="summarize")
-    for prompt in ("Call me <|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>"):
+    # openai-whisper's special tokens, those Hugging Face's tokenizer reads as text too
+    for prompt in ("Call me <|endoftext|>", "<|startoftranscript|>", "<|notimestamps|>", "at <|0.00|>",
+                   "<|30.00|> on", "<|nospeech|>"):
         with pytest.raises(ValueError, match=r"initial_prompt contains '<\|.*\|>', the text of a special token"):
             tiny_en.transcribe(clip, initial_prompt=prompt)
+    assert tiny_en.transcribe([clip], initial_prompt="<|0.01|> and <|31.00|>")[0].text  # no token of either
     with pytest.raises(ValueError, match="input 1"):
         tiny_en.transcribe([clip, 3])
     assert tiny_en.transcribe([]) == []
