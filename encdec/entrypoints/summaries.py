@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Optional
 
 from encdec.generation_config import GenerationDefaults, task_prefix
+from encdec.inputs.long_texts import encode_long
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 DEFAULT_MAX_TOKENS = 128  # summaries of a checkpoint without any generation config
@@ -41,27 +42,35 @@ class Article:
 def prepare_article(text: str, tokenizer: Any, hf_config: Any, max_tokens: int,
                     truncate: bool = True) -> Article:
     """The encoder token ids of one article, cut to `max_tokens` unless `truncate` is False
-    (then ArticleTooLong names the limit)."""
+    (then ArticleTooLong names the limit). A long text's tail is only counted (`encode_long`)."""
     if not text.strip():
         raise ValueError("the text to summarize is empty")
-    return fit_article(tokenizer(task_prefix(hf_config, SUMMARIZATION) + text, verbose=False)["input_ids"],
-                       tokenizer, max_tokens, truncate)
+    ids, count = encode_long(tokenizer, task_prefix(hf_config, SUMMARIZATION) + text, max_tokens)
+    return fit_article(ids, tokenizer, max_tokens, truncate, count)
 
 
-def fit_article(ids: list[int], tokenizer: Any, max_tokens: int, truncate: bool = True) -> Article:
+def fit_article(ids: list[int], tokenizer: Any, max_tokens: int, truncate: bool = True,
+                count: Optional[int] = None) -> Article:
     """Tokenized text cut to `max_tokens` as `truncation=True` cuts it: the text's end goes,
-    the special tokens after it stay (ArticleTooLong if it does not fit and `truncate` is False)."""
-    if len(ids) <= max_tokens:
+    the special tokens the tokenizer puts after a text stay (ArticleTooLong if it does not fit
+    and `truncate` is False). `count`: the whole text's tokens, where `ids` are its head."""
+    count = len(ids) if count is None else count
+    if count <= max_tokens:
         return Article(ids, 0)
     if not truncate:
-        raise ArticleTooLong(f"the text has {len(ids)} tokens, more than the model's limit of "
+        raise ArticleTooLong(f"the text has {count} tokens, more than the model's limit of "
                              f"{max_tokens} input tokens")
-    special = set(tokenizer.all_special_ids)
-    closing = 0
-    while closing < max_tokens and ids[-1 - closing] in special:
-        closing += 1
+    closing = min(closing_tokens(tokenizer), max_tokens)
     kept = ids[:max_tokens - closing] + ids[len(ids) - closing:]
-    return Article(kept, len(ids) - len(kept))
+    return Article(kept, count - len(kept))
+
+
+def closing_tokens(tokenizer: Any) -> int:
+    """How many special tokens the tokenizer puts after a text's own (BART's, T5's </s>: 1)."""
+    own = tokenizer("a", add_special_tokens=False, verbose=False)["input_ids"]
+    whole = tokenizer("a", verbose=False)["input_ids"]
+    starts = [i for i in range(len(whole) - len(own) + 1) if whole[i:i + len(own)] == own]
+    return len(whole) - len(own) - starts[0] if starts else 0
 
 
 def summary_params(defaults: GenerationDefaults, max_tokens: Optional[int] = None,

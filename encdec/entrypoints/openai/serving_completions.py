@@ -35,6 +35,7 @@ from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
 from encdec.generation_config import GenerationDefaults
+from encdec.inputs.long_texts import encode_long
 from encdec.inputs.preprocess import truncate_prompt
 from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput, SampleLogprobs
 from encdec.sampling.params import RequestOutputKind, SamplingParams
@@ -225,17 +226,21 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
         raise bad_request("prompt contains an empty string", "prompt")
     if texts and engine.tokenizer is None:
         raise bad_request("this model has no tokenizer: send token ids", "prompt")
-    encoded = iter(await tokenize_off_loop(lambda: engine.tokenizer(texts, verbose=False)["input_ids"]) if texts else [])
     limit, vocab = engine.model_config.max_encoder_len, engine.model_config.encoder_vocab_size
+    truncated = body.truncate_prompt_tokens is not None
+    keep = limit if body.truncate_prompt_tokens in (None, -1) else body.truncate_prompt_tokens
+    encoded = iter(await tokenize_off_loop(
+        lambda: [encode_long(engine.tokenizer, t, keep, from_end=truncated) for t in texts]))
+    counted = [next(encoded) if isinstance(p, str) else (p, len(p)) for p in prompt]
     try:
-        cut = [truncate_prompt(next(encoded) if isinstance(p, str) else p, body.truncate_prompt_tokens, limit)
-               for p in prompt]
+        cut = [(truncate_prompt(ids, body.truncate_prompt_tokens, limit), count) for ids, count in counted]
     except ValueError as err:
         raise bad_request(str(err), "truncate_prompt_tokens") from None
     prompts = []
-    for i, ids in enumerate(cut):
-        if not ids or len(ids) > limit:
-            raise bad_request(f"prompt {i} has {len(ids)} tokens; the model takes 1 to {limit}", "prompt")
+    for i, (ids, count) in enumerate(cut):
+        count = len(ids) if truncated else count
+        if not ids or count > limit:
+            raise bad_request(f"prompt {i} has {count} tokens; the model takes 1 to {limit}", "prompt")
         if any(not 0 <= t < vocab for t in ids):
             raise bad_request(f"prompt {i} has token ids outside the vocabulary [0, {vocab})", "prompt")
         tokens = {"prompt_token_ids": list(ids)}

@@ -1,0 +1,62 @@
+"""Long texts: tokenized in pieces, with the ids and counts of the whole text, and cut as
+Hugging Face's `truncation=True` cuts them."""
+from __future__ import annotations
+
+import pytest
+
+from encdec.entrypoints.summaries import closing_tokens, fit_article
+from encdec.inputs import long_texts
+from encdec.inputs.long_texts import encode_long
+from tests.bart_checkpoints import train_tokenizer
+from tests.family_checkpoints import TEXTS, marian_tokenizer, mbart50_tokenizer, pegasus_tokenizer, t5_tokenizer
+
+MAKERS = {"bart": train_tokenizer, "t5": t5_tokenizer, "pegasus": pegasus_tokenizer,
+          "mbart50": mbart50_tokenizer, "marian": lambda folder: marian_tokenizer(folder, separate_vocabs=False)}
+SPACES = [" ", "\n\n", "  ", "\t", " \n "]
+
+
+@pytest.fixture(scope="module", params=sorted(MAKERS))
+def tokenizer(request, tmp_path_factory):
+    return MAKERS[request.param](tmp_path_factory.mktemp(request.param))
+
+
+def long_text(chars: int) -> str:
+    words, length = [], 0
+    while length < chars:
+        words.append(TEXTS[len(words) % len(TEXTS)] + SPACES[len(words) % len(SPACES)])
+        length += len(words[-1])
+    return "".join(words) + "end ☃☃ 😀"
+
+
+def test_pieces_are_cut_before_whitespace():
+    text = long_text(50_000)
+    parts = list(long_texts.pieces(text, 4000))
+    assert "".join(parts) == text and all(len(p) <= 4000 for p in parts) and len(parts) > 12
+    assert all(p[0] in long_texts.WHITESPACE for p in parts[1:])
+
+
+def test_a_long_text_is_its_head_or_tail_and_its_count(tokenizer, monkeypatch):
+    monkeypatch.setattr(long_texts, "PIECE_CHARS", 4000)
+    text = long_text(40_000)
+    whole = tokenizer(text)["input_ids"]
+    head, count = encode_long(tokenizer, text, keep=300)
+    assert count == len(whole) and head[:300] == whole[:300] and head[-1] == whole[-1]
+    tail, count = encode_long(tokenizer, text, keep=300, from_end=True)
+    assert count == len(whole) and tail[-300:] == whole[-300:]
+    article = fit_article(head, tokenizer, 300, count=count)
+    assert article.token_ids == tokenizer(text, truncation=True, max_length=300)["input_ids"]
+    assert article.truncated_tokens == len(whole) - 300
+    short = "A short text."
+    assert encode_long(tokenizer, short, keep=300) == (tokenizer(short)["input_ids"], len(tokenizer(short)["input_ids"]))
+
+
+def test_the_cut_keeps_the_tokenizers_closing_tokens_only(tokenizer):
+    """A text ending in characters the vocabulary lacks (<unk> for Marian) or in the spelling of
+    a special token loses its end, as `truncation=True` cuts it; only what the tokenizer puts
+    after every text stays."""
+    for end in (" ☃☃ 😀", " </s>", " <unk>"):
+        text = long_text(3000) + end
+        ids = tokenizer(text)["input_ids"]
+        assert len(ids) > 200
+        assert fit_article(ids, tokenizer, 200).token_ids == tokenizer(text, truncation=True, max_length=200)["input_ids"]
+    assert closing_tokens(tokenizer) == 1  # </s> (mBART-50 puts its language code before a text)
