@@ -483,12 +483,27 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "more while busy), given back after a second idle (default: on)")
 
 
+class StoreOnce(argparse.Action):
+    """An option's value, refused when given again: `encdec serve`'s options hold for every
+    --model, so `--model a --dtype bfloat16 --model b --dtype float32` must not quietly serve
+    both in float32."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = vars(namespace).setdefault("given_once", set())
+        if self.dest in given:
+            parser.error(f"{option_string} is given twice: each option takes one value for the whole "
+                         f"server (one per --model: only --num-gpu-blocks, --kv-cache-space, --swap-space)")
+        given.add(self.dest)
+        setattr(namespace, self.dest, values)
+
+
 def add_serve(subparsers) -> None:
     p = subparsers.add_parser(
         "serve", help="serve models over HTTP (OpenAI-compatible API and /v1/summarize)",
         description="Serve models over HTTP: /v1/completions, /v1/summarize, "
                     "/v1/audio/transcriptions, /v1/audio/translations, /v1/models, /health, "
                     "/version, /metrics. Every request to a model joins its engine's batch.")
+    p.register("action", None, StoreOnce)  # a value given twice is refused, not the last one taken
     p.add_argument("--model", dest="models", action="append", required=True, metavar="MODEL",
                    help="a Whisper alias (tiny.en, base) or a local checkpoint directory; repeat "
                         "for several models, each with its own engine")
@@ -515,9 +530,9 @@ def add_serve(subparsers) -> None:
                         "the request gets 408 (default: 60)")
     p.add_argument("--max-waiting-requests", type=positive_int, default=None,
                    help="requests queued per model before new ones get 429 (default: no limit)")
-    p.add_argument("--shutdown-timeout", type=non_negative_float, default=30,
+    p.add_argument("--shutdown-timeout", type=number(float, 1), default=30,
                    help="on SIGTERM, seconds to let requests in flight finish before aborting "
-                        "them (at least 1; the process then ends by the signal, as uvicorn ends: "
+                        "them, at least 1 (the process then ends by the signal, as uvicorn ends: "
                         "exit status 143) (default: 30)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level (default: info)")

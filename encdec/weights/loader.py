@@ -294,4 +294,7 @@ def whisper_multilingual(model: str, field: str = "model") -> Optional[bool]:
 def _read_json(path: Optional[Path]) -> Optional[dict]:
     if path is None or not path.is_file():
         return None
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:  # not JSON, or not UTF-8
+        raise ValueError(f"{path.name} is not valid JSON: {err}") from None

@@ -48,12 +48,16 @@ def test_a_model_summarize_refuses_stops_the_job_before_ray_starts(tiny_bart_dir
         for name in names:
             shutil.copy(tiny_bart_dir / name, folder / name)
     (broken / "config.json").write_text("{not JSON")
+    unreadable = tmp_path / "unreadable"
+    shutil.copytree(tiny_bart_dir, unreadable)
+    (unreadable / "generation_config.json").write_text('{"num_beams":')
     for model, message in (
             (whisper, f"--model {whisper}: a Whisper checkpoint takes audio (batch summarize takes a "
                       f"text model such as BART, PEGASUS or T5; for speech use encdec transcribe)"),
             (bare, f"--model {bare}: the directory has no tokenizer files (tokenizer.json, or the "
                    f"tokenizer's own files), so text cannot be read"),
-            (broken, f"cannot load model '{broken}': ")):
+            (broken, f"cannot load model '{broken}': "),
+            (unreadable, f"cannot load model '{unreadable}': generation_config.json is not valid JSON: ")):
         assert main(["batch", "summarize", str(tmp_path), "--model", str(model),
                      "--output", str(tmp_path / "out")]) == 2
         [line] = capsys.readouterr().err.splitlines()

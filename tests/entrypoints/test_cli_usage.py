@@ -104,6 +104,13 @@ def test_summarize(capsys, argv, message):
     (["--quantization", "int8", "--dtype", "float16"],
      "--quantization int8 runs with float32 activations, not --dtype float16"),
     (["--replicas", "2"], "--replicas: Ray Serve options; add --ray to serve through Ray"),
+    # an option holds for every --model: a second value is refused, not quietly taken for all
+    (["--dtype", "bfloat16", "--model", "base", "--dtype", "float32"],
+     "--dtype is given twice: each option takes one value for the whole server (one per --model: "
+     "only --num-gpu-blocks, --kv-cache-space, --swap-space)"),
+    (["--max-num-seqs", "8", "--max_num_seqs=16"], "--max-num-seqs is given twice: each option takes one "
+     "value for the whole server (one per --model: only --num-gpu-blocks, --kv-cache-space, --swap-space)"),
+    (["--shutdown-timeout", "0.5"], "argument --shutdown-timeout: expected a finite number >= 1, got '0.5'"),
     (["--autoscale", "1,4", "--cpus-per-replica", "2", "--ray-address", "auto"],
      "--autoscale, --cpus-per-replica, --ray-address: Ray Serve options; add --ray to serve through Ray"),
 ])

@@ -27,7 +27,8 @@ SUMMARY = {"max_tokens": 16, "temperature": 0.0}
 def server(tiny_bart_dir):
     remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
                            "--model", "tiny.en", "--served-model-name", "tiny.en",
-                           "--num-gpu-blocks", "2200", "--swap-space", "0.05"])
+                           "--num-gpu-blocks", "2200", "--swap-space", "0.05",
+                           "--log-level", "warning"])  # the address (--port 0's) is still told
     yield remote
     remote.stop()
 

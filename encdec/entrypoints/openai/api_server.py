@@ -13,6 +13,7 @@ import contextlib
 import logging
 import signal
 import socket
+import sys
 import time
 from types import FrameType
 from typing import Optional, Sequence
@@ -191,6 +192,15 @@ def server_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def announce(line: str) -> None:
+    """Log where the server listens, at INFO, or on stderr where --log-level hides INFO: the
+    address (the port --port 0 took) reaches the user whatever the level."""
+    if logger.isEnabledFor(logging.INFO):
+        logger.info(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
+
+
 def run_server(args: argparse.Namespace) -> int:
     """`encdec serve`: bind the address (ListenError), load the models (ModelLoadError if one
     fails), then serve until a signal."""
@@ -205,7 +215,7 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS)
-    logger.info("serving %s on %s", ", ".join(model.name for model in served),
-                server_url(args.host, sock.getsockname()[1]))  # the port bound, also for --port 0
+    announce(f"serving {', '.join(model.name for model in served)} on "
+             f"{server_url(args.host, sock.getsockname()[1])}")  # the port bound, also for --port 0
     DrainingServer(config, state, args.shutdown_timeout).run(sockets=[sock])
     return 0

@@ -158,7 +158,8 @@ def run_ray_server(args: argparse.Namespace) -> int:
     from ray import serve
 
     from encdec.entrypoints.cli_messages import error, warn
-    from encdec.entrypoints.openai.api_server import configure_logging, listening_socket, server_url
+    from encdec.entrypoints.openai.api_server import (announce, configure_logging, listening_socket,
+                                                     server_url)
     from encdec.entrypoints.ray.cluster import unschedulable
     from encdec.entrypoints.ray.replica_board import drain
 
@@ -197,7 +198,7 @@ def run_ray_server(args: argparse.Namespace) -> int:
             serve.shutdown()
             return 1
         replicas = args.replicas if args.autoscale is None else "%d-%d" % args.autoscale
-        logger.info("serving on %s with %s replicas", server_url(args.host, args.port), replicas)
+        announce(f"serving on {server_url(args.host, args.port)} with {replicas} replicas")
         stop.wait()
         logger.info("shutting down: refusing new requests; waiting up to %g s for those in flight",
                     args.shutdown_timeout)
