@@ -71,6 +71,8 @@ class LLMEngine:
         self.cache_engine = CacheEngine(cache_config, self.model_config, self.device,
                                         num_gpu_blocks, num_cpu_blocks)
         self.scheduler = Scheduler(scheduler_config, cache_config, num_gpu_blocks, num_cpu_blocks)
+        if loaded.audio_processor is not None:
+            self._check_a_window_fits()
         self.model_runner = EncoderDecoderModelRunner(
             loaded.model, cache_config.block_size, self.device,
             scheduler_config.max_num_batched_tokens, self.model_config.eos_token_id,
@@ -197,6 +199,17 @@ class LLMEngine:
             count = getattr(params, name)
             if count is not None and count > vocab:
                 raise ValueError(f"{name}={count} is more than the vocabulary (vocab_size={vocab})")
+
+    def _check_a_window_fits(self) -> None:
+        """Every Whisper request holds a whole window's encoder positions: a cache that cannot
+        hold one (with one decoder token) could serve nothing, so the engine is refused."""
+        bm, positions = self.block_manager, self.model_config.max_encoder_len
+        needed = bm.max_num_blocks(positions, 1, 1)
+        if not bm.can_ever_fit(needed):
+            raise ValueError(f"num_gpu_blocks={bm.num_total_gpu_blocks}: the KV cache cannot hold one "
+                             f"Whisper window, whose {positions} encoder positions need {needed} "
+                             f"blocks of {self.cache_config.block_size} tokens with a decoder token"
+                             + (f" (and {bm.watermark_blocks} are kept free)" if bm.watermark_blocks else ""))
 
     def _check_fits(self, decoder_ids: list[int], encoder_ids: list[int], params: SamplingParams) -> None:
         if params.n > 1 and params.is_greedy and not params.use_beam_search:

@@ -64,6 +64,15 @@ def test_a_request_that_never_fits_names_what_to_change(tiny_bart_dir):
     assert_all_blocks_free(llm)
 
 
+def test_a_whisper_cache_that_cannot_hold_a_window_is_refused_at_start():
+    """Every Whisper request holds a window's 1500 encoder positions (94 blocks of 16, and one
+    for its decoder): a smaller cache is refused when the engine starts, not request by request."""
+    with pytest.raises(ValueError, match=r"^num_gpu_blocks=94: the KV cache cannot hold one Whisper window, "
+                                         r"whose 1500 encoder positions need 95 blocks of 16 tokens"):
+        LLM("tiny.en", num_gpu_blocks=94, swap_space=0.01)
+    assert LLM("tiny.en", num_gpu_blocks=95, swap_space=0.01).llm_engine.block_manager.num_total_gpu_blocks == 95
+
+
 def test_fault2_admission_keeps_the_watermark(tiny_bart_dir):
     """A request that fits the cache but not the cache less its watermark is refused up front
     (it used to finish with no tokens); one that fits both runs to max_tokens."""
