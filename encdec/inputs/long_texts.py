@@ -38,8 +38,10 @@ def encode_long(tokenizer: Any, text: str, keep: int, from_end: bool = False) ->
         return ids, len(ids)
     parts = list(pieces(text, PIECE_CHARS))
     kept = parts.pop(-1 if from_end else 0)
+    while from_end and len(kept) < PIECE_CHARS // 2:  # the last piece is what is left: one more
+        kept = parts.pop() + kept
     ids = list(tokenizer(kept, verbose=False)["input_ids"])
-    if len(ids) <= keep + tokenizer.num_special_tokens_to_add():  # tokens of over 100 characters
+    if len(ids) <= keep + tokenizer.num_special_tokens_to_add():  # a piece of very long tokens
         ids = list(tokenizer(text, verbose=False)["input_ids"])
         return ids, len(ids)
     others = sum(len(tokenizer(part, add_special_tokens=False, verbose=False)["input_ids"]) for part in parts)

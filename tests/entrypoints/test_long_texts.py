@@ -39,10 +39,19 @@ def test_a_long_text_is_its_head_or_tail_and_its_count(tokenizer, monkeypatch):
     monkeypatch.setattr(long_texts, "PIECE_CHARS", 4000)
     text = long_text(40_000)
     whole = tokenizer(text)["input_ids"]
-    head, count = encode_long(tokenizer, text, keep=300)
+    read = []  # the lengths of the texts the tokenizer is given
+
+    def spy(piece, **options):
+        read.append(len(piece))
+        return tokenizer(piece, **options)
+    spy.num_special_tokens_to_add = tokenizer.num_special_tokens_to_add
+
+    head, count = encode_long(spy, text, keep=300)
     assert count == len(whole) and head[:300] == whole[:300] and head[-1] == whole[-1]
-    tail, count = encode_long(tokenizer, text, keep=300, from_end=True)
-    assert count == len(whole) and tail[-300:] == whole[-300:]
+    tail, tail_count = encode_long(spy, text + " the rest", keep=300, from_end=True)
+    assert tail_count == len(tokenizer(text + " the rest")["input_ids"])
+    assert tail[-300:] == tokenizer(text + " the rest")["input_ids"][-300:]
+    assert max(read) < 6000  # never the whole text
     article = fit_article(head, tokenizer, 300, count=count)
     assert article.token_ids == tokenizer(text, truncation=True, max_length=300)["input_ids"]
     assert article.truncated_tokens == len(whole) - 300
