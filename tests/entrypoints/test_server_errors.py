@@ -608,7 +608,7 @@ def test_what_the_shutdown_timeout_cuts_off_gets_openai_errors(tiny_bart_dir):
     """Past --shutdown-timeout, a request not yet answered gets a 503 in OpenAI's shape and a
     stream under way a last error event (not uvicorn's plain-text 500, not a cut connection)."""
     remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
-                           "--num-gpu-blocks", "2048", "--max-num-seqs", "64", "--shutdown-timeout", "0"])
+                           "--num-gpu-blocks", "2048", "--max-num-seqs", "64", "--shutdown-timeout", "1"])
     # 3 s of decoding after its first event here (on one thread), well past the 1 s uvicorn
     # waits before it cancels what is left
     long_stream = {"model": "bart", "prompt": TEXT, "stream": True, "n": 64, "temperature": 1.0, "seed": 0,

@@ -93,9 +93,8 @@ def test_actors_that_fail_stop_the_job_with_the_reason_on_one_line(clip_paths, t
     assert main(["batch", "transcribe", clip_paths[0], "--output", str(tmp_path), "--num-gpu-blocks", "1",
                  "--swap-space", "0.01"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (  # (Ray's own log lines above it)
-        "encdec: error: ValueError: encoder_prompt: the request needs 109 KV cache blocks (encoder 1500 "
-        "tokens, decoder up to 225 tokens, 1 sequence) but the cache has only num_gpu_blocks=1, less a watermark of 0 "
-        "kept free")
+        "encdec: error: ValueError: num_gpu_blocks=1: the KV cache cannot hold one Whisper window, whose 1500 "
+        "encoder positions need 95 blocks of 16 tokens with a decoder token")
 
 
 def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offline_summaries, tmp_path):
