@@ -327,7 +327,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         return run_server(args)
     except (ListenError, ModelLoadError) as err:
-        error(str(err))
+        error(option_wording(err, ENGINE_OPTIONS))
         return 1
 
 
@@ -619,6 +619,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 MODEL_OPTIONS = {"compute_type": "--compute_type", "dtype": "--dtype", "quantization": "--quantization"}
+# `encdec serve`'s spelling of the engine's parameters, for the errors of a model that fails to load
+ENGINE_OPTIONS = {**MODEL_OPTIONS, **{name: "--" + name.replace("_", "-") for name in (
+    "block_size", "num_gpu_blocks", "kv_cache_space", "swap_space", "max_num_seqs", "max_num_batched_tokens",
+    "max_running_requests", "preemption_mode", "attention_backend")}}
 
 
 def runs_here(args: argparse.Namespace) -> bool:

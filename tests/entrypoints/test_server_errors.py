@@ -653,6 +653,13 @@ def test_model_that_fails_to_load_stops_start_up(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert f"encdec: error: cannot load model '{tmp_path}'" in done.stderr
+    # the engine's refusal of its options, in the command line's spelling
+    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--model", "tiny.en", "--num-gpu-blocks", "50"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        "encdec: error: cannot load model 'tiny.en': ValueError: --num-gpu-blocks=50: the KV cache cannot "
+        "hold one Whisper window, whose 1500 encoder positions need 95 blocks of 16 tokens with a decoder token")
 
 
 @pytest.mark.parametrize("ray", [[], ["--ray"]])
