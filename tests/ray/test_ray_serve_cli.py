@@ -2,7 +2,7 @@
 proxy took, and on SIGTERM a transcription in flight finishes (its upload still arriving when the
 signal comes) while new requests get 503 in OpenAI's error shape; replicas that cannot fit the
 local instance are refused instead of waited for, and replicas that cannot load their model stop
-the server with the reason on one line."""
+the server with the reason on one line, as Ray that does not start stops it (and a batch job)."""
 from __future__ import annotations
 
 import os
@@ -63,7 +63,27 @@ def test_replicas_that_cannot_load_the_model_stop_the_server(tmp_path):
                            "--cpus-per-replica", "0.5", "--port", "0"], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 1, done.stderr
-    [line] = [line for line in done.stderr.splitlines() if line.startswith("encdec: error:")]
-    assert line.startswith(f"encdec: error: the replicas could not start: ModelLoadError: cannot load "
+    errors = [line for line in done.stderr.splitlines() if line.startswith("encdec: error:")]
+    assert len(errors) == 1, done.stderr[-4000:]
+    assert errors[0].startswith(f"encdec: error: the replicas could not start: ModelLoadError: cannot load "
                            f"model '{tmp_path}': ValueError: Unrecognized model in {tmp_path}.")
     assert not [line for line in done.stderr.splitlines() if line.startswith("Traceback")]
+
+
+@pytest.mark.parametrize("command", [["serve", "--ray", "--model", "tiny.en", "--port", "0"],
+                                     ["batch", "transcribe", str(SAMPLE)]])
+def test_ray_that_does_not_start_is_one_error_line(monkeypatch, tmp_path, capsys, command):
+    """A raylet that misses Ray's start-up deadline (seen on a loaded machine) ends the command
+    with Ray's reason, not a traceback."""
+    import ray
+
+    def init(**_):
+        raise RuntimeError("Failed to start the raylet within 30 seconds.\n(details)")
+    monkeypatch.setattr(ray, "init", init)
+    from encdec.entrypoints.cli import main
+
+    output = ["--output", str(tmp_path / "out")] if command[0] == "batch" else []
+    assert main(command + output) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "encdec: error: Ray did not start on this machine: RuntimeError: Failed to start the raylet "
+        "within 30 seconds.")

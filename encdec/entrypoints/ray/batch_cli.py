@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from encdec.entrypoints.ray.cluster import root_cause, unschedulable
+from encdec.entrypoints.ray.cluster import RayNotStarted, root_cause, start_ray, unschedulable
 
 RESULTS = "results.jsonl"
 ACTOR_ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache_space",
@@ -261,7 +261,11 @@ def run_batch(args: argparse.Namespace) -> int:
         return 0
     started = not ray.is_initialized()
     if started:
-        ray.init(address=args.ray_address, include_dashboard=False, logging_level=logging.WARNING)
+        try:
+            start_ray(args.ray_address, logging_level=logging.WARNING)
+        except RayNotStarted as err:
+            error(str(err))
+            return 1
     ray.data.DataContext.get_current().enable_progress_bars = False
     try:
         problem = unschedulable(args.replicas, args.cpus_per_replica, f"--replicas {args.replicas}")

@@ -9,6 +9,24 @@ from typing import Optional
 _EXCEPTION_LINE = re.compile(r"^((?:\w+\.)*)(\w*(?:Error|Exception)): (.+)$", re.MULTILINE)
 
 
+class RayNotStarted(RuntimeError):
+    """Ray could not be started or reached; the message says why, on one line."""
+
+
+def start_ray(address: Optional[str], **options) -> None:
+    """`ray.init` of the cluster at `address` (None: a new local instance), without the
+    dashboard; RayNotStarted if it fails (a raylet that misses Ray's start-up deadline on a
+    loaded machine, an address where no cluster answers)."""
+    import ray
+
+    try:
+        ray.init(address=address, include_dashboard=False, **options)
+    except Exception as err:  # Ray raises several kinds, none of them ours
+        where = f"at --ray-address {address}" if address else "on this machine"
+        reason = str(err).strip().split("\n", 1)[0]
+        raise RayNotStarted(f"Ray did not start {where}: {type(err).__name__}: {reason}") from None
+
+
 def unschedulable(replicas: int, cpus_per_replica: float, asked: str) -> Optional[str]:
     """Why `replicas` actors of `cpus_per_replica` CPUs each (`asked`: the flags that ask for
     them) can never all start on the connected Ray cluster: more CPUs than it has; else None."""

@@ -160,13 +160,17 @@ def run_ray_server(args: argparse.Namespace) -> int:
     from encdec.entrypoints.cli_messages import error, warn
     from encdec.entrypoints.openai.api_server import (announce, configure_logging, listening_socket,
                                                      server_url)
-    from encdec.entrypoints.ray.cluster import unschedulable
+    from encdec.entrypoints.ray.cluster import RayNotStarted, start_ray, unschedulable
     from encdec.entrypoints.ray.replica_board import drain
 
     configure_logging(args.log_level)
     with listening_socket(args.host, args.port) as sock:  # a port in use fails now; 0 picks one
         args.port = sock.getsockname()[1]
-    ray.init(address=args.ray_address, include_dashboard=False)
+    try:
+        start_ray(args.ray_address)
+    except RayNotStarted as err:
+        error(str(err))
+        return 1
     stop = threading.Event()
 
     def on_signal(*_) -> None:
