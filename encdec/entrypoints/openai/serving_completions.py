@@ -231,14 +231,15 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
     keep = limit if body.truncate_prompt_tokens in (None, -1) else body.truncate_prompt_tokens
     encoded = iter(await tokenize_off_loop(
         lambda: [encode_long(engine.tokenizer, t, keep, from_end=truncated) for t in texts]))
-    counted = [next(encoded) if isinstance(p, str) else (p, len(p)) for p in prompt]
-    try:
-        cut = [(truncate_prompt(ids, body.truncate_prompt_tokens, limit), count) for ids, count in counted]
-    except ValueError as err:
-        raise bad_request(str(err), "truncate_prompt_tokens") from None
     prompts = []
-    for i, (ids, count) in enumerate(cut):
-        count = len(ids) if truncated else count
+    for i, given in enumerate(prompt):
+        ids, count = next(encoded) if isinstance(given, str) else (given, len(given))
+        if truncated:
+            try:
+                ids = truncate_prompt(ids, body.truncate_prompt_tokens, limit)
+            except ValueError as err:
+                raise bad_request(str(err), "truncate_prompt_tokens") from None
+            count = len(ids)
         if not ids or count > limit:
             raise bad_request(f"prompt {i} has {count} tokens; the model takes 1 to {limit}", "prompt")
         if any(not 0 <= t < vocab for t in ids):
