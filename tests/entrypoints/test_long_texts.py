@@ -30,14 +30,16 @@ def long_text(chars: int) -> str:
 
 def test_pieces_are_cut_before_whitespace():
     text = long_text(50_000)
-    parts = list(long_texts.pieces(text, 4000))
-    assert "".join(parts) == text and all(len(p) <= 4000 for p in parts) and len(parts) > 12
-    assert all(p[0] in long_texts.WHITESPACE for p in parts[1:])
+    bounds = [0, *long_texts.cuts(text, 4000), len(text)]
+    assert all(0 < end - start <= 4000 for start, end in zip(bounds, bounds[1:])) and len(bounds) > 13
+    assert all(text[cut] in long_texts.WHITESPACE for cut in bounds[1:-1])
 
 
-def test_a_long_text_is_its_head_or_tail_and_its_count(tokenizer, monkeypatch):
+@pytest.mark.parametrize("spaced", [True, False])
+def test_a_long_text_is_its_head_or_tail_and_its_count(tokenizer, monkeypatch, spaced):
+    """Also a text without whitespace, whose cuts split what the tokenizer reads as one."""
     monkeypatch.setattr(long_texts, "PIECE_CHARS", 4000)
-    text = long_text(40_000)
+    text = long_text(40_000) if spaced else "".join(long_text(40_000).split())
     whole = tokenizer(text)["input_ids"]
     read = []  # the lengths of the texts the tokenizer is given
 
