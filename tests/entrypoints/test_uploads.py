@@ -49,3 +49,12 @@ def test_an_mp3_cut_short_is_measured_by_what_it_holds(tmp_path, capfd):
     assert capfd.readouterr().err == ""
     with pytest.raises(OpenAIError, match="more than the server's limit of 4 s"):
         decode_upload(upload(whole.read_bytes(), "whole.mp3"), max_seconds=4.0)
+
+
+@pytest.mark.parametrize("name", ["a.w\x00av", "a.\ud800", "a./", "a.wav\n", "x" * 300 + ".wav"])
+def test_any_file_name_decodes(tmp_path, name):
+    """The client's file name is only a hint: a NUL, a lone surrogate or a newline in it is no
+    fault of the server's."""
+    soundfile.write(tmp_path / "a.wav", tone(0.5), RATE)
+    audio = decode_upload(upload((tmp_path / "a.wav").read_bytes(), name), max_seconds=2.0)
+    assert len(audio) == RATE // 2

@@ -134,6 +134,13 @@ def form_fields(form: FormData) -> tuple[UploadFile, dict]:
     return upload, fields
 
 
+def file_suffix(name: str) -> str:
+    """The upload's extension for its temporary copy (a hint to FFmpeg's probe), of ASCII
+    letters and digits only: the client's file name may hold anything."""
+    extension = "".join(c for c in Path(name).suffix[1:16] if c.isascii() and c.isalnum())
+    return "." + extension if extension else ""
+
+
 def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
     """The upload as a 16 kHz waveform; a 400 (param `file`) if it is empty, not audio, or
     longer than `max_seconds` (checked from the header first where the format has one). Its
@@ -143,7 +150,7 @@ def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
     if upload.size == 0:
         raise bad_request(f"{name}: the file is empty", "file")
     max_samples = int(max_seconds * MAX_UPLOAD_RATE)
-    with tempfile.NamedTemporaryFile(suffix=Path(name).suffix[:16]) as copy:
+    with tempfile.NamedTemporaryFile(suffix=file_suffix(name)) as copy:
         upload.file.seek(0)
         shutil.copyfileobj(upload.file, copy)
         copy.flush()
