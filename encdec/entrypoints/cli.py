@@ -304,7 +304,7 @@ def check_serve(args: argparse.Namespace) -> None:
 
 def run_serve(args: argparse.Namespace) -> int:
     from encdec.entrypoints.openai.api_server import ListenError, run_server
-    from encdec.entrypoints.openai.serving_models import ModelLoadError
+    from encdec.entrypoints.openai.serving_models import ENGINE_OPTIONS, ModelLoadError
 
     check_serve(args)
     try:
@@ -327,7 +327,7 @@ def run_serve(args: argparse.Namespace) -> int:
     try:
         return run_server(args)
     except (ListenError, ModelLoadError) as err:
-        error(option_wording(err, ENGINE_OPTIONS))
+        error(option_wording(err, {name: "--" + name.replace("_", "-") for name in ENGINE_OPTIONS}))
         return 1
 
 
@@ -373,7 +373,7 @@ def run_warmup(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
-# torch crashes far above this; more threads than cores only slow it down
+# torch crashes far above this (more threads than cores are allowed, if seldom of use)
 MAX_THREADS = max(1024, os.cpu_count() or 1)
 
 
@@ -474,7 +474,8 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                         "and much latency; no limit otherwise (default: auto)")
     p.add_argument("--preemption-mode", choices=["swap", "recompute"], default=None,
                    help="how to make room when the cache is full (default: the engine's choice)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the engines' shared generator (default: 0)")
+    p.add_argument("--seed", type=number(int, 0, 2**63 - 1), default=0,
+                   help="seed of the engines' shared generator (default: 0)")
     p.add_argument("--attention-backend", choices=["torch", "xformers"], default=None,
                    help="attention implementation (default: ENCDEC_ATTENTION_BACKEND, else automatic)")
     p.add_argument("--tune-malloc", action=argparse.BooleanOptionalAction, default=True,
@@ -619,10 +620,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
 MODEL_OPTIONS = {"compute_type": "--compute_type", "dtype": "--dtype", "quantization": "--quantization"}
-# `encdec serve`'s spelling of the engine's parameters, for the errors of a model that fails to load
-ENGINE_OPTIONS = {**MODEL_OPTIONS, **{name: "--" + name.replace("_", "-") for name in (
-    "block_size", "num_gpu_blocks", "kv_cache_space", "swap_space", "max_num_seqs", "max_num_batched_tokens",
-    "max_running_requests", "preemption_mode", "attention_backend")}}
 
 
 def runs_here(args: argparse.Namespace) -> bool:
@@ -700,6 +697,3 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
 
-
-if __name__ == "__main__":
-    sys.exit(main())

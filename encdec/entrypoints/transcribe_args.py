@@ -53,12 +53,15 @@ def number(kind: Callable[[str], Any], minimum: float = -math.inf, maximum: floa
     """An argparse type: a `kind` number in [minimum, maximum] (over `minimum` with `above`),
     finite unless `infinite`; with `none`, also `None` (openai-whisper's `optional_int` /
     `optional_float`)."""
+    def shown(bound: float) -> str:
+        return str(bound) if kind is int else f"{bound:g}"
+
     if minimum > -math.inf and maximum < math.inf:
-        bounds = f" in {'(' if above else '['}{minimum:g}, {maximum:g}]"
+        bounds = f" in {'(' if above else '['}{shown(minimum)}, {shown(maximum)}]"
     elif minimum > -math.inf:
-        bounds = f" {'>' if above else '>='} {minimum:g}"
+        bounds = f" {'>' if above else '>='} {shown(minimum)}"
     else:
-        bounds = f" <= {maximum:g}" if maximum < math.inf else ""
+        bounds = f" <= {shown(maximum)}" if maximum < math.inf else ""
     finite = "finite " if maximum == math.inf and not infinite else ""
     what = "an integer" if kind is int else f"a {finite}number"
     expected = f"{what}{bounds}{' or None' if none else ''}"

@@ -90,6 +90,7 @@ def test_summarize(capsys, argv, message):
     (["--max-audio-seconds", "0"], "argument --max-audio-seconds: expected a finite number > 0, got '0'"),
     (["--port", "70000"], "argument --port: expected an integer in [0, 65535], got '70000'"),
     (["--port", "-1"], "argument --port: expected an integer in [0, 65535], got '-1'"),
+    (["--seed", "-1"], "argument --seed: expected an integer in [0, 9223372036854775807], got '-1'"),
     (["--kv-cache-space", "0"], "argument --kv-cache-space: expected a finite number > 0, got '0'"),
     (["--kv-cache-space", "inf"], "argument --kv-cache-space: expected a finite number > 0, got 'inf'"),
     (["--swap-space", "inf"], "argument --swap-space: expected a finite number >= 0, got 'inf'"),
