@@ -225,6 +225,8 @@ class AsyncLLMEngine:
         """Add a request and yield its outputs until the last one (`finished` set);
         `return_cross_kv` as for `LLMEngine.add_request`; `admission`: the job it is part of."""
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
+        if isinstance(sampling_params, SamplingParams):  # never to run: refused, not queued (429)
+            self.engine.check_num_seqs(sampling_params)
         loop = asyncio.get_running_loop()
         stream = RequestStream(loop, asyncio.Queue(), loop.create_future())
         with self._lock:
@@ -294,6 +296,15 @@ class AsyncLLMEngine:
         self._wakeup.set()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as err:  # the engine is in an unknown state: stop serving
+            self._fail_all(err)
+            return
+        self._fail_all(EngineDeadError("the engine shut down"), dead=False)
+
+    def _serve(self) -> None:
+        """Take in requests and aborts, step, hand out the outputs; until shutdown."""
         engine = self.engine
         stepped = False
         while not self._stopping:
@@ -306,11 +317,7 @@ class AsyncLLMEngine:
                 self._wakeup.clear()
                 continue
             stepped = True
-            try:
-                outputs = engine.step()
-            except BaseException as err:  # the engine is in an unknown state: stop serving
-                self._fail_all(err)
-                return
+            outputs = engine.step()
             self._count_free_places()  # before the outputs: a caller told it finished may add more
             for request_id, error in engine.take_failures().items():  # theirs alone
                 stream = self._streams.pop(request_id, None)
@@ -325,7 +332,6 @@ class AsyncLLMEngine:
                     del self._streams[out.request_id]
                     if not out.finished:  # its caller is gone
                         engine.abort_request(out.request_id)
-        self._fail_all(EngineDeadError("the engine shut down"), dead=False)
 
     def _drain_inbox(self) -> None:
         while self._inbox:
@@ -355,9 +361,9 @@ class AsyncLLMEngine:
     def _fail_all(self, error: BaseException, dead: bool = True) -> None:
         """Give every request in flight the error, abort them all, and stop taking work."""
         if dead:
-            logger.exception("engine step failed; the engine stops", exc_info=error)
+            logger.exception("the engine failed and stops", exc_info=error)
             self._dead = error
-            failure: BaseException = EngineDeadError(f"engine step failed: {type(error).__name__}: {error}")
+            failure: BaseException = EngineDeadError(f"the engine failed: {type(error).__name__}: {error}")
             failure.__cause__ = error
         else:
             failure = error
@@ -366,8 +372,7 @@ class AsyncLLMEngine:
             self._inbox.clear()
         for item in pending:
             item[4].resolve(failure)
-        for request_id, stream in list(self._streams.items()):
-            self.engine.abort_request(request_id)
+        for stream in self._streams.values():
             stream.put(failure)
         self._streams.clear()
         self.engine.abort_all()

@@ -211,15 +211,19 @@ class LLMEngine:
                              f"blocks of {self.cache_config.block_size} tokens with a decoder token"
                              + (f" (and {bm.watermark_blocks} are kept free)" if bm.watermark_blocks else ""))
 
-    def _check_fits(self, decoder_ids: list[int], encoder_ids: list[int], params: SamplingParams) -> None:
-        if params.n > 1 and params.is_greedy and not params.use_beam_search:
-            raise ValueError(f"n={params.n} needs random sampling: set temperature > 0 "
-                             "(greedy decoding would return n identical outputs)")
+    def check_num_seqs(self, params: SamplingParams) -> None:
+        """Refuse a request that would run more sequences at once than the engine ever does."""
         max_num_seqs = self.scheduler_config.max_num_seqs
         if params.max_num_seqs > max_num_seqs:
             field = "beam_width" if params.use_beam_search else "n"
             raise ValueError(f"{field}={params.max_num_seqs} is more than the engine runs at once "
                              f"(max_num_seqs={max_num_seqs})")
+
+    def _check_fits(self, decoder_ids: list[int], encoder_ids: list[int], params: SamplingParams) -> None:
+        if params.n > 1 and params.is_greedy and not params.use_beam_search:
+            raise ValueError(f"n={params.n} needs random sampling: set temperature > 0 "
+                             "(greedy decoding would return n identical outputs)")
+        self.check_num_seqs(params)
         max_len = self.model_config.max_decoder_len
         if params.max_tokens is not None:
             max_len = min(max_len, len(decoder_ids) + params.max_tokens)
@@ -263,13 +267,14 @@ class LLMEngine:
         return output
 
     def abort_all(self) -> None:
-        """Abort every request and free every block (also after a step that failed midway)."""
-        for request_id in list(self.groups):
-            self.abort_request(request_id)
-        self.groups.clear()
+        """Drop every request and free every block at once (not request by request: a step
+        that failed midway may have left their tables half freed)."""
         scheduler = self.scheduler
         for queue in (scheduler.waiting, scheduler.running, scheduler.swapped):
             queue.clear()
+        for request_id in self.groups:
+            self.output_processor.abort(request_id)
+        self.groups.clear()
         scheduler.block_manager.reset()
 
     def has_unfinished_requests(self) -> bool:

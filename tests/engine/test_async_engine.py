@@ -114,8 +114,13 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
         pair = engine.generate("A pair", SamplingParams(n=2, temperature=1.0, seed=0, max_tokens=100, ignore_eos=True,
                                                         output_kind=RequestOutputKind.DELTA))
         await anext(pair)  # running: counted before its first output is handed over
-        results = await asyncio.gather(*(collect("A burst", burst) for _ in range(4)), return_exceptions=True)
-        assert [isinstance(r, EngineOverloaded) for r in results] == [False] * 2 + [True] * 2
+        # and a request that could never run is refused as such, not as an overload
+        too_wide = SamplingParams(n=3, temperature=1.0, max_tokens=4)
+        results = await asyncio.gather(*(collect("A burst", burst) for _ in range(4)),
+                                       collect("Too wide", too_wide), return_exceptions=True)
+        assert [isinstance(r, EngineOverloaded) for r in results] == [False] * 2 + [True] * 2 + [False]
+        assert isinstance(results[-1], ValueError) and str(results[-1]) == (
+            "n=3 is more than the engine runs at once (max_num_seqs=2)")
         await pair.aclose()  # aborts it
         # a job of several requests is checked once, then added whole past the bound
         admission = Admission()
@@ -458,6 +463,35 @@ def test_a_failing_forward_pass_fails_every_request_and_kills_the_engine(tiny_ba
         assert all("illegal memory access" in str(r) for r in results)
         assert not engine.is_healthy()
         with pytest.raises(EngineDeadError, match="illegal memory access"):
+            await consume(99)
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
+def test_a_failure_between_steps_fails_every_request_and_kills_the_engine(tiny_bart_dir):
+    """The engine thread fails taking in an abort (not in a step): every caller still gets the
+    error and the engine says it is dead, rather than its callers waiting forever."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("abort failed")
+
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True, output_kind=DELTA)
+
+    async def consume(i):
+        return [out async for out in engine.generate(f"Request {i}", params)]
+
+    async def main():
+        running = [asyncio.ensure_future(consume(i)) for i in range(4)]
+        leaving = engine.generate("Leaving", params)
+        await anext(leaving)
+        engine.engine.abort_request = broken
+        await leaving.aclose()  # its abort fails on the engine thread
+        results = await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
+        assert all(isinstance(r, EngineDeadError) and "abort failed" in str(r) for r in results), results
+        assert not engine.is_healthy()
+        with pytest.raises(EngineDeadError, match="abort failed"):
             await consume(99)
 
     asyncio.run(main())
