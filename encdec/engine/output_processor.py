@@ -37,7 +37,7 @@ class CompletionState:
     """One completion's text so far, its stop strings, and what a streaming request has been
     given of it."""
 
-    detokenizer: IncrementalDetokenizer
+    detokenizer: Optional[IncrementalDetokenizer]  # None when nothing is decoded
     stops: Optional[StopStrings]
     text: str = ""  # what the completion shows so far
     done: bool = False  # its text is final (finished, and read since)
@@ -118,11 +118,12 @@ class OutputProcessor:
     def _read(self, seq: Sequence, params: SamplingParams, states: dict[int, CompletionState]) -> None:
         """Detokenize the completion's new tokens; finish it at a stop string."""
         state = states.get(seq.seq_id)
+        decodes = self.tokenizer is not None and params.detokenize
         if state is None:
             state = states[seq.seq_id] = CompletionState(
-                IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens),
+                IncrementalDetokenizer(self.tokenizer, params.skip_special_tokens) if decodes else None,
                 StopStrings(params) if params.stop else None)
-        if self.tokenizer is None or not params.detokenize or state.done:
+        if not decodes or state.done:
             return
         ids = seq.data.output_token_ids
         finished = seq.is_finished()

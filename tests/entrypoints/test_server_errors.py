@@ -638,8 +638,8 @@ def test_what_the_shutdown_timeout_cuts_off_gets_openai_errors(tiny_bart_dir):
     try:
         events, queued = asyncio.run(cut_off())
         assert assert_error(queued, 503, None)["code"] == "shutting_down"
-        assert "data: [DONE]" not in events
-        last = json.loads(events[-1].removeprefix("data: "))["error"]
+        assert events[-1] == "data: [DONE]"  # after the error, as vLLM ends a stream that failed
+        last = json.loads(events[-2].removeprefix("data: "))["error"]
         assert (last["type"], last["code"]) == ("server_error", "shutting_down"), last
         assert remote.proc.wait(timeout=30) in (0, -signal.SIGTERM)
         assert "Internal Server Error" not in remote.output()
@@ -649,12 +649,13 @@ def test_what_the_shutdown_timeout_cuts_off_gets_openai_errors(tiny_bart_dir):
 
 def test_model_that_fails_to_load_stops_start_up(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # a checkpoint directory, of no model
-    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--model", str(tmp_path)],
+    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--model", str(tmp_path), "--port", "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert f"encdec: error: cannot load model '{tmp_path}'" in done.stderr
     # the engine's refusal of its options, in the command line's spelling
-    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--model", "tiny.en", "--num-gpu-blocks", "50"],
+    done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--model", "tiny.en", "--num-gpu-blocks", "50",
+                           "--port", "0"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (
@@ -699,6 +700,24 @@ def test_dead_engine_makes_health_503(tiny_bart_dir, monkeypatch):
     assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_dead"
     assert_error(health, 503, None)
     assert_error(refused, 503, "model")
+
+
+def test_a_prompt_the_cache_can_never_hold_names_the_endpoints_field(tiny_bart_dir):
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=8)  # 128 positions
+    app = build_app(ServedModels([ServedModel("bart", str(tiny_bart_dir), engine)]), ServerState())
+    article = " ".join([TEXT] * 20)
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            answers = [await http.post(path, json={"model": "bart", field: article})
+                       for path, field in (("/v1/completions", "prompt"), ("/v1/summarize", "input"))]
+        await engine.shutdown()
+        return answers
+
+    completion, summary = asyncio.run(run())
+    for response, field in ((completion, "prompt"), (summary, "input")):
+        assert assert_error(response, 400, field)["message"].startswith(
+            f"{field}: the request needs "), response.text
 
 
 def test_a_port_in_use_is_an_error_before_any_model_loads(monkeypatch, capsys):

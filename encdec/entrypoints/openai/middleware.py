@@ -29,7 +29,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from encdec.entrypoints.openai.errors import CLIENT_CLOSED_REQUEST, OpenAIError
 from encdec.entrypoints.openai.metrics import ServerMetrics
-from encdec.entrypoints.openai.streaming import sse
+from encdec.entrypoints.openai.streaming import DONE, sse
 from encdec.entrypoints.openai.uploads import discard_body
 
 logger = logging.getLogger("encdec.server")
@@ -109,8 +109,8 @@ class ServingMiddleware:
                 if not started:
                     await cut_off.response()(scope, receive, send_with_id)
                 elif streaming:
-                    await send_with_id({"type": "http.response.body", "body": sse(cut_off.body()).encode(),
-                                        "more_body": False})
+                    await send_with_id({"type": "http.response.body", "more_body": False,
+                                        "body": (sse(cut_off.body()) + DONE).encode()})
         except Exception as err:  # a real fault: the client still gets OpenAI's shape
             logger.exception("request %s: %s %s failed", request_id, scope["method"], path, exc_info=err)
             if not started:

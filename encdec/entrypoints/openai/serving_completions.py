@@ -8,14 +8,14 @@ request does not sample) returns its n best beams; `best_of` is then the beam wi
 which is otherwise the config's num_beams, or n if that is more. Each unset decoding field takes
 the checkpoint's generation config, also when `temperature` is set (which then only decides
 whether to sample), except that several completions of a prompt are sampled at OpenAI's default
-temperature, 1, when the config neither samples nor searches beams. Stop strings are cut out of the text (the request is aborted once
-every completion has met one); a streamed completion holds back text that could start one.
+temperature, 1, when the config neither samples nor searches beams. The engine ends a
+completion at a stop string and cuts it out of the text; a streamed completion holds back text
+that could start one.
 vLLM's `prompt_logprobs` scores the decoder prompt; each choice of the prompt carries them, and,
 as in vLLM, they are not streamed.
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 from typing import Any, AsyncIterator, Optional
 
@@ -29,15 +29,15 @@ from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
                                                 CompletionRequest, CompletionResponse, PromptLogprob,
                                                 unix_time)
-from encdec.entrypoints.openai.serving_engine import (Generated, OutputCounter, bad_input, random_id,
-                                                     tokenize_off_loop)
+from encdec.entrypoints.openai.serving_engine import (Generated, OutputCounter, bad_input, collect,
+                                                     random_id, tokenize_off_loop)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
 from encdec.generation_config import GenerationDefaults
 from encdec.inputs.long_texts import encode_long
 from encdec.inputs.preprocess import truncate_prompt
-from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput, SampleLogprobs
+from encdec.outputs import PromptLogprobs, SampleLogprobs
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 ENGINE_NAMES = {"encoder_prompt": "prompt", "beam_width": "best_of"}
@@ -130,41 +130,19 @@ class OpenAIServingCompletion:
         response_id = random_id("cmpl")
         counter = OutputCounter(self.metrics, served.name, request)
         admission = Admission(len(prompts))  # the prompts are taken or refused (429) together
-        streams = [self._outputs(served, prompt, params, f"{response_id}-{i}", admission)
-                   for i, prompt in enumerate(prompts)]
-        merged = merge_async_iterators(*streams)
+        merged = merge_async_iterators(*(served.engine.generate(prompt, params, f"{response_id}-{i}",
+                                                               admission=admission)
+                                         for i, prompt in enumerate(prompts)))
         with bad_input(CompletionRequest, ENGINE_NAMES, "prompt"):
             if body.stream:
                 return await event_stream(request, self._chunks(served, body, response_id, merged, counter),
                                           admission)
             choices, prompt_logprobs = await cancel_on_disconnect(
-                request, self._collect(merged, counter, len(prompts), params.n))
+                request, collect(merged, counter, len(prompts), params.n))
         return JSONResponse(CompletionResponse(
             id=response_id, model=body.model,
             choices=self._choices(served, body, choices, prompt_logprobs),
             usage=counter.usage()).model_dump(exclude_none=True))
-
-    @staticmethod
-    async def _outputs(served: ServedModel, prompt: Any, params: SamplingParams, engine_id: str,
-                       admission: Admission) -> AsyncIterator[tuple[RequestOutput, list[CompletionOutput]]]:
-        """Each engine output with its completions' deltas."""
-        async with contextlib.aclosing(served.engine.generate(prompt, params, engine_id, admission=admission)) as outputs:
-            async for out in outputs:
-                yield out, out.outputs
-
-    @staticmethod
-    async def _collect(merged, counter: OutputCounter, num_prompts: int,
-                       n: int) -> tuple[list[list[Generated]], list[Optional[PromptLogprobs]]]:
-        """Each prompt's completions, and its prompt_logprobs when asked for."""
-        generated = [[Generated() for _ in range(n)] for _ in range(num_prompts)]
-        prompt_logprobs: list[Optional[PromptLogprobs]] = [None] * num_prompts
-        async for i, (out, deltas) in merged:
-            counter.count(out, deltas)
-            if out.prompt_logprobs is not None:
-                prompt_logprobs[i] = out.prompt_logprobs
-            for delta in deltas:
-                generated[i][delta.index].add(delta)
-        return generated, prompt_logprobs
 
     @staticmethod
     def _choices(served: ServedModel, body: CompletionRequest, generated: list[list[Generated]],
@@ -189,9 +167,9 @@ class OpenAIServingCompletion:
         created = unix_time()  # one time for every chunk, as OpenAI streams
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         continuous = include_usage and body.stream_options.continuous_usage_stats  # vLLM's: both
-        async for i, (out, deltas) in merged:
-            counter.count(out, deltas)
-            for delta in deltas:  # a chunk per choice with something to send, as OpenAI streams
+        async for i, out in merged:
+            counter.count(out)
+            for delta in out.outputs:  # a chunk per choice with something to send, as OpenAI streams
                 index = i * body.n + delta.index
                 logprobs = None
                 if body.logprobs is not None:  # the same pieces and offsets as without streaming
@@ -269,12 +247,14 @@ class LogprobsBuilder:
     the pieces add up to the text and `text_offset` indexes into it (as in vLLM, the text a stop
     string or stop token cut off still has its pieces). The `top` likeliest alternatives (and
     the token itself) are keyed by the piece each would have added (one entry a piece), or with
-    `as_token_ids` (vLLM's `return_tokens_as_token_ids`) every token by "token_id:{id}". JSON
-    has no -inf: a token ruled out (a forced token's alternatives) gets LOWEST_LOGPROB."""
+    `as_token_ids` (vLLM's `return_tokens_as_token_ids`, and always for a model without a
+    tokenizer, whose text is empty) every token by "token_id:{id}". JSON has no -inf: a token
+    ruled out (a forced token's alternatives) gets LOWEST_LOGPROB."""
 
     def __init__(self, tokenizer: Any, top: int, skip_special_tokens: bool = True, as_token_ids: bool = False):
-        self.detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens)
-        self.top, self.as_token_ids, self.ids, self.offset = top, as_token_ids, [], 0
+        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, skip_special_tokens)
+        self.as_token_ids = as_token_ids or tokenizer is None
+        self.top, self.ids, self.offset = top, [], 0
 
     @classmethod
     def of(cls, tokenizer: Any, body: CompletionRequest) -> LogprobsBuilder:
@@ -294,7 +274,8 @@ class LogprobsBuilder:
             else:  # what each alternative would have added
                 pieces = {t: copy.copy(self.detokenizer).step([*self.ids, t], last) for t in best if t != token}
             self.ids.append(token)
-            piece = self.detokenizer.step(self.ids, last)  # the text's own piece, for the offsets
+            # the text's own piece, for the offsets
+            piece = "" if self.detokenizer is None else self.detokenizer.step(self.ids, last)
             pieces.setdefault(token, piece)
             result.tokens.append(pieces[token])
             result.token_logprobs.append(max(candidates[token], LOWEST_LOGPROB))

@@ -6,7 +6,7 @@ import contextlib
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Optional, TypeVar, Union
+from typing import AsyncIterator, Callable, Iterator, Optional, TypeVar, Union
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -14,7 +14,7 @@ from pydantic import BaseModel
 from encdec.entrypoints.openai.errors import value_error
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import UsageInfo
-from encdec.outputs import CompletionOutput, RequestOutput, SampleLogprobs
+from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput, SampleLogprobs
 
 
 T = TypeVar("T")
@@ -72,16 +72,29 @@ class OutputCounter:
         self.seen: set[str] = set()
         self.prompt_tokens = self.completion_tokens = 0
 
-    def count(self, output: RequestOutput, sent: Optional[list[CompletionOutput]] = None) -> None:
-        """Count `output`; `sent`: the completions' deltas that go out, where some were cut
-        (text past a stop string is not generated for the client)."""
+    def count(self, output: RequestOutput) -> None:
         if output.request_id not in self.seen:
             self.seen.add(output.request_id)
             self.metrics.observe_first_token(self.model, output, self.start)
             self.prompt_tokens += self.metrics.count_prompt(self.model, output)
-        self.completion_tokens += self.metrics.count_generated(
-            self.model, output.outputs if sent is None else sent)
+        self.completion_tokens += self.metrics.count_generated(self.model, output.outputs)
 
     def usage(self) -> UsageInfo:
         return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
                          total_tokens=self.prompt_tokens + self.completion_tokens)
+
+
+async def collect(merged: AsyncIterator[tuple[int, RequestOutput]], counter: OutputCounter, num_prompts: int,
+                  n: int = 1) -> tuple[list[list[Generated]], list[Optional[PromptLogprobs]]]:
+    """The `n` completions of each of `num_prompts` prompts, added up from the merged DELTA
+    outputs of their engine requests (each counted), and each prompt's prompt_logprobs (None
+    unless asked for)."""
+    generated = [[Generated() for _ in range(n)] for _ in range(num_prompts)]
+    prompt_logprobs: list[Optional[PromptLogprobs]] = [None] * num_prompts
+    async for i, out in merged:
+        counter.count(out)
+        if out.prompt_logprobs is not None:
+            prompt_logprobs[i] = out.prompt_logprobs
+        for delta in out.outputs:
+            generated[i][delta.index].add(delta)
+    return generated, prompt_logprobs

@@ -17,13 +17,15 @@ from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (SummarizeRequest, SummarizeResponse, Summary,
                                                 UsageInfo, unix_time)
-from encdec.entrypoints.openai.serving_engine import (Generated, OutputCounter, bad_input, random_id,
+from encdec.entrypoints.openai.serving_engine import (OutputCounter, bad_input, collect, random_id,
                                                      tokenize_off_loop)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
 from encdec.entrypoints.summaries import OPTION_NAMES, Article, prepare_article, summary_params
 from encdec.sampling.params import RequestOutputKind
+
+ENGINE_NAMES = {**OPTION_NAMES, "encoder_prompt": "input"}
 
 
 class OpenAIServingSummarize:
@@ -33,7 +35,7 @@ class OpenAIServingSummarize:
     async def create(self, body: SummarizeRequest, request: Request) -> Response:
         served = self.models.get(body.model, whisper=False)
         articles = await self._articles(served, body)
-        with bad_input(SummarizeRequest, OPTION_NAMES, "input"):
+        with bad_input(SummarizeRequest, ENGINE_NAMES, "input"):
             params = summary_params(
                 served.engine.engine.generation_defaults, max_tokens=body.max_tokens,
                 min_tokens=body.min_tokens, num_beams=body.num_beams, length_penalty=body.length_penalty,
@@ -50,8 +52,8 @@ class OpenAIServingSummarize:
             if body.stream:
                 return await event_stream(request, self._chunks(body, response_id, articles, merged, counter),
                                           admission)
-            generated = await cancel_on_disconnect(request, self._collect(merged, counter, len(articles)))
-        summaries = [summary(i, g.text, g.finish_reason, a) for i, (g, a) in enumerate(zip(generated, articles))]
+            generated, _ = await cancel_on_disconnect(request, collect(merged, counter, len(articles)))
+        summaries = [summary(i, g.text, g.finish_reason, a) for i, ([g], a) in enumerate(zip(generated, articles))]
         return JSONResponse(SummarizeResponse(id=response_id, model=body.model, summaries=summaries,
                                               usage=counter.usage()).model_dump(exclude_none=True))
 
@@ -78,15 +80,6 @@ class OpenAIServingSummarize:
 
         with bad_input(SummarizeRequest, {}, "input"):
             return await tokenize_off_loop(prepare)
-
-    @staticmethod
-    async def _collect(merged, counter: OutputCounter, num_articles: int) -> list[Generated]:
-        generated = [Generated() for _ in range(num_articles)]
-        async for i, out in merged:
-            counter.count(out)
-            for delta in out.outputs:
-                generated[i].add(delta)
-        return generated
 
     @staticmethod
     async def _chunks(body: SummarizeRequest, response_id: str, articles: list[Article], merged,

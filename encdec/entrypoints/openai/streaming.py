@@ -110,8 +110,9 @@ async def event_stream(request: Request, events: AsyncIterator[str],
             yield await first
             async for event in events:
                 yield event
-        except Exception as err:  # the status line is sent: report it in the stream
-            yield error_event(err, request_id)
+        except Exception as err:  # the status line is sent: report it in the stream, then end it
+            yield error_event(err, request_id)  # as vLLM does, with [DONE]
+            yield DONE
         finally:
             if not first.done():
                 first.cancel()
