@@ -6,8 +6,10 @@ So each step decodes a short window, `ids[prefix_offset:]`, and takes what it ad
 already-read part `ids[prefix_offset:read_offset]` (both see the same leading token, so its
 quirks cancel). A piece waits for the next token when it ends in U+FFFD (bytes of a
 character still to come) or in a SentencePiece byte-fallback token (`<0xE2>`: how it reads
-depends on the bytes after it, a lone "<" can turn into U+FFFD). On the last step the piece is whatever the full decode adds to the text given
-so far, so the pieces always add up to `tokenizer.decode(ids)` exactly.
+depends on the bytes after it, a lone "<" can turn into U+FFFD). On the last step the piece is
+whatever the full decode adds to the text given so far, so the pieces add up to
+`tokenizer.decode(ids)` exactly (unless that decode rewrites text already given: then the last
+piece is empty).
 
 Text is decoded with `clean_up_tokenization_spaces=False` (as Hugging Face's text2text
 pipelines do): that clean-up rewrites text before a token that has not arrived yet.

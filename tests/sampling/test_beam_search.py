@@ -11,6 +11,7 @@ import torch
 from transformers import BartForConditionalGeneration, GenerationConfig
 
 from encdec import LLM, SamplingParams
+from encdec.generation_config import resolve_sampling_params
 from encdec.sampling.beam_search import BeamHypothesis, BeamSearch
 from tests.bart_checkpoints import BART_BASE, CORPUS, make_bart_checkpoint
 from tests.conftest import assert_all_blocks_free
@@ -118,7 +119,8 @@ def test_beam_search_matches_hugging_face(llm, hf_model, overrides):
     params = SamplingParams(max_tokens=MAX_TOKENS, min_tokens=MIN_TOKENS, **overrides)
     prompts = texts()
     outputs, max_ref = run_stepwise(llm, prompts, params)
-    resolved = llm.llm_engine._resolve(params, [EOS])
+    engine = llm.llm_engine
+    resolved = resolve_sampling_params(params, engine.generation_defaults, 1, engine.model_config.max_decoder_len)
     expected = hf_beam(hf_model, llm.get_tokenizer(), prompts, **hf_overrides(resolved))
     assert_parity(outputs, expected, MIN_TOKENS)
     assert max_ref > 1, "beams never shared a block"

@@ -1,7 +1,7 @@
 """Prometheus metrics at `/metrics`: traffic counted as it happens, engine state read at scrape.
 
 Engine gauges read public engine state only (scheduler queues, block manager counts) from the
-event loop while the engine thread runs; each read is one atomic length or count.
+event loop while the engine thread runs, without a lock: a scrape may see a step half done.
 """
 from __future__ import annotations
 
