@@ -359,7 +359,8 @@ class AsyncLLMEngine:
             stream.resolve(None)
 
     def _fail_all(self, error: BaseException, dead: bool = True) -> None:
-        """Give every request in flight the error, abort them all, and stop taking work."""
+        """Abort every request in flight, give each the error (also if aborting fails), and
+        stop taking work."""
         if dead:
             logger.exception("the engine failed and stops", exc_info=error)
             self._dead = error
@@ -370,12 +371,14 @@ class AsyncLLMEngine:
         with self._lock:
             pending = [item for item in self._inbox if item[0] == "add"]
             self._inbox.clear()
-        for item in pending:
-            item[4].resolve(failure)
-        for stream in self._streams.values():
-            stream.put(failure)
-        self._streams.clear()
-        self.engine.abort_all()
+        try:
+            self.engine.abort_all()  # before the callers hear of it: their blocks are free then
+        finally:
+            for item in pending:
+                item[4].resolve(failure)
+            for stream in self._streams.values():
+                stream.put(failure)
+            self._streams.clear()
 
     async def shutdown(self) -> None:
         """Stop the loop: requests in flight end with EngineDeadError, their blocks freed."""
