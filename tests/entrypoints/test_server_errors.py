@@ -238,6 +238,9 @@ AUDIO_CASES = [  # (files, form fields, status, param)
     # a prompt is plain text: one that spells a special token is refused (openai-whisper)
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"prompt": "Hi <|endoftext|>"}, 400, "prompt"),
     ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"language": ["en", "en"]}, 400, "language"),
+    # the form's other fields: at most 32, of at most 1 MiB each (starlette does not say which)
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {f"x{i}": "1" for i in range(32)}, 400, None),
+    ({"file": ("hello.wav", SAMPLE.read_bytes(), "audio/wav")}, {"prompt": "a" * (1 << 20) + "a"}, 400, None),
 ]
 
 

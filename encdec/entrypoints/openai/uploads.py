@@ -29,6 +29,9 @@ from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 
 MAX_FORM_FIELDS = 32
 FORM_FIELDS_BYTES = 1024 * 1024  # what a form may carry beside its file: framing, text fields (a prompt)
+# starlette's refusals of a form's other fields, which do not name the field (each of them is
+# at most starlette's 1 MiB)
+FIELD_REFUSALS = ("Too many fields", "Part exceeded maximum size")
 # the first bytes of the containers whose header states their length exactly (libsndfile reads it)
 COUNTED_CONTAINERS = (b"RIFF", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff")
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
@@ -93,7 +96,8 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
         await discard_body(request.receive, max_body, err.last)
         raise too_large(max_bytes) from None
     except HTTPException as err:  # starlette's 400 for a malformed form
-        raise bad_request(f"the multipart form cannot be read: {err.detail}", "file") from None
+        param = None if err.detail.startswith(FIELD_REFUSALS) else "file"
+        raise bad_request(f"the multipart form cannot be read: {err.detail}", param) from None
     if not closed:  # the parser drops a last part left open
         await form.close()
         raise bad_request("the multipart form is cut short: it ends before its closing boundary", "file")
