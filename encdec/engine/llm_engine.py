@@ -307,9 +307,17 @@ class LLMEngine:
             self.failures.update(failed)
         scheduled = [g for g in sched.scheduled_seq_groups if g.request_id not in failed]
         outputs = [self.output_processor.make_output(g) for g in scheduled + sched.ignored_seq_groups]
-        for group, out in zip(scheduled, outputs):
+        for i, (group, out) in enumerate(zip(scheduled, outputs)):
             wanted = group.return_cross_kv
-            if out is not None and out.finished and wanted and (wanted is True or wanted(out)):
+            if out is None or not out.finished or not wanted:
+                continue
+            try:
+                wanted = wanted is True or wanted(out)
+            except Exception as err:  # the caller's own callable: its request fails alone
+                self.failures[group.request_id] = err
+                outputs[i] = None
+                continue
+            if wanted:
                 out.cross_kv = self.cache_engine.gather(
                     self.block_manager.get_cross_block_table(group), len(group.encoder_seq))
         for group in self.scheduler.free_finished_seq_groups() + sched.ignored_seq_groups:

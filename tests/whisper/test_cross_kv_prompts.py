@@ -43,6 +43,20 @@ def sot(tiny_en) -> int:
     return tiny_en.llm_engine.model_config.special_tokens.sot
 
 
+def test_a_failing_return_cross_kv_callable_fails_its_request_alone(tiny_en, corpus, sot):
+    engine = tiny_en.llm_engine
+
+    def broken(output):
+        raise ZeroDivisionError("the caller's bug")
+
+    done = run(engine, [("good", audio_prompt(corpus[0], sot), GREEDY, lambda out: True),
+                        ("bad", audio_prompt(corpus[1], sot), GREEDY, broken)])
+    assert set(done) == {"good"} and len(done["good"].cross_kv) == 4
+    failures = engine.take_failures()
+    assert list(failures) == ["bad"] and isinstance(failures["bad"], ZeroDivisionError)
+    assert_all_blocks_free(tiny_en)
+
+
 def test_a_cross_kv_prompt_decodes_as_its_audio_did_without_the_encoder(tiny_en, corpus, sot):
     engine = tiny_en.llm_engine
     first = run(engine, [("first", audio_prompt(corpus[0], sot), GREEDY, True)])["first"]
