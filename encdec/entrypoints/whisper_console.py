@@ -20,7 +20,7 @@ from typing import Callable, ContextManager, Optional
 import torch
 
 from encdec.audio import HOP_LENGTH, SAMPLE_RATE
-from encdec.whisper.languages import language_names
+from encdec.whisper.languages import LANGUAGES
 from encdec.whisper.transcript import Segment
 from encdec.whisper.writers import segment_line
 
@@ -76,7 +76,7 @@ def language_lines(code: str, verbose: bool) -> list[str]:
     """openai-whisper's lines on a detected language: both with verbose, the second without."""
     detecting = ["Detecting language using up to the first 30 seconds. Use `--language` to specify "
                  "the language"] if verbose else []
-    return [*detecting, f"Detected language: {language_names().get(code, code).title()}"]
+    return [*detecting, f"Detected language: {LANGUAGES.get(code, code).title()}"]
 
 
 class Printer:

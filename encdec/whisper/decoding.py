@@ -78,10 +78,6 @@ class DecodingRules:
         self.max_initial = (None if max_initial_timestamp is None
                             else round(max_initial_timestamp / TIME_PRECISION))
 
-    def apply(self, sampled: list[int], logits: torch.Tensor) -> None:
-        """The rules on one row of logits."""
-        apply_rules(logits[None], [0], [sampled], [self])
-
 
 def apply_rules(scores: torch.Tensor, rows: list[int], sampled: list[list[int]],
                 rules: list[DecodingRules]) -> None:

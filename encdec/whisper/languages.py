@@ -38,11 +38,6 @@ _CODES = {**{name: code for code, name in LANGUAGES.items()}, **_OTHER_NAMES,
           **{code: code for code in LANGUAGES}}
 
 
-def language_names() -> dict[str, str]:
-    """Code -> name in lower case ("en" -> "english")."""
-    return LANGUAGES
-
-
 def language_code(language: str, field: str = "language") -> str:
     """The code of `language`; a ValueError naming `field` and the closest languages otherwise."""
     if not isinstance(language, str):

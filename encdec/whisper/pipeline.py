@@ -286,8 +286,9 @@ class TranscriptionJob:
         failed = self._needs_fallback(window.decodes[-1], window.state.no_speech_prob)
         if failed and len(window.decodes) < len(self.options.temperature):
             return [self._request(window)]
-        # all failed: the best of them, with the last temperature (faster-whisper's, which keeps
-        # its text out of the next prompt, as openai-whisper's last decode is kept out)
+        # all failed: the best of them, with the last temperature (faster-whisper's: above
+        # prompt_reset_on_temperature its text stays out of the next prompt, as openai-whisper's
+        # last decode does)
         decode = (dataclasses.replace(self._best_failed(window.decodes), temperature=window.decodes[-1].temperature)
                   if failed else window.decodes[-1])
         follow_up = self._settle(window, decode)
@@ -315,32 +316,39 @@ class TranscriptionJob:
             self.queued[index][0].cross_kv = output.cross_kv
         return self._release(index)
 
-    def align(self, aligner: Callable[[list[list[int]], list[Any]], list[tuple[Any, Any]]]) -> list[WindowRequest]:
-        """Give the windows decoded since the last call their words: `aligner(token ids,
-        cross_kvs)` is the model's teacher-forced alignment pass (`alignment_pass`), one batch.
-        Returns the requests of the seek windows that come next (see `_seek_after_words`)."""
-        if not self.unaligned:
-            return []
+    def alignment_batch(self) -> tuple[list[tuple[Window, Decode]], list[list[int]], list[Any]]:
+        """The windows decoded since the last call, with the token ids and cross keys and values
+        of their alignment pass: the arguments of `aligner(token ids, cross_kvs)`, the model's
+        teacher-forced pass (`alignment_pass`), one batch. Its results go to `align`."""
         batch, self.unaligned = self.unaligned, []
+        sequences = [prefix + ids + [self.tokens.eot] for prefix, ids in map(self._alignment_tokens, batch)]
+        return batch, sequences, [window.cross_kv for window, _ in batch]
+
+    def _alignment_tokens(self, entry: tuple[Window, Decode]) -> tuple[list[int], list[int]]:
+        """A window's alignment prompt and the text tokens it aligns."""
+        window = entry[0]
+        return (self._alignment_prefix(window),
+                [t for seg in window.segments for t in seg.tokens if t < self.tokens.eot])
+
+    def align(self, batch: list[tuple[Window, Decode]], results: list[tuple[Any, Any]]) -> list[WindowRequest]:
+        """Give the windows of an `alignment_batch` their words from the pass's `results`.
+        Returns the requests of the seek windows that come next (see `_seek_after_words`)."""
         requests = []
-        prefixes = [self._alignment_prefix(window) for window, _ in batch]
-        text_ids = [[t for seg in window.segments for t in seg.tokens if t < self.tokens.eot] for window, _ in batch]
-        results = aligner([prefix + ids + [self.tokens.eot] for prefix, ids in zip(prefixes, text_ids)],
-                          [window.cross_kv for window, _ in batch])
-        for (window, decode), prefix, ids, (scores, logits) in zip(batch, prefixes, text_ids, results):
+        tokens = map(self._alignment_tokens, batch)
+        for (window, decode), (prefix, ids), (scores, logits) in zip(batch, tokens, results):
             rows = slice(len(prefix) - 1, len(prefix) + len(ids))  # predicting text, then <|endoftext|>
             first, last = self._frames(window)
             frames = max(1, (last - first) // 2)  # encoder positions of its log-mel frames, as openai-whisper
             weights = scores[:, :, :frames].softmax(dim=-1).numpy()  # every row of the pass, as openai-whisper
             # over the text tokens only, as openai-whisper: not timestamps (likely at a segment's start)
             probs = logits[rows][:-1, :self.tokens.eot].softmax(dim=-1)[range(len(ids)), ids].numpy()
-            words = align_words(self.tokenizer, ids, weights, rows.start, probs, frames,
-                                self.languages[window.input_index])
+            aligned = align_words(self.tokenizer, ids, weights, rows.start, probs, frames,
+                                  self.languages[window.input_index])
             index = window.input_index
             punctuations = (self.options.prepend_punctuations, self.options.append_punctuations)
             if window.resume is None:  # windows decoded at once: the speech before it may be pending
                 last_speech = max(self.last_speech[index], window.offset)
-                self.last_speech[index] = words_into_segments(words, window.segments, self.tokens.eot,
+                self.last_speech[index] = words_into_segments(aligned, window.segments, self.tokens.eot,
                                                               window.offset, last_speech, punctuations)
                 threshold = self.options.hallucination_silence_threshold
                 cut = None if threshold is None else hallucination_index(
@@ -349,7 +357,7 @@ class TranscriptionJob:
                 clear_empty_segments(window.segments)
                 after = None
             else:
-                words_into_segments(words, window.segments, self.tokens.eot, window.offset,
+                words_into_segments(aligned, window.segments, self.tokens.eot, window.offset,
                                     self.last_speech[index], punctuations)
                 after = self._seek_after_words(window, decode)
             window.done = True
@@ -384,7 +392,8 @@ class TranscriptionJob:
             if cut is not None:
                 hallucination = window.segments[cut]
                 resume = self._sample_at(max(offset + 1, hallucination.start))
-                if self.durations[index] - hallucination.end < threshold:
+                # the audio decoded: the speech alone after VAD (faster-whisper's content_duration)
+                if len(self.audios[index]) / SAMPLE_RATE - hallucination.end < threshold:
                     resume = self._clip_end(window)
                 window.segments = window.segments[:cut]
         end = speech_end(window.segments)
@@ -478,10 +487,8 @@ class TranscriptionJob:
         or to the clip's end, with its language; silent ones on the way count as done. None at
         the clip's end."""
         clip_end = self._clip_end(window)
-        previous_text = "".join(s.text for s in window.segments) if start < window.end else ""
         while True:
-            after = Window(window.input_index, start, min(start + N_SAMPLES, clip_end),
-                           WindowState(), previous_text=previous_text)
+            after = Window(window.input_index, start, min(start + N_SAMPLES, clip_end), WindowState())
             first, last = self._frames(after)
             if first >= last:
                 self._progress(after.duration)
@@ -491,7 +498,7 @@ class TranscriptionJob:
                 return after
             after.done = True
             self._progress(after.duration)
-            start, previous_text = after.end, ""
+            start = after.end
 
     def _next(self, window: Window, follow_up: Optional[Window]) -> list[WindowRequest]:
         """The follow-up's request, or when conditioned, the input's next window's."""
@@ -717,8 +724,9 @@ def _tail(ids: list[int], n: int) -> list[int]:
 
 
 def _clips(audio: np.ndarray, clips: list[float]) -> list[tuple[int, int]]:
-    """The sample ranges of the clips `[start, end, start, end, ...]` (seconds) of `audio`."""
-    bounds = [min(len(audio), round(t * SAMPLE_RATE)) for t in clips] or [0]
+    """The sample ranges of the clips `[start, end, start, end, ...]` (seconds) of `audio`, each
+    time on its 10 ms frame (as openai-whisper's seek points)."""
+    bounds = [min(len(audio), round(t * SAMPLE_RATE / HOP_LENGTH) * HOP_LENGTH) for t in clips] or [0]
     if len(bounds) % 2:
         bounds.append(len(audio))
     return [(start, end) for start, end in zip(bounds[::2], bounds[1::2]) if end > start]

@@ -120,7 +120,7 @@ def split_words(tokenizer: Any, tokens: list[int], language: str) -> list[tuple[
     words: list[tuple[str, list[int]]] = []
     for text, ids in pieces:
         starts_word = text.startswith(" ") or text.strip() in string.punctuation
-        if not words or starts_word or not text.strip():
+        if not words or starts_word:
             words.append((text, list(ids)))
         else:
             words[-1] = (words[-1][0] + text, words[-1][1] + ids)
@@ -244,7 +244,7 @@ def is_anomaly(segment: Optional[Segment]) -> bool:
     """A segment whose first (up to 8) words mostly look like a hallucination."""
     if segment is None or not segment.words:
         return False
-    words = [w for w in segment.words if w.word not in string.punctuation][:8]
+    words = [w for w in segment.words if w.word not in PREPEND_PUNCTUATIONS + APPEND_PUNCTUATIONS][:8]
     score = sum(word_anomaly(w) for w in words)
     return score >= 3 or score + 0.01 >= len(words)
 

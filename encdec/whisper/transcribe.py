@@ -21,7 +21,7 @@ import torch
 from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.engine.async_engine import Admission
 from encdec.outputs import RequestOutput
-from encdec.whisper.languages import AUTO, language_code
+from encdec.whisper.languages import AUTO, requested_language
 from encdec.whisper.options import InitialPrompt, TranscribeOptions
 from encdec.whisper.pipeline import TranscriptionJob, prompt_ids
 from encdec.whisper.tokens import WhisperTokens
@@ -160,8 +160,9 @@ def run_job(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = No
             for request_id, error in engine.take_failures().items():
                 pending.pop(request_id, None)
                 raise error
-            if aligner is not None:
-                submit(job.align(aligner))
+            if aligner is not None and job.unaligned:
+                batch, sequences, cross_kvs = job.alignment_batch()
+                submit(job.align(batch, aligner(sequences, cross_kvs)))
     except BaseException:
         for request_id in pending:
             engine.abort_request(request_id)
@@ -200,9 +201,10 @@ async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Ca
                 if on_output is not None:
                     on_output(final)
                 pending |= {asyncio.ensure_future(decode(r)) for r in job.finish(request, final)}
-            if aligner is not None and job.unaligned:
-                following = await loop.run_in_executor(None, job.align, aligner)
-                pending |= {asyncio.ensure_future(decode(r)) for r in following}
+            if aligner is not None and job.unaligned:  # the model's pass off the loop, the rest on it
+                batch, sequences, cross_kvs = job.alignment_batch()
+                results = await loop.run_in_executor(None, aligner, sequences, cross_kvs)
+                pending |= {asyncio.ensure_future(decode(r)) for r in job.align(batch, results)}
     finally:
         for task in pending:
             task.cancel()
@@ -239,7 +241,7 @@ def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) ->
     """Validate language and task; returns the language to force (None = detect)."""
     if task not in TASKS:
         raise ValueError(f"task must be one of {TASKS}, got {task!r}")
-    language = None if language in (None, AUTO) else language_code(language)
+    language = None if language == AUTO else requested_language(language)
     if not tokens.multilingual:
         if language not in (None, "en"):
             raise ValueError(f"this Whisper model is English-only: language must be 'en' or "

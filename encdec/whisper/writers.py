@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, TextIO, Union
 
-from encdec.whisper.languages import language_names
+from encdec.whisper.languages import LANGUAGES
 from encdec.whisper.transcript import Segment, Transcription, Word
 
 FORMATS = ("txt", "srt", "vtt", "tsv", "json", "verbose_json")
@@ -218,7 +218,7 @@ def write_json(result: Transcription, file: TextIO, options: WriterOptions = Wri
 def language_name(result: Transcription, task: str) -> str:
     """OpenAI's language field: the full name in lower case ("english" for a translation)."""
     code = "en" if task == "translate" else result.language or ""
-    return language_names().get(code, code)
+    return LANGUAGES.get(code, code)
 
 
 def verbose_json(result: Transcription, task: str = "transcribe", segments: bool = True,

@@ -23,11 +23,13 @@ def test_async_transcripts_equal_the_offline_ones(tiny_en, corpus, long_clips):
     joined = [(np.concatenate([clip.audio for clip in corpus[:12]]), SAMPLE_RATE)]  # 37 s: two windows or more
     offline_words = tiny_en.transcribe(joined, word_timestamps=True)
     engine = AsyncLLMEngine.from_model("tiny.en", num_gpu_blocks=20 * 110, swap_space=0.05)
+    reported = []  # (thread, segments): the callbacks run on the event loop, also after word alignment
 
     async def main():
         together = await engine.transcribe(inputs)
         one_by_one = await asyncio.gather(*(engine.transcribe([item]) for item in inputs[:4]))
-        words = await engine.transcribe(joined, word_timestamps=True)
+        words = await engine.transcribe(joined, word_timestamps=True, on_segments=lambda i, segments: reported.append(
+            (threading.current_thread(), segments)))
         await engine.shutdown()
         return together, [t for (t,) in one_by_one], words
 
@@ -37,6 +39,8 @@ def test_async_transcripts_equal_the_offline_ones(tiny_en, corpus, long_clips):
     assert [t.text for t in one_by_one] == [t.text for t in offline[:4]]
     assert [[(s.start, s.end, s.words) for s in t.segments] for t in words] == \
         [[(s.start, s.end, s.words) for s in t.segments] for t in offline_words]
+    assert [s for _, segments in reported for s in segments] == words[0].segments
+    assert {thread for thread, _ in reported} == {threading.main_thread()}
     bm = engine.engine.block_manager
     assert bm.get_num_free_gpu_blocks() == bm.num_total_gpu_blocks
 

@@ -14,7 +14,7 @@ from encdec.whisper.control import DETECT, ControlProcessor, WindowState, contro
 from encdec.sampling.logits_processors import apply_logits_processors
 from encdec.sampling.params import SamplingParams
 from encdec.sequence import SequenceData
-from encdec.whisper.decoding import DecodingRules, suppressed_token_ids
+from encdec.whisper.decoding import DecodingRules, apply_rules, suppressed_token_ids
 from encdec.whisper.segments import split_spans, window_segments
 from encdec.whisper.silence import compression_ratio, is_no_speech, is_silent
 from encdec.whisper.tokens import WhisperTokens
@@ -39,7 +39,7 @@ def allowed(rules: DecodingRules, sampled: list[int], logits: torch.Tensor = Non
         logits = torch.zeros(VOCAB)
         logits[:TS] = 10.0
     row = logits.clone()
-    rules.apply(sampled, row)
+    apply_rules(row[None], [0], [sampled], [rules])
     return set(torch.isfinite(row).nonzero().flatten().tolist())
 
 

@@ -164,6 +164,19 @@ def test_words_repeated_at_a_seam_are_dropped():
     assert result.text == "w1 w2 w3 w4 w5 w6"
 
 
+def test_words_repeated_where_a_conditioned_window_seeks_back_are_kept():
+    """openai-whisper's seek loop keeps what the next window decodes: speech said twice stays."""
+    def script(start, duration, temperature):
+        if start == 0.0:  # " w4" left open: the next window starts at 5.0
+            return [ts(0.0), 1, 2, 3, ts(5.0), ts(5.0), 4], -0.2
+        if start == 5.0:
+            return [ts(0.0), 2, 3, 6, ts(4.0), EOT], -0.2
+        return [ts(0.0), 7, ts(duration), EOT], -0.2
+
+    _, result = run(script, temperature=0.0, condition_on_previous_text=True)
+    assert (result.segments[1].start, result.segments[1].end, result.segments[1].text) == (5.0, 9.0, " w2 w3 w6")
+
+
 def test_unsure_decodes_fall_back_to_higher_temperatures_with_seeded_samples():
     def script(start, duration, temperature):
         mean = -2.0 if (start == 0.0 and temperature < 0.4) else -0.2
@@ -514,3 +527,10 @@ def test_clip_timestamps_limit_the_audio_decoded():
     assert [(r[0], r[1]) for r in engine.requests] == [(2.0, 3.0), (40.0, 20.0)]
     (result,) = job.results([None])
     assert [(round(s.start, 2), round(s.end, 2)) for s in result.segments] == [(2.0, 5.0), (40.0, 60.0)]
+    # times between frames start and end on a frame, as openai-whisper's seek points
+    engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
+    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(10.0)],
+                           TranscribeOptions(clip_timestamps="1.237,5.004", condition_on_previous_text=False))
+    engine.run(job)
+    (result,) = job.results([None])
+    assert [(s.start, s.end, s.seek) for s in result.segments] == [(1.24, 5.0, 124)]

@@ -70,9 +70,10 @@ def test_language_tables_equal_openai_whispers():
     """encdec's own tables, against the ones transformers copies from openai-whisper."""
     from transformers.models.whisper.tokenization_whisper import LANGUAGES, TO_LANGUAGE_CODE
 
-    from encdec.whisper.languages import language_code, language_names
+    from encdec.whisper import languages
+    from encdec.whisper.languages import language_code
 
-    assert list(language_names().items()) == list(LANGUAGES.items())
+    assert list(languages.LANGUAGES.items()) == list(LANGUAGES.items())
     for spelling, code in [*TO_LANGUAGE_CODE.items(), *((c, c) for c in LANGUAGES)]:
         assert language_code(spelling.title()) == code
 

@@ -106,3 +106,8 @@ def test_a_hallucination_between_silences_is_found():
     mixed = segment(0.0, 2.0, 0.9, 0.25)
     mixed.words += [Word(" x", 2.0, 2.01, 0.01), Word(" y", 2.01, 2.02, 0.01)]
     assert not is_anomaly(mixed)
+    # words left out are openai-whisper's punctuation (what word timestamps merge), not Python's
+    signs = [Word(" 50", 0.0, 0.5, 0.9), Word("%", 0.5, 0.51, 0.05), Word(";", 0.51, 0.52, 0.05)]
+    assert is_anomaly(Segment(0.0, 0.52, " 50%;", words=signs))
+    quoted = [Word(" w", 0.0, 0.5, 0.9), Word("“", 0.5, 0.51, 0.05), Word("。", 0.51, 0.52, 0.05)]
+    assert not is_anomaly(Segment(0.0, 0.52, " w“。", words=quoted))
