@@ -1,6 +1,6 @@
 """The documents of a JSONL or Parquet input are checked before any work starts: each record needs
 an id of its own and a text; the error names the bad lines (or rows). A document that is not
-UTF-8 is its row's error. No Ray job runs here."""
+UTF-8 is its row's error, and so is an input the engine fails alone. No Ray job runs here."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from encdec.entrypoints.ray.batch import document_rows, not_done, table_documents  # noqa: E402  (imports Ray)
+from encdec.entrypoints.ray.batch import alone_on_failure, document_rows, not_done, table_documents  # noqa: E402
 
 
 def write_jsonl(path, lines):
@@ -34,6 +34,29 @@ def test_a_document_that_is_not_utf8_is_its_rows_error(tmp_path):
     assert document_rows([str(tmp_path / "*.txt")]) == [
         {"id": str(tmp_path / "good.txt"), "text": "Fine.", "error": ""},
         {"id": str(tmp_path / "latin1.txt"), "text": "", "error": "not UTF-8 text"}]
+
+
+def test_a_glob_matches_files_only(tmp_path):
+    (tmp_path / "good.txt").write_text("Fine.")
+    (tmp_path / "notes.txt").mkdir()  # a folder whose name the glob matches
+    assert document_rows([str(tmp_path / "*.txt")]) == [{"id": str(tmp_path / "good.txt"), "text": "Fine.", "error": ""}]
+
+
+def test_an_input_that_fails_alone_gets_its_error_and_the_others_their_results():
+    """An engine's failure of one request (a RuntimeError such as NaN logits, or a refusal)
+    fails that input's row, not its batch."""
+    calls = []
+
+    def run(items):
+        calls.append(list(items))
+        if "bad" in items:
+            raise RuntimeError(f"prompt {items.index('bad')}: the logits hold NaN")
+        return [item.upper() for item in items]
+
+    results = alone_on_failure(run, ["a", "bad", "c"])
+    assert results[0::2] == ["A", "C"] and isinstance(results[1], RuntimeError)
+    assert calls == [["a", "bad", "c"], ["a"], ["bad"], ["c"]]
+    assert alone_on_failure(run, []) == []
 
 
 def test_every_bad_record_is_named_by_its_line(tmp_path):

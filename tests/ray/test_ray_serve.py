@@ -93,12 +93,13 @@ def completions_by_replica(url: str) -> dict[str, float]:
 
 
 def test_metrics_count_every_replicas_requests(served, bart_expected):
-    """Whichever replica answers a scrape, it shows both replicas' series, labelled."""
-    time.sleep(PUBLISH_SECONDS + 1)
+    """Whichever replica answers a scrape, it shows both replicas' series, labelled (another
+    replica's as of the answering one's last publish: two publishes after the requests)."""
+    time.sleep(2 * PUBLISH_SECONDS + 1)
     before = sum(completions_by_replica(served).values())
     for _ in range(6):
         completions(served, bart_expected)
-    time.sleep(PUBLISH_SECONDS + 1)
+    time.sleep(2 * PUBLISH_SECONDS + 1)
     for _ in range(4):  # several scrapes: both replicas answer some
         counts = completions_by_replica(served)
         assert set(counts) == set(replica_ids()) and sum(counts.values()) == before + 6, counts

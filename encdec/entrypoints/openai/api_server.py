@@ -164,9 +164,11 @@ class ListenError(Exception):
 
 
 def configure_logging(level: str) -> None:
-    """The servers' log lines: time, level, logger, message, at `--log-level`."""
+    """The servers' log lines: time, level, logger, message, at `--log-level` (encdec's also in
+    a process whose logging was set up before, as a Ray Serve replica's)."""
     logging.basicConfig(level=getattr(logging, level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("encdec").setLevel(getattr(logging, level.upper()))
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

@@ -20,7 +20,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import ray
@@ -37,14 +37,14 @@ NOT_UTF8 = "not UTF-8 text"  # the error of a document that cannot be read as te
 
 
 def expand_inputs(inputs: Sequence[str], suffixes: Sequence[str]) -> list[str]:
-    """Files as given, the files with `suffixes` inside folders, and glob matches; sorted within
+    """Files as given, the files with `suffixes` inside folders, and the files a glob matches; sorted within
     each folder or glob, duplicates dropped. A name that matches nothing is a ValueError."""
     found: list[str] = []
     for name in inputs:
         if os.path.isdir(name):
             matches = sorted(str(p) for p in Path(name).iterdir() if p.suffix.lower() in suffixes)
         elif glob.has_magic(name):
-            matches = sorted(glob.glob(name))
+            matches = sorted(match for match in glob.glob(name) if os.path.isfile(match))
         elif os.path.exists(name):
             matches = [name]
         else:
@@ -87,6 +87,8 @@ def text_file_row(path: str) -> dict[str, str]:
         return {"id": path, "text": Path(path).read_text(encoding="utf-8"), "error": ""}
     except UnicodeDecodeError:
         return {"id": path, "text": "", "error": NOT_UTF8}
+    except OSError as err:
+        return {"id": path, "text": "", "error": err.strerror or str(err)}
 
 
 def rows_dataset(rows: list[dict[str, Any]]) -> ray.data.Dataset:
@@ -189,8 +191,14 @@ class Transcriber(_Worker):
                 loaded[i] = (load_audio(str(path), allow_empty=True), SAMPLE_RATE)
             except (ValueError, OSError) as err:
                 errors[i] = str(err)
-        transcribed = self.llm.transcribe(list(loaded.values()), **self.options) if loaded else []
-        results = dict(zip(loaded, transcribed))
+        transcribed = alone_on_failure(lambda audios: self.llm.transcribe(audios, **self.options),
+                                       list(loaded.values()))
+        results = {}
+        for i, result in zip(loaded, transcribed):
+            if isinstance(result, Exception):
+                errors[i] = str(result)
+            else:
+                results[i] = result
         text, language, duration, segments = [], [], [], []
         for i in range(len(errors)):
             result = results.get(i)
@@ -226,7 +234,8 @@ class Summarizer(_Worker):
                 errors[i] = str(err)
         summaries = {}
         start = engine.model_config.decoder_start_token_id
-        for i, summary in zip(articles, self.summarize([article.prompt(start) for article in articles.values()])):
+        summarized = alone_on_failure(self.summaries, [article.prompt(start) for article in articles.values()])
+        for i, summary in zip(articles, summarized):
             if isinstance(summary, str):
                 summaries[i] = summary
             else:
@@ -237,19 +246,23 @@ class Summarizer(_Worker):
             input_tokens=[len(a.token_ids) if a else None for a in done],
             truncated_tokens=[a.truncated_tokens if a else None for a in done], error=errors))
 
-    def summarize(self, prompts: list[dict]) -> list[Union[str, Exception]]:
-        """Each prompt's summary, decoded together; if the engine refuses one (a ValueError, such
-        as a text whose KV cache can never fit), each alone, so that only those it refuses get
-        their error (the engine's own, without "prompt 0: ")."""
-        if not prompts:
-            return []
-        try:
-            outputs = self.llm.generate(prompts, self.params, use_tqdm=False)
-        except ValueError as err:
-            if len(prompts) == 1:
-                return [err.__cause__ or err]
-            return [summary for prompt in prompts for summary in self.summarize([prompt])]
-        return [out.outputs[0].text.strip() for out in outputs]
+    def summaries(self, prompts: list[dict]) -> list[str]:
+        return [out.outputs[0].text.strip() for out in self.llm.generate(prompts, self.params, use_tqdm=False)]
+
+
+def alone_on_failure(run: Callable[[list], list], items: list) -> list[Any]:
+    """`run(items)`, the items decoded together; if that raises a ValueError or RuntimeError
+    (the engine refused one request, such as a text whose KV cache can never fit, or one failed),
+    `run` on each item alone, so that only the items that fail alone get their error in place
+    of a result (the engine's own, without "prompt 0: ")."""
+    if not items:
+        return []
+    try:
+        return run(items)
+    except (ValueError, RuntimeError) as err:
+        if len(items) == 1:
+            return [err.__cause__ or err]
+        return [result for item in items for result in alone_on_failure(run, [item])]
 
 
 @dataclasses.dataclass

@@ -20,7 +20,7 @@ from encdec.entrypoints.ray.cluster import RayNotStarted, root_cause, start_ray,
 
 RESULTS = "results.jsonl"
 ACTOR_ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache_space",
-                  "swap_space")  # the options that go to each actor's LLM
+                        "swap_space")  # the options that go to each actor's LLM
 BATCH_EPILOG = """\
 Each input comes out once in OUTPUT/results.jsonl with its id (the path, or the JSONL/Parquet
 id), the result (a summary's input_tokens and truncated_tokens too), "error" (null unless it

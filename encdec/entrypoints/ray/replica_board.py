@@ -3,10 +3,11 @@ the graceful shutdown.
 
 Serve's proxy sends a scrape to one replica, whose own registry knows only its own requests.
 So each replica sends its metric families and its count of requests in flight to one named
-actor, the ReplicaBoard (started by the driver), every PUBLISH_SECONDS, and answers a scrape
-with its own families, fresh, and the latest of every other replica. A replica not heard from
-for STALE_SECONDS (stopped or dead) drops out, as the series of a Prometheus target that went
-away do. Counters stay monotonic per replica; `sum by (...)` in PromQL gives the server's totals.
+actor, the ReplicaBoard (started by the driver), every PUBLISH_SECONDS, gets back every other
+replica's latest, and answers a scrape with its own families, fresh, and those (a scrape never
+waits on the board); a board that does not answer is asked again at the next publish. A
+replica not heard from for STALE_SECONDS (stopped or dead) drops out, as the series of a
+Prometheus target that went away do. Counters stay monotonic per replica; `sum by (...)` in PromQL gives the server's totals.
 
 On SIGTERM the driver marks the board draining; each replica learns it from its next publish
 and answers new requests with 503 (as `encdec serve` without Ray does), and the driver waits
@@ -15,6 +16,7 @@ app, whose proxy would answer 404 from then on.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Iterator, NamedTuple
@@ -30,7 +32,8 @@ from encdec.entrypoints.openai.serving_models import ServedModels
 BOARD_NAME, BOARD_NAMESPACE = "encdec-replicas", "encdec"
 PUBLISH_SECONDS, STALE_SECONDS = 2.0, 10.0
 DRAINING_PUBLISH_SECONDS = 0.2  # while draining, so that the driver sees the last request end soon
-BOARD_TIMEOUT_SECONDS = 5.0  # the driver's wait for an answer from the board
+BOARD_TIMEOUT_SECONDS = 5.0  # the driver's and the replicas' wait for an answer from the board
+logger = logging.getLogger("encdec.server")
 
 
 class Report(NamedTuple):
@@ -49,18 +52,17 @@ class ReplicaBoard:
         self.latest: dict[str, Report] = {}
         self.draining = False
 
-    def put(self, replica: str, families: list[Metric], inflight: int, draining: bool) -> bool:
-        """Record a replica's report; returns whether the server is draining."""
+    def put(self, replica: str, families: list[Metric], inflight: int,
+            draining: bool) -> tuple[bool, dict[str, list[Metric]]]:
+        """Record a replica's report; returns whether the server is draining, and the metric
+        families of every live replica."""
         self.latest[replica] = Report(time.monotonic(), families, inflight, draining)
-        return self.draining
+        return self.draining, {r: report.families for r, report in self.live().items()}
 
     def live(self) -> dict[str, Report]:
         now = time.monotonic()
         self.latest = {r: report for r, report in self.latest.items() if now - report.at < STALE_SECONDS}
         return self.latest
-
-    def get(self) -> dict[str, list[Metric]]:
-        return {replica: report.families for replica, report in self.live().items()}
 
     def drain(self) -> None:
         self.draining = True
@@ -97,6 +99,7 @@ class ReplicaMetrics(ServerMetrics):
         super().__init__(models, state)
         self.replica, self.state = replica, state
         self.board = ray.get_actor(BOARD_NAME, namespace=BOARD_NAMESPACE)
+        self.replicas: dict[str, list[Metric]] = {}  # every live replica's families, as of the last publish
         threading.Thread(target=self._publish, name="encdec-replica-board", daemon=True).start()
 
     def families(self) -> list[Metric]:
@@ -105,14 +108,16 @@ class ReplicaMetrics(ServerMetrics):
     def _publish(self) -> None:
         while True:
             report = self.board.put.remote(self.replica, self.families(), self.state.inflight, self.state.draining)
-            if ray.get(report):
-                self.state.draining = True
+            try:
+                draining, self.replicas = ray.get(report, timeout=BOARD_TIMEOUT_SECONDS)
+            except ray.exceptions.RayError as err:  # GetTimeoutError included: asked again next time
+                logger.warning("replica %s: the replica board did not answer: %s", self.replica, err)
+            else:
+                self.state.draining = self.state.draining or draining
             time.sleep(DRAINING_PUBLISH_SECONDS if self.state.draining else PUBLISH_SECONDS)
 
     def render(self) -> bytes:
-        replicas = ray.get(self.board.get.remote(), timeout=10)
-        replicas[self.replica] = self.families()
-        return generate_latest(ByReplica(replicas))
+        return generate_latest(ByReplica({**self.replicas, self.replica: self.families()}))
 
 
 class ByReplica:

@@ -28,15 +28,16 @@ class EncdecReplica:
     """One replica: the served models and the app over them (bound at replica start)."""
 
     def __init__(self, models: Sequence[str], names: Sequence[str], max_waiting_requests: Any,
-                 engine_options: dict[str, Any], app_options: dict[str, Any], threads: int):
+                 engine_options: dict[str, Any], app_options: dict[str, Any], threads: int, log_level: str):
         from ray import serve
 
-        from encdec.entrypoints.openai.api_server import build_app
+        from encdec.entrypoints.openai.api_server import build_app, configure_logging
         from encdec.entrypoints.openai.middleware import ServerState
         from encdec.entrypoints.openai.serving_models import ServedModels, load_models
         from encdec.entrypoints.ray.replica_board import ReplicaMetrics
         from encdec.worker.cpu_memory import use_one_arena
 
+        configure_logging(log_level)  # where the requests' and the engines' log lines are written
         torch.set_num_threads(threads)
         use_one_arena()  # as `encdec serve` does
         served = ServedModels(load_models(models, names, max_waiting_requests, engine_options))
@@ -120,7 +121,7 @@ def application(args: argparse.Namespace):
                        request_body_timeout=args.request_body_timeout)
     return deployment.bind(args.models, args.served_model_names, args.max_waiting_requests,
                            engine_options(args), app_options,
-                           max(1, math.floor(args.cpus_per_replica)))
+                           max(1, math.floor(args.cpus_per_replica)), args.log_level)
 
 
 def deploy(args: argparse.Namespace):
