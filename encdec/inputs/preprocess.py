@@ -10,6 +10,9 @@ SentencePiece model) without special tokens; any token list not starting with <D
 `extra_decoder_start_token_ids` (Whisper's <|startofprev|>, which opens a text prompt before
 <|startoftranscript|>). The model family supplies the default prompt, the
 special tokens and the audio processor (`encdec.models.registry`).
+A singleton prompt with audio and text (or token ids), vLLM's Whisper prompt
+`{"prompt": "<|startoftranscript|>...", "multi_modal_data": {"audio": ...}}`, has the audio go to
+the encoder and the text start the decoder; an explicit `encoder_prompt` with audio takes no text.
 """
 from __future__ import annotations
 
@@ -46,6 +49,10 @@ class InputPreprocessor:
             if unknown:
                 raise ValueError(f"unknown keys {sorted(unknown)} in an encoder/decoder prompt")
             encoder_prompt, decoder_prompt = prompt["encoder_prompt"], prompt.get("decoder_prompt")
+        elif isinstance(prompt, dict) and prompt.get("multi_modal_data") and (
+                prompt.get("prompt") or prompt.get("prompt_token_ids") is not None):
+            decoder_prompt = {key: value for key, value in prompt.items() if key != "multi_modal_data"}
+            encoder_prompt = {"prompt": "", "multi_modal_data": prompt["multi_modal_data"]}
         else:
             encoder_prompt, decoder_prompt = prompt, None
         cross_kv = None
@@ -90,6 +97,9 @@ class InputPreprocessor:
         text, ids, mm_data = _parse_singleton(prompt, "encoder_prompt")
         limit = self.model_config.max_encoder_len
         if mm_data:
+            if text or ids is not None:
+                raise ValueError("encoder_prompt with multi_modal_data takes no text or token ids (the "
+                                 "audio is what the encoder reads): give them as decoder_prompt")
             if set(mm_data) not in ({"audio"}, {"audio_features"}):
                 raise ValueError(f"multi_modal_data takes one of 'audio' (a waveform or file) and "
                                  f"'audio_features' (log-mel frames), got {sorted(mm_data)}")
@@ -167,6 +177,9 @@ def _parse_singleton(prompt: Any, field: str) -> tuple[Optional[str], Optional[l
         return None, _as_ids(prompt, field), None
     if isinstance(prompt, dict):
         mm_data = prompt.get("multi_modal_data")
+        if mm_data is not None and not isinstance(mm_data, dict):
+            raise ValueError(f"{field}['multi_modal_data'] must be a dict such as {{'audio': (waveform, "
+                             f"sample_rate)}}, got {type(mm_data).__name__}")
         if "prompt_token_ids" in prompt and set(prompt) <= {"prompt_token_ids", "multi_modal_data"}:
             return None, _as_ids(prompt["prompt_token_ids"], field), mm_data
         if "prompt" in prompt and set(prompt) <= {"prompt", "multi_modal_data"}:

@@ -112,8 +112,7 @@ class EncoderDecoderModelRunner:
             num_encoded_tokens = int(encoder_lens[:len(encoded)].sum())
             encoder_positions = self._to_device(
                 self._encoder_positions.put(enc_layout.positions[:num_encoded_tokens]))
-        cross_kv = [tuple(self._to_device(side) for side in layer) for layer in _joined_cross_kv(given)] \
-            if given else None
+        cross_kv = _joined_cross_kv(given, self.device) if given else None
 
         seq_lens = layout.seq_lens.tolist()
         query_lens = (num_tokens - num_computed)
@@ -201,11 +200,12 @@ def _prompt_rows(prefills: list[tuple[SequenceGroupMetadata, int, SequenceData]]
             if g.sampling_params.prompt_logprobs is not None and not data.output_token_ids]
 
 
-def _joined_cross_kv(groups: list[SequenceGroupMetadata]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer, the groups' given (keys, values) one after another, as the cross projections
-    lay them out: [tokens, num_heads * head_size] each."""
+def _joined_cross_kv(groups: list[SequenceGroupMetadata],
+                     device: torch.device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the groups' given (keys, values) one after another on `device` (wherever each
+    was given), as the cross projections lay them out: [tokens, num_heads * head_size] each."""
     def rows(heads: torch.Tensor) -> torch.Tensor:  # [num_heads, tokens, head_size]
-        return heads.transpose(0, 1).reshape(heads.shape[1], -1)
+        return heads.to(device).transpose(0, 1).reshape(heads.shape[1], -1)
 
     return [(torch.cat([rows(g.prompt_cross_kv[layer][0]) for g in groups]),
              torch.cat([rows(g.prompt_cross_kv[layer][1]) for g in groups]))

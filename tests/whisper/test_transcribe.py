@@ -128,6 +128,28 @@ def test_startofprev_prompt_is_not_given_a_leading_sot(tiny_en, corpus):
     assert out.prompt_token_ids == ids and ids[0] == tokenizer.convert_tokens_to_ids("<|startofprev|>")
 
 
+def test_vllms_whisper_prompt_starts_the_decoder_with_its_text(tiny_en, corpus):
+    """`{"prompt": text, "multi_modal_data": audio}`: the audio to the encoder, the text (or token
+    ids) to the decoder, as vLLM reads it; an explicit encoder prompt with audio takes no text."""
+    audio, start = {"audio": corpus[0].pair}, "<|startoftranscript|><|notimestamps|>"
+    ids = tiny_en.get_tokenizer()(start, add_special_tokens=False)["input_ids"]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+    explicit, by_text, by_ids = tiny_en.generate(
+        [{"encoder_prompt": {"prompt": "", "multi_modal_data": audio}, "decoder_prompt": start},
+         {"prompt": start, "multi_modal_data": audio}, {"prompt_token_ids": ids, "multi_modal_data": audio}],
+        greedy, use_tqdm=False)
+    assert explicit.prompt_token_ids == by_text.prompt_token_ids == by_ids.prompt_token_ids == ids
+    assert explicit.outputs[0].token_ids == by_text.outputs[0].token_ids == by_ids.outputs[0].token_ids
+    for prompt, message in (({"encoder_prompt": {"prompt": start, "multi_modal_data": audio}},
+                             "encoder_prompt with multi_modal_data takes no text or token ids"),
+                            ({"prompt": start, "multi_modal_data": 5},
+                             r"encoder_prompt\['multi_modal_data'\] must be a dict"),
+                            ({"prompt": "", "multi_modal_data": [[1]]}, r"must be a dict such as")):
+        with pytest.raises(ValueError, match=message):
+            tiny_en.generate(prompt, greedy, use_tqdm=False)
+    assert_all_blocks_free(tiny_en)
+
+
 def test_option_errors(tiny_en, corpus):
     clip = corpus[0].pair
     with pytest.raises(ValueError, match="English-only.*language"):
