@@ -34,7 +34,6 @@ from encdec.whisper.tokens import is_multilingual
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass
 class LoadedModel:
     model: torch.nn.Module
