@@ -52,7 +52,12 @@ class Scheduler:
 
     # -- queue management ---------------------------------------------------------------
     def add_seq_group(self, seq_group: SequenceGroup) -> None:
-        self.waiting.append(seq_group)
+        """Queue a request in arrival order: one that carries an earlier arrival (a Whisper
+        window's fallback or next window carries its upload's) goes ahead of later ones."""
+        at = len(self.waiting)
+        while at and self.waiting[at - 1].arrival_time > seq_group.arrival_time:
+            at -= 1
+        self.waiting.insert(at, seq_group)
 
     def has_unfinished_seqs(self) -> bool:
         return bool(self.waiting or self.running or self.swapped)

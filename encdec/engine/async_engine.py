@@ -135,7 +135,7 @@ class AsyncLLMEngine:
             raise ValueError(f"max_waiting_requests must be >= 1, got {max_waiting_requests}")
         self.engine = engine
         self.max_waiting_requests = max_waiting_requests
-        # ("add", id, prompt, params, stream, cross_kv) | ("abort", id, the stream it is for or None)
+        # ("add", id, prompt, params, stream, cross_kv, arrival_time) | ("abort", id, the stream it is for or None)
         self._inbox: deque = deque()
         self._streams: dict[str, RequestStream] = {}  # owned by the engine thread
         self._wakeup = threading.Event()
@@ -221,9 +221,11 @@ class AsyncLLMEngine:
     async def generate(self, prompt: Any, sampling_params: SamplingParams,
                        request_id: Optional[str] = None,
                        return_cross_kv: Union[bool, Callable[[RequestOutput], bool]] = False,
-                       admission: Optional["Admission"] = None) -> AsyncIterator[RequestOutput]:
+                       admission: Optional["Admission"] = None,
+                       arrival_time: Optional[float] = None) -> AsyncIterator[RequestOutput]:
         """Add a request and yield its outputs until the last one (`finished` set);
-        `return_cross_kv` as for `LLMEngine.add_request`; `admission`: the job it is part of."""
+        `return_cross_kv` and `arrival_time` as for `LLMEngine.add_request`; `admission`: the
+        job it is part of."""
         request_id = request_id if request_id is not None else f"async-{next(self._ids)}"
         if isinstance(sampling_params, SamplingParams):  # never to run: refused, not queued (429)
             self.engine.check_num_seqs(sampling_params)
@@ -235,7 +237,7 @@ class AsyncLLMEngine:
                                   places=_places(sampling_params))
             if admission is not None:
                 admission.admitted = True
-            self._inbox.append(("add", request_id, prompt, sampling_params, stream, return_cross_kv))
+            self._inbox.append(("add", request_id, prompt, sampling_params, stream, return_cross_kv, arrival_time))
         self._ensure_running()
         finished = refused = False
         try:
@@ -349,9 +351,9 @@ class AsyncLLMEngine:
                 if last is not None:
                     stream.put(last)
                 continue
-            _, request_id, prompt, params, stream, return_cross_kv = item
+            _, request_id, prompt, params, stream, return_cross_kv, arrival_time = item
             try:
-                self.engine.add_request(request_id, prompt, params, return_cross_kv=return_cross_kv)
+                self.engine.add_request(request_id, prompt, params, arrival_time, return_cross_kv)
             except Exception as err:  # the caller's request is bad: refuse it alone
                 stream.resolve(err)
                 continue

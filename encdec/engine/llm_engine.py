@@ -139,6 +139,7 @@ class LLMEngine:
                     arrival_time: Optional[float] = None,
                     return_cross_kv: Union[bool, Callable[[RequestOutput], bool]] = False) -> None:
         """Validate and queue one request; raises ValueError and leaves nothing behind.
+        `arrival_time` (time.monotonic(); default: now) places it among the waiting requests.
         `return_cross_kv`: its final output carries the cross-attention keys and values
         (`RequestOutput.cross_kv`), read from the cache before its blocks are freed; a callable
         decides on the final output (called in the engine's thread)."""

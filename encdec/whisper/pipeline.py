@@ -65,6 +65,7 @@ import dataclasses
 import functools
 import itertools
 import re
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
@@ -217,6 +218,9 @@ class TranscriptionJob:
         self.seconds_done = 0.0
         self.requests_made: list[WindowRequest] = []
         self._ids = (f"whisper-{uuid.uuid4().hex[:8]}-{i}" for i in itertools.count())
+        # every request's arrival for the engine: a window's fallback or next window waits behind
+        # the jobs that came before this one, not behind every window queued meanwhile
+        self.arrival_time = time.monotonic()
 
     def start(self) -> list[WindowRequest]:
         """A request for every window with sound (conditioned on previous text: for the first

@@ -147,7 +147,7 @@ def run_job(engine: Any, job: TranscriptionJob, aligner: Optional[Callable] = No
 
     def submit(requests) -> None:
         for request in requests:
-            engine.add_request(request.request_id, request.prompt, request.params,
+            engine.add_request(request.request_id, request.prompt, request.params, arrival_time=job.arrival_time,
                                return_cross_kv=job.return_cross_kv(request))
             pending[request.request_id] = request
 
@@ -181,7 +181,8 @@ async def run_job_async(engine: Any, job: TranscriptionJob, aligner: Optional[Ca
     async def decode(request):
         final = None
         async for out in engine.generate(request.prompt, request.params, request.request_id,
-                                         return_cross_kv=job.return_cross_kv(request), admission=admission):
+                                         return_cross_kv=job.return_cross_kv(request), admission=admission,
+                                         arrival_time=job.arrival_time):
             final = out
         return request, final
 

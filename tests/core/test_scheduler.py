@@ -11,11 +11,11 @@ _ids = itertools.count()
 
 
 def make_group(request_id: str, encoder_len: int = 4, decoder_len: int = 4,
-               n: int = 1) -> SequenceGroup:
+               n: int = 1, arrival_time: float = 0.0) -> SequenceGroup:
     seq = Sequence(next(_ids), [2] * decoder_len, BLOCK_SIZE)
     encoder_seq = Sequence(next(_ids), list(range(encoder_len)), BLOCK_SIZE)
     return SequenceGroup(request_id, [seq], SamplingParams(n=n, temperature=1.0),
-                         arrival_time=0.0, encoder_seq=encoder_seq)
+                         arrival_time=arrival_time, encoder_seq=encoder_seq)
 
 
 def make_scheduler(num_gpu_blocks: int, num_cpu_blocks: int = 0, max_num_seqs: int = 256,
@@ -81,6 +81,16 @@ def test_admission_under_the_sequence_budget_in_fcfs_order():
     finish(s, a)
     out = step(s)
     assert ids(out.scheduled_seq_groups) == ["b"] and ids(s.waiting) == ["c"]
+
+
+def test_a_request_that_arrived_earlier_waits_ahead_of_later_ones():
+    """A Whisper window's fallback carries its upload's arrival: it waits ahead of the windows
+    of uploads that came after, not behind everything queued meanwhile (equal times: in order)."""
+    s = make_scheduler(num_gpu_blocks=64, max_num_seqs=1)
+    a, b, c = (make_group(name, arrival_time=t) for name, t in (("a", 1.0), ("b", 2.0), ("c", 3.0)))
+    add(s, a, b, c, make_group("b-fallback", arrival_time=2.0), make_group("a-next", arrival_time=1.0))
+    assert ids(s.waiting) == ["a", "a-next", "b", "b-fallback", "c"]
+    assert ids(step(s).scheduled_seq_groups) == ["a"]
 
 
 def test_admission_stops_while_max_running_requests_run():

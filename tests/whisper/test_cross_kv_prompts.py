@@ -128,7 +128,7 @@ class WithoutCrossKV:
     def __init__(self, engine):
         self.engine = engine
 
-    def add_request(self, request_id, prompt, params, return_cross_kv=False):
+    def add_request(self, request_id, prompt, params, arrival_time=None, return_cross_kv=False):
         self.engine.add_request(request_id, prompt, params)
 
     def __getattr__(self, name):

@@ -50,7 +50,7 @@ class ScriptedEngine:
         self.prompts: list[list[int]] = []  # decoder prompts, in the order decoded
         self.params: list = []  # sampling parameters, in the order decoded
 
-    def add_request(self, request_id, prompt, params, return_cross_kv=False):
+    def add_request(self, request_id, prompt, params, arrival_time=None, return_cross_kv=False):
         self.queue.append((request_id, prompt, params))
 
     def abort_request(self, request_id):
