@@ -26,7 +26,8 @@ from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.config import resolve_dtype
 from encdec.entrypoints.ray.batch_cli import add_batch
 from encdec.entrypoints.ray.serve import add_ray_options, ray_options_without_ray
-from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error, option_wording, warn
+from encdec.entrypoints.cli_messages import (PROG, UsageError, error, file_error, input_error, option_wording,
+                                             warn)
 from encdec.entrypoints.summarize_cli import add_summarize
 from encdec.entrypoints.translate_cli import add_translate
 from encdec.entrypoints.whisper_console import language_lines
@@ -135,8 +136,9 @@ def report(result: Transcription, args: argparse.Namespace, with_header: bool) -
         return True
     try:
         write_result(result, args.output_dir, args.output_format, options=args.writer_options)
-    except OSError as err:
-        file_error(result.source, err)
+    except OSError as err:  # an output file: named, as the input was read
+        reason = err.strerror.lower() if err.strerror else str(err)
+        input_error(result.source, f"cannot write {err.filename}: {reason}" if err.filename else reason)
         return False
     return True
 

@@ -185,6 +185,13 @@ def test_unwritable_output_dir_is_found_before_transcribing(tmp_path, monkeypatc
     assert usage_error(capsys.readouterr().err, "transcribe") == f"--output_dir {tmp_path}: permission denied"
 
 
+def test_an_output_that_cannot_be_written_is_named(tmp_path, capsys):
+    (tmp_path / "hello.txt").mkdir()  # where the transcript would go
+    assert cli.main(["transcribe", str(SAMPLE), "-f", "txt", "-o", str(tmp_path)]) == 1
+    assert error_lines(capsys.readouterr().err) == [
+        f"encdec: error: {SAMPLE}: cannot write {tmp_path / 'hello.txt'}: is a directory"]
+
+
 def test_read_errors_say_what_went_wrong_once(monkeypatch, capsys):
     def unreadable(name, **options):  # as encdec.audio words what the decoders raise
         cause = PermissionError(errno.EACCES, "Permission denied", f"/tmp/folder/{name}")
