@@ -320,26 +320,24 @@ class TranscriptionJob:
             self.queued[index][0].cross_kv = output.cross_kv
         return self._release(index)
 
-    def alignment_batch(self) -> tuple[list[tuple[Window, Decode]], list[list[int]], list[Any]]:
-        """The windows decoded since the last call, with the token ids and cross keys and values
-        of their alignment pass: the arguments of `aligner(token ids, cross_kvs)`, the model's
-        teacher-forced pass (`alignment_pass`), one batch. Its results go to `align`."""
-        batch, self.unaligned = self.unaligned, []
-        sequences = [prefix + ids + [self.tokens.eot] for prefix, ids in map(self._alignment_tokens, batch)]
-        return batch, sequences, [window.cross_kv for window, _ in batch]
+    def alignment_batch(self) -> tuple[list[tuple[Window, Decode, list[int], list[int]]], list[list[int]], list[Any]]:
+        """The windows decoded since the last call, each with its alignment prompt and the text
+        tokens it aligns, and the token ids and cross keys and values of their alignment pass:
+        the arguments of `aligner(token ids, cross_kvs)`, the model's teacher-forced pass
+        (`alignment_pass`), one batch. Its results go to `align`."""
+        batch = [(window, decode, self._alignment_prefix(window),
+                  [t for seg in window.segments for t in seg.tokens if t < self.tokens.eot])
+                 for window, decode in self.unaligned]
+        self.unaligned = []
+        return (batch, [prefix + ids + [self.tokens.eot] for _, _, prefix, ids in batch],
+                [window.cross_kv for window, *_ in batch])
 
-    def _alignment_tokens(self, entry: tuple[Window, Decode]) -> tuple[list[int], list[int]]:
-        """A window's alignment prompt and the text tokens it aligns."""
-        window = entry[0]
-        return (self._alignment_prefix(window),
-                [t for seg in window.segments for t in seg.tokens if t < self.tokens.eot])
-
-    def align(self, batch: list[tuple[Window, Decode]], results: list[tuple[Any, Any]]) -> list[WindowRequest]:
+    def align(self, batch: list[tuple[Window, Decode, list[int], list[int]]],
+              results: list[tuple[Any, Any]]) -> list[WindowRequest]:
         """Give the windows of an `alignment_batch` their words from the pass's `results`.
         Returns the requests of the seek windows that come next (see `_seek_after_words`)."""
         requests = []
-        tokens = map(self._alignment_tokens, batch)
-        for (window, decode), (prefix, ids), (scores, logits) in zip(batch, tokens, results):
+        for (window, decode, prefix, ids), (scores, logits) in zip(batch, results):
             rows = slice(len(prefix) - 1, len(prefix) + len(ids))  # predicting text, then <|endoftext|>
             first, last = self._frames(window)
             frames = max(1, (last - first) // 2)  # encoder positions of its log-mel frames, as openai-whisper
