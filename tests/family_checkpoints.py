@@ -32,6 +32,8 @@ T5_SMALL = dict(
 )
 FLAN_T5_SMALL = dict(T5_SMALL, d_ff=1024, num_layers=8, num_decoder_layers=8, num_heads=6,
                      feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+# google/mt5-small: Flan-T5's layers (T5 v1.1), no task prefixes
+MT5_SMALL = {key: value for key, value in FLAN_T5_SMALL.items() if key != "task_specific_params"}
 # facebook/mbart-large-50-many-to-many-mmt
 MBART_LARGE_50 = dict(
     d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
@@ -62,6 +64,7 @@ INIT_STDS = {"relative_attention_bias": 1.0, "decoder_self_attention": 0.4,
              "feed_forward": 0.02}
 FAMILY_INIT_STDS = {"pegasus": dict(INIT_STDS, embeddings=0.02),
                     "flan-t5": dict(INIT_STDS, feed_forward=0.1, cross_attention=0.3)}
+FAMILY_INIT_STDS["mt5"] = FAMILY_INIT_STDS["flan-t5"]
 # T5 v1.0 at full depth (6 + 6 layers): with INIT_STDS, float32 rounding alone moves its
 # log-probabilities by 0.1 (Hugging Face's float32 against its float64), so greedy paths part
 # anywhere. A quieter decoder self-attention, T5's own embedding std (its tied head is rescaled
@@ -187,11 +190,12 @@ def init_std(name: str, stds: dict = INIT_STDS) -> float:
 
 def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0, full: bool = False,
                            tokenizer=None, **overrides) -> Path:
-    """Save a seeded random checkpoint of `family` ("t5", "flan-t5", "mbart-50", "marian",
+    """Save a seeded random checkpoint of `family` ("t5", "flan-t5", "mt5", "mbart-50", "marian",
     "marian-separate", "pegasus") and its tokenizer to `out_dir`: two layers per side unless
     `full`; `overrides` change the config."""
     from transformers import (MarianConfig, MarianMTModel, MBartConfig,
-                              MBartForConditionalGeneration, PegasusConfig,
+                              MBartForConditionalGeneration, MT5Config,
+                              MT5ForConditionalGeneration, PegasusConfig,
                               PegasusForConditionalGeneration, T5Config,
                               T5ForConditionalGeneration)
 
@@ -199,6 +203,7 @@ def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0, full: bool
     build = {
         "t5": (T5_SMALL, T5Config, T5ForConditionalGeneration, t5_tokenizer),
         "flan-t5": (FLAN_T5_SMALL, T5Config, T5ForConditionalGeneration, t5_tokenizer),
+        "mt5": (MT5_SMALL, MT5Config, MT5ForConditionalGeneration, t5_tokenizer),
         "mbart-50": (MBART_LARGE_50, MBartConfig, MBartForConditionalGeneration, mbart50_tokenizer),
         "marian": (OPUS_MT, MarianConfig, MarianMTModel,
                    lambda folder: marian_tokenizer(folder, separate_vocabs=False)),
@@ -230,14 +235,14 @@ def make_family_checkpoint(family: str, out_dir: Path, seed: int = 0, full: bool
         if hasattr(model, "final_logits_bias"):  # non-zero: checks that it is loaded and applied
             model.final_logits_bias.normal_(0.0, 0.05)
     model.save_pretrained(str(out_dir))
-    if family == "flan-t5":
+    if family in ("flan-t5", "mt5"):
         untie_t5_head(out_dir)
     tokenizer.save_pretrained(str(out_dir))
     return out_dir
 
 
 def untie_t5_head(model_dir: Path) -> None:
-    """Give a saved T5 its own LM head, as Flan-T5 ships (transformers 5 builds T5 tied)."""
+    """Give a saved T5 its own LM head, as Flan-T5 and mT5 ship (transformers 5 builds them tied)."""
     from safetensors.torch import load_file, save_file
 
     weights = load_file(str(model_dir / "model.safetensors"))

@@ -52,7 +52,7 @@ def check_languages(args: argparse.Namespace, hf_config: Any) -> None:
     """--model against what translates, and a T5 checkpoint's --source-lang and --target-lang
     against its translation tasks (UsageError)."""
 
-    family = get_model_family(getattr(hf_config, "architectures", None))
+    family = get_model_family(hf_config)
     if family.translation is None:
         raise UsageError(f"--model {args.model}: a {family.model_type} checkpoint does not "
                          f"translate (translate takes {TRANSLATORS} checkpoints)")

@@ -1,4 +1,4 @@
-"""Model families: `config.architectures` -> the model class and the pieces the loader adds to
+"""Model families: a config's `architectures` (else its `model_type`) -> the model class and the pieces the loader adds to
 a checkpoint (special tokens, default decoder prompt, length limits, audio processor, CTranslate2
 name mapping), and how a translation model takes its languages.
 
@@ -101,6 +101,10 @@ class ModelFamily:
         return hooks(hf_config, tokenizer, generation_config)
 
 
+_T5 = ModelFamily("t5", "encdec.models.t5:T5ForConditionalGeneration",
+                  input_hooks="encdec.models.t5:t5_input_hooks",
+                  translation="encdec.models.t5:t5_translation")
+
 _FAMILIES = {
     "BartForConditionalGeneration": ModelFamily(
         "bart", "encdec.models.bart:BartForConditionalGeneration",
@@ -113,10 +117,9 @@ _FAMILIES = {
         translation="encdec.models.marian:marian_translation"),
     "PegasusForConditionalGeneration": ModelFamily(
         "pegasus", "encdec.models.pegasus:PegasusForConditionalGeneration"),
-    "T5ForConditionalGeneration": ModelFamily(
-        "t5", "encdec.models.t5:T5ForConditionalGeneration",
-        input_hooks="encdec.models.t5:t5_input_hooks",
-        translation="encdec.models.t5:t5_translation"),
+    "T5ForConditionalGeneration": _T5,
+    "T5WithLMHeadModel": _T5,  # the name older T5 configs carry
+    "MT5ForConditionalGeneration": _T5,  # mT5 is T5 v1.1, layer for layer
     "WhisperForConditionalGeneration": ModelFamily(
         "whisper", "encdec.models.whisper:WhisperForConditionalGeneration",
         input_hooks="encdec.models.whisper_inputs:whisper_input_hooks",
@@ -124,11 +127,19 @@ _FAMILIES = {
 }
 
 
-def get_model_family(architectures: Optional[list[str]]) -> ModelFamily:
-    for arch in architectures or []:
+def get_model_family(hf_config: Any) -> ModelFamily:
+    """The family of a config: by its `architectures`, else by its `model_type` (as Hugging
+    Face's Auto classes pick; "mt5" is T5's)."""
+    architectures = getattr(hf_config, "architectures", None) or []
+    for arch in architectures:
         if arch in _FAMILIES:
             return _FAMILIES[arch]
-    raise ValueError(f"unsupported model architectures {architectures}; supported: {sorted(_FAMILIES)}")
+    model_type = getattr(hf_config, "model_type", None)
+    by_type = {family.model_type: family for family in _FAMILIES.values()} | {"mt5": _T5}
+    if model_type in by_type:
+        return by_type[model_type]
+    raise ValueError(f"unsupported model: architectures {architectures}, model_type {model_type!r}; "
+                     f"supported: {sorted(_FAMILIES)}")
 
 
 def translation_inputs(tokenizer: Any, hf_config: Any, text: str, source_lang: Optional[str] = None,
@@ -136,9 +147,9 @@ def translation_inputs(tokenizer: Any, hf_config: Any, text: str, source_lang: O
     """How this checkpoint takes `text` to translate: mBART-50 language codes ("en_XX", or "en"),
     a Marian multilingual model's target token (">>fr<<"), T5's task prefix. Raises ValueError
     for a family that does not translate or languages the checkpoint does not know."""
-    family = get_model_family(getattr(hf_config, "architectures", None))
+    family = get_model_family(hf_config)
     if family.translation is None:
-        translators = sorted(f.model_type for f in _FAMILIES.values() if f.translation)
+        translators = sorted({f.model_type for f in _FAMILIES.values() if f.translation})
         raise ValueError(f"{family.model_type} models do not translate; use one of {translators}")
     return _import(family.translation)(tokenizer, hf_config, text, source_lang, target_lang)
 

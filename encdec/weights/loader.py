@@ -98,7 +98,7 @@ def load_checkpoint(name: str, hf_config: Any, weights: Iterable[tuple[str, torc
                     quantization: Optional[str] = None) -> LoadedModel:
     """The model, its family's input hooks, its KV cache shape, and the length limits
     (`max_lengths`)."""
-    family = get_model_family(getattr(hf_config, "architectures", None))
+    family = get_model_family(hf_config)
     model = build_model(family.get_model_class(), hf_config, weights, dtype, device,
                         attention_backend, quantization)
     hooks = family.get_input_hooks(hf_config, tokenizer, generation_config)
@@ -183,8 +183,8 @@ def load_ct2_directory(name: str, dtype: torch.dtype, device: torch.device,
     if assets.tokenizer_json is None:
         raise ValueError(f"{assets.name}: no tokenizer.json beside model.bin")
     config, state = load_ct2_checkpoint(assets)
-    family = get_model_family(config["architectures"])
-    hf_config = SimpleNamespace(model_type=family.model_type, **config)
+    hf_config = SimpleNamespace(**config)
+    hf_config.model_type = get_model_family(hf_config).model_type
     tokenizer = TokenizerFile(assets.tokenizer_json)
     return load_checkpoint(assets.name, hf_config, state.items(), tokenizer, config, dtype,
                            device, attention_backend, quantization)
@@ -257,7 +257,7 @@ def decoder_positions(model: str) -> int:
 
     path = Path(model).expanduser()
     hf_config = AutoConfig.from_pretrained(str(path), local_files_only=True)
-    family = get_model_family(getattr(hf_config, "architectures", None))
+    family = get_model_family(hf_config)
     hooks = family.get_input_hooks(hf_config, None, _read_json(path / "generation_config.json"))
     return max_lengths(hf_config, hooks)[1]
 
