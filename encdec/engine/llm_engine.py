@@ -225,9 +225,10 @@ class LLMEngine:
             raise ValueError(f"n={params.n} needs random sampling: set temperature > 0 "
                              "(greedy decoding would return n identical outputs)")
         self.check_num_seqs(params)
+        # the decoder tokens cached: the prompt and every new token but the last, never fed back
         max_len = self.model_config.max_decoder_len
         if params.max_tokens is not None:
-            max_len = min(max_len, len(decoder_ids) + params.max_tokens)
+            max_len = min(max_len, len(decoder_ids) + params.max_tokens - 1)
         seqs = params.max_num_seqs
         bm = self.block_manager
         needed = bm.max_num_blocks(len(encoder_ids), max_len, seqs)
@@ -238,14 +239,14 @@ class LLMEngine:
             # the field to change: a prompt that never fits, else the samples, else the length
             if not fits(1, 1):
                 field = "encoder_prompt"
-            elif not fits(len(decoder_ids) + 1, 1):
+            elif not fits(len(decoder_ids), 1):
                 field = "decoder_prompt"
             elif seqs > 1 and fits(max_len, 1):
                 field = f"{'beam_width' if params.use_beam_search else 'n'}={seqs}"
             else:
                 field = "max_tokens" + ("=" + str(params.max_tokens) if params.max_tokens is not None else " (unset)")
             raise ValueError(f"{field}: the request needs {needed} KV cache blocks (encoder "
-                             f"{len(encoder_ids)} tokens, decoder up to {max_len} tokens, "
+                             f"{len(encoder_ids)} tokens, decoder up to {max_len} cached tokens, "
                              f"{seqs} sequence{'s' if seqs > 1 else ''}) but the cache has only num_gpu_blocks="
                              f"{bm.num_total_gpu_blocks}, less a watermark of "
                              f"{bm.watermark_blocks} kept free")

@@ -39,11 +39,26 @@ def test_fault1_n2_preempted_by_recompute_keeps_two_seeded_completions(tiny_bart
 
 def test_a_long_decoder_prompt_counts_in_admission(tiny_bart_dir):
     """The blocks a request may hold count its decoder prompt: 4 encoder tokens take 1 block of
-    4, a 40-token decoder prompt and 4 new tokens 11: 12 blocks, more than the cache's 11."""
+    4, a 41-token decoder prompt alone 11: 12 blocks, more than the cache's 11."""
     llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=11, block_size=4)
-    prompt = {"encoder_prompt": encoder_prompt(4), "decoder_prompt": TokensPrompt(prompt_token_ids=[2] + [50] * 39)}
+    prompt = {"encoder_prompt": encoder_prompt(4), "decoder_prompt": TokensPrompt(prompt_token_ids=[2] + [50] * 40)}
     with pytest.raises(ValueError, match="^prompt 0: decoder_prompt: the request needs 12 KV cache blocks"):
         llm.generate(prompt, SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+    assert_all_blocks_free(llm)
+
+
+def test_a_request_that_fills_the_cache_exactly_is_admitted(tiny_bart_dir):
+    """The last new token is never fed back, so it takes no cache slot: 8 encoder tokens and a
+    decoder of [2, 0] plus 7 new tokens hold exactly 2 blocks of 8 and run; 8 new tokens do not fit."""
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=2, block_size=8, swap_space=0)
+    def params(max_tokens: int) -> SamplingParams:
+        return SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+
+    (output,) = llm.generate(encoder_prompt(8), params(7), use_tqdm=False)
+    assert len(output.outputs[0].token_ids) == 7
+    with pytest.raises(ValueError, match=r"^prompt 0: max_tokens=8: the request needs 3 KV cache blocks "
+                                         r"\(encoder 8 tokens, decoder up to 9 cached tokens"):
+        llm.generate(encoder_prompt(8), params(8), use_tqdm=False)
     assert_all_blocks_free(llm)
 
 
@@ -60,7 +75,7 @@ def test_a_request_that_never_fits_names_what_to_change(tiny_bart_dir):
     assert refusal(48, max_tokens=1).startswith("encoder_prompt: the request needs 13 KV cache blocks")
     assert refusal(4, max_tokens=20, n=2).startswith("n=2: the request needs 13 KV cache blocks")
     assert refusal(4, max_tokens=40).startswith("max_tokens=40: the request needs 12 KV cache blocks "
-                                                "(encoder 4 tokens, decoder up to 42 tokens, 1 sequence)")
+                                                "(encoder 4 tokens, decoder up to 41 cached tokens, 1 sequence)")
     assert_all_blocks_free(llm)
 
 

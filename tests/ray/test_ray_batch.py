@@ -76,15 +76,15 @@ def test_a_text_the_engine_refuses_is_its_error_row(tiny_bart_dir, documents, of
     for doc_id in short:
         (folder / f"{doc_id}.txt").write_text(documents[doc_id])
     long = folder / "long.txt"
-    long.write_text(" ".join(documents.values()))  # cut to 256 tokens: 18 blocks
+    long.write_text(" ".join(documents.values()))  # cut to 256 tokens: 17 blocks
     out = tmp_path / "out"
     assert main(["batch", "summarize", str(folder), "--model", str(tiny_bart_dir), "--output", str(out),
                  "--temperature", "0", "--max-tokens", str(SUMMARY_TOKENS), "--num-gpu-blocks", "12",
                  "--swap-space", "0.01"]) == 1
     rows = {r["id"]: r for r in read_results(out)}
     assert {k: rows[str(folder / f"{k}.txt")]["summary"] for k in short} == {k: offline_summaries[k] for k in short}
-    refused = ("encoder_prompt: the request needs 18 KV cache blocks (encoder 256 tokens, decoder up to 17 "
-               "tokens, 1 sequence) but the cache has only num_gpu_blocks=12, less a watermark of 0 kept free")
+    refused = ("encoder_prompt: the request needs 17 KV cache blocks (encoder 256 tokens, decoder up to 16 "
+               "cached tokens, 1 sequence) but the cache has only num_gpu_blocks=12, less a watermark of 0 kept free")
     assert (rows[str(long)]["summary"], rows[str(long)]["error"]) == (None, refused)
     assert f"encdec: error: {long}: {refused}" in capsys.readouterr().err
 
