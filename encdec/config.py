@@ -1,10 +1,13 @@
 """Engine configuration: what model, how big the cache, how the scheduler batches, which device."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
 
 import torch
+
+from encdec.checks import number
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16}
@@ -80,12 +83,11 @@ class CacheConfig:
     watermark: float = 0.01
 
     def __post_init__(self) -> None:
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
-        if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
-            raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}")
-        if self.swap_space < 0 or self.kv_cache_space <= 0:
-            raise ValueError("swap_space must be >= 0 and kv_cache_space > 0 (GiB)")
+        self.block_size = number("block_size", self.block_size, 1, integer=True)
+        self.num_gpu_blocks = number("num_gpu_blocks", self.num_gpu_blocks, 1, integer=True, none=True)
+        self.kv_cache_space = number("kv_cache_space", self.kv_cache_space, 0, math.inf, above=True, below=True)
+        self.swap_space = number("swap_space", self.swap_space, 0, math.inf, below=True)
+        self.watermark = number("watermark", self.watermark, 0, 1, below=True)
 
 
 @dataclass
@@ -102,12 +104,11 @@ class SchedulerConfig:
     max_running_requests: Optional[int] = None
 
     def __post_init__(self) -> None:
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise ValueError(f"max_running_requests must be >= 1 or None, got {self.max_running_requests}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
+        self.max_num_seqs = number("max_num_seqs", self.max_num_seqs, 1, integer=True)
+        self.max_running_requests = number("max_running_requests", self.max_running_requests, 1,
+                                           integer=True, none=True)
+        self.max_num_batched_tokens = number("max_num_batched_tokens", self.max_num_batched_tokens, 1,
+                                             integer=True)
         if self.preemption_mode not in (None, "swap", "recompute"):
             raise ValueError(f"preemption_mode must be 'swap' or 'recompute', got {self.preemption_mode!r}")
 

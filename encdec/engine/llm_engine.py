@@ -67,7 +67,7 @@ class LLMEngine:
             keep_freed_memory()
         self.input_preprocessor = InputPreprocessor(
             self.model_config, self.tokenizer, loaded.default_decoder_prompt, loaded.audio_processor)
-        num_gpu_blocks, num_cpu_blocks = num_blocks(cache_config, self.model_config)
+        num_gpu_blocks, num_cpu_blocks = num_blocks(cache_config, self.model_config, self.device)
         self.cache_engine = CacheEngine(cache_config, self.model_config, self.device,
                                         num_gpu_blocks, num_cpu_blocks)
         self.scheduler = Scheduler(scheduler_config, cache_config, num_gpu_blocks, num_cpu_blocks)
@@ -103,15 +103,16 @@ class LLMEngine:
             warnings.warn("dtype float16 on the CPU runs without fast kernels (several times slower "
                           "than float32); dtype='bfloat16' is the CPU's fast half precision",
                           stacklevel=3)
-        loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend,
-                            quantization)
         cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                    kv_cache_space=kv_cache_space, swap_space=swap_space)
-        running = resolve_max_running_requests(max_running_requests, loaded.audio_processor is not None,
-                                               device_config.device)
         scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                            max_num_batched_tokens=max_num_batched_tokens,
-                                           preemption_mode=preemption_mode, max_running_requests=running)
+                                           preemption_mode=preemption_mode)
+        loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend,
+                            quantization)
+        running = resolve_max_running_requests(max_running_requests, loaded.audio_processor is not None,
+                                               device_config.device)
+        scheduler_config = dataclasses.replace(scheduler_config, max_running_requests=running)
         needed = loaded.model_config.max_encoder_len + loaded.model_config.max_decoder_len
         if max_num_batched_tokens < needed:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "
@@ -143,6 +144,8 @@ class LLMEngine:
         `return_cross_kv`: its final output carries the cross-attention keys and values
         (`RequestOutput.cross_kv`), read from the cache before its blocks are freed; a callable
         decides on the final output (called in the engine's thread)."""
+        if not isinstance(request_id, str):
+            raise ValueError(f"request_id must be a string, got {request_id!r}")
         if not isinstance(params, SamplingParams):
             raise ValueError(f"request {request_id!r}: sampling params must be a SamplingParams, "
                              f"got {type(params).__name__}")

@@ -6,6 +6,8 @@ used); readers never look past a sequence's length, and padded gathers zero thei
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from encdec.config import CacheConfig, ModelConfig
@@ -21,11 +23,27 @@ def block_bytes(model_config: ModelConfig, block_size: int) -> int:
     return per_layer * model_config.num_decoder_layers
 
 
-def num_blocks(cache_config: CacheConfig, model_config: ModelConfig) -> tuple[int, int]:
-    """(device blocks, swap blocks) from the explicit count or the GiB budgets."""
+def num_blocks(cache_config: CacheConfig, model_config: ModelConfig,
+               device: torch.device) -> tuple[int, int]:
+    """(device blocks, swap blocks) from the explicit count or the GiB budgets. Refuses a budget
+    below one block, and caches in this machine's memory (the swap pool; on the CPU the device
+    cache too) larger than all of it."""
     size = block_bytes(model_config, cache_config.block_size)
-    gpu = cache_config.num_gpu_blocks or int(cache_config.kv_cache_space * _GIB // size)
+    if cache_config.num_gpu_blocks is not None:
+        gpu, device_field = cache_config.num_gpu_blocks, f"num_gpu_blocks={cache_config.num_gpu_blocks}"
+    else:
+        gpu, device_field = int(cache_config.kv_cache_space * _GIB // size), f"kv_cache_space={cache_config.kv_cache_space:g}"
+        if gpu == 0:
+            raise ValueError(f"{device_field} (GiB) holds no KV cache block (one takes {size} bytes)")
     cpu = int(cache_config.swap_space * _GIB // size)
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    in_memory = [(f"swap_space={cache_config.swap_space:g}", cpu)]
+    if device.type == "cpu":
+        in_memory.append((device_field, gpu))
+    for field, count in in_memory:
+        if count * size > memory:
+            raise ValueError(f"{field}: the KV cache would take {count * size / _GIB:.1f} GiB, more "
+                             f"than this machine's memory ({memory / _GIB:.1f} GiB)")
     return gpu, cpu
 
 

@@ -43,7 +43,7 @@ def test_auto_leaves_text_models_unlimited(tiny_bart_dir):
 
 
 @pytest.mark.parametrize("value, message", [
-    (0, "max_running_requests must be >= 1 or None, got 0"),
+    (0, "max_running_requests must be an integer >= 1 or None, got 0"),
     ("many", "max_running_requests must be an int, None or 'auto', got 'many'"),
     (2.5, "max_running_requests must be an int, None or 'auto', got 2.5"),
 ])

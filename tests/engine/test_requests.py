@@ -85,6 +85,30 @@ def test_bad_sampling_params(kwargs, message):
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(num_gpu_blocks=10.0), r"^num_gpu_blocks must be an integer >= 1 or None, got 10.0$"),
+    (dict(num_gpu_blocks=True), r"^num_gpu_blocks must be an integer >= 1 or None, got True$"),
+    (dict(block_size=2.5), r"^block_size must be an integer >= 1, got 2.5$"),
+    (dict(swap_space=float("nan")), r"^swap_space must be a number >= 0, got nan$"),
+    (dict(kv_cache_space=float("inf")), r"^kv_cache_space must be a number > 0, got inf$"),
+    (dict(max_num_seqs="8"), r"^max_num_seqs must be an integer >= 1, got '8'$"),
+    (dict(kv_cache_space=1e-7), r"^kv_cache_space=1e-07 \(GiB\) holds no KV cache block \(one takes \d+ bytes\)$"),
+    (dict(swap_space=1e6), r"^swap_space=1e\+06: the KV cache would take 1000000.0 GiB, more than this machine's memory"),
+    (dict(num_gpu_blocks=10**12), r"^num_gpu_blocks=1000000000000: the KV cache would take \d+\.\d GiB, more than"),
+])
+def test_bad_engine_options_name_the_option(tiny_bart_dir, options, message):
+    with pytest.raises(ValueError, match=message):
+        LLM(model=str(tiny_bart_dir), **options)
+
+
+@pytest.mark.parametrize("request_id", [7, None, b"x"])
+def test_a_request_id_is_a_string(llm, request_id):
+    """An id that is not a string could not be aborted (vLLM takes strings only)."""
+    with pytest.raises(ValueError, match=f"^request_id must be a string, got {request_id!r}$"):
+        llm.llm_engine.add_request(request_id, TEXT, SamplingParams(max_tokens=2))
+    assert not llm.llm_engine.has_unfinished_requests()
+
+
 @pytest.mark.parametrize("prompts", [None, b"rain", 12345])
 def test_what_is_not_prompts_is_refused(llm, prompts):
     with pytest.raises(ValueError, match="prompts must be a prompt or a list of prompts"):
