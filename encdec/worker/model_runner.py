@@ -52,6 +52,12 @@ class ModelInput:
     prompt_rows: list[PromptRows]  # the prefills that ask for prompt_logprobs
 
 
+def batch_order(metadata_list: list[SequenceGroupMetadata]) -> list[SequenceGroupMetadata]:
+    """The scheduled groups in the order their sequences take in a step's batch: prefills the
+    encoder runs for, prefills given their cross keys and values, then decodes."""
+    return sorted(metadata_list, key=lambda g: (not g.is_prompt, g.prompt_cross_kv is not None))
+
+
 class EncoderDecoderModelRunner:
     def __init__(self, model: torch.nn.Module, block_size: int, device: torch.device,
                  max_num_batched_tokens: int, eos_token_id: Optional[int], vocab_size: int):
@@ -75,7 +81,7 @@ class EncoderDecoderModelRunner:
 
     def prepare_inputs(self, metadata_list: list[SequenceGroupMetadata]) -> ModelInput:
         """Flatten the scheduled sequences (prefills first) into model inputs and metadata."""
-        groups = sorted(metadata_list, key=lambda g: (not g.is_prompt, g.prompt_cross_kv is not None))
+        groups = batch_order(metadata_list)
         rows = [(g, seq_id, data) for g in groups for seq_id, data in g.seq_data.items()]
         num_prefills = sum(1 for g, _, _ in rows if g.is_prompt)
         datas: list[SequenceData] = [data for _, _, data in rows]
