@@ -448,8 +448,9 @@ class TranscriptionJob:
             plan.kept[0] = self._without_repeats(window.previous_text, plan.kept[0])
             plan.kept = [span for span in plan.kept if span[2]]
         spans = plan.kept
-        if not self.options.timestamps:  # the window is one segment, its kept text
-            spans = [(0.0, plan.resume, [t for _, _, ids in plan.kept for t in ids])]
+        if not self.options.timestamps:  # the window is one segment, its kept text, within the window
+            end_time = None if plan.resume is None else min(plan.resume, window.duration)
+            spans = [(0.0, end_time, [t for _, _, ids in plan.kept for t in ids])]
         start, end = self._frames(window)
         # an open segment ends at the window's last frame, as in openai-whisper; times past the
         # window's end stay where nothing follows in its clip (as there), else stop at the next window

@@ -288,6 +288,21 @@ def test_without_timestamps_the_window_is_one_segment_of_its_kept_text():
         (0.0, 9.0, " w1 w2"), (9.0, round(requests[1][0], 2), " w3")]
 
 
+@pytest.mark.parametrize("conditioned", [True, False])
+def test_without_timestamps_a_segment_ends_by_its_windows_end(conditioned):
+    """The last window's decode closes at a timestamp past the audio's end (a loop, say): its
+    one segment still ends with the audio (it ended 4 s past it)."""
+    def script(start, duration, temperature):
+        if start == 0.0:
+            return [ts(0.0), 1, ts(24.0), ts(24.0), EOT], -0.2
+        return [ts(0.0), 2, ts(10.0), ts(10.0), 3, ts(20.0), ts(20.0), EOT], -0.2
+
+    requests, result = run(script, timestamps=False, condition_on_previous_text=conditioned)
+    assert requests[-1][0] + 20.0 > 40.0  # the last window's decode closes past the end
+    assert all(s.end <= 40.0 for s in result.segments)
+    assert (round(result.segments[-1].end, 2), result.segments[-1].text) == (40.0, " w2 w3")
+
+
 def test_plan_window_rules():
     spans = split_spans([ts(0.0), 1, ts(2.0), ts(2.0), 2, ts(5.0), EOT], TOKENS)
     texts = [" w1", " w2"]
