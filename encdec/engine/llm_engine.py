@@ -377,8 +377,14 @@ class LLMEngine:
         search = group.beam_search
         params = group.sampling_params
         parents = {seq.seq_id: seq for seq in group.get_seqs(SequenceStatus.RUNNING)}
-        beams = search.step(samples, {i: seq.data.output_token_ids for i, seq in parents.items()},
-                            lambda token: params.is_stop_token(token, self.model_config.eos_token_id))
+        outputs = {i: seq.data.output_token_ids for i, seq in parents.items()}
+
+        def is_stop(candidate: SequenceOutput) -> bool:
+            return (params.is_stop_token(candidate.token_id, self.model_config.eos_token_id)
+                    or self.output_processor.ends_in_stop_string(
+                        outputs[candidate.parent_seq_id], candidate.token_id, params))
+
+        beams = search.step(samples, outputs, is_stop)
         children = self._fork_children(group, [(parents[c.parent_seq_id], c) for c in beams])
         continuing = {seq.seq_id for seq, _ in children}
         for seq in parents.values():

@@ -17,11 +17,13 @@ its `prompt_logprobs` and `logprobs` gets its token's text alone, special tokens
 Stop strings (`encdec.engine.stop_strings`) are looked for here, in each completion's text as
 it is detokenized after every step (also for FINAL_ONLY requests that have some): a completion
 that meets one is finished here and its blocks freed (`free_seq`), as vLLM's output processor
-aborts it. A beam search's hypotheses are cut at their first stop string once it is over (text
-and token ids, as a stream stops).
+aborts it. In a beam search a candidate whose token completes a stop string is a finished
+hypothesis (`ends_in_stop_string`, as Hugging Face's stop strings end one), and the hypotheses
+given are cut at their first stop string (text and token ids, as a stream stops).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -94,6 +96,17 @@ class OutputProcessor:
                 for token, logprob in entry.items():
                     logprob.decoded_token = decode(self.tokenizer, [token], skip_special_tokens=False)
         return logprobs
+
+    def ends_in_stop_string(self, ids: list[int], token: int, params: SamplingParams) -> bool:
+        """Whether `token` after the output `ids` completes one of the request's stop strings
+        (past its first `min_tokens`): a beam search candidate that does is a finished
+        hypothesis, as Hugging Face's stopping criteria end one."""
+        if not params.stop or self.tokenizer is None or not params.detokenize or len(ids) < params.min_tokens:
+            return False
+        before = decode(self.tokenizer, ids, params.skip_special_tokens)
+        after = decode(self.tokenizer, ids + [token], params.skip_special_tokens)
+        new = len(os.path.commonprefix([before, after]))  # where the token's text begins
+        return any(after.find(stop, max(new - len(stop) + 1, 0)) >= 0 for stop in params.stop)
 
     def _text(self, ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> str:
         if self.tokenizer is None or not params.detokenize:

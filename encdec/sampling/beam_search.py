@@ -83,22 +83,25 @@ class BeamSearch:
         self.max_candidates = params.max_candidates
 
     def step(self, candidates: list[Candidate], outputs: dict[int, list[int]],
-             is_stop: Callable[[int], bool]) -> list[Candidate]:
-        """Take ranked candidates (parents' output ids in `outputs`); return the next beams."""
+             is_stop: Callable[[Candidate], bool]) -> list[Candidate]:
+        """Take ranked candidates (parents' output ids in `outputs`); return the next beams.
+        `is_stop(candidate)`: whether its token ends its sequence (a stop token, or the end of
+        a stop string)."""
         assert not self.done
         params, width = self.params, self.params.beam_width
         generated = len(next(iter(outputs.values()))) + 1  # all beams grow in lockstep
         if params.beam_rules == "whisper":
             return self._whisper_step(candidates, outputs, is_stop, generated)
-        hits = [is_stop(c.token_id) or generated >= params.max_tokens for c in candidates]
-        ended = [c for c, hit in zip(candidates[:width], hits) if hit and c.beam_score > -math.inf]
+        stops = [is_stop(c) for c in candidates]
+        hits = [stop or generated >= params.max_tokens for stop in stops]
+        ended = [(c, stop) for c, stop, hit in zip(candidates[:width], stops, hits)
+                 if hit and c.beam_score > -math.inf]
         self.num_ended += len(ended)
-        scores = _normalize([c.beam_score for c in ended], generated, params.length_penalty)
+        scores = _normalize([c.beam_score for c, _ in ended], generated, params.length_penalty)
         self.finished = sorted(self.finished + [
             BeamHypothesis(outputs[c.parent_seq_id] + [c.token_id], score, c.beam_score,
-                           "stop" if is_stop(c.token_id) and not params.is_forced_end(generated, c.token_id)
-                           else "length")
-            for c, score in zip(ended, scores)], key=lambda h: -h.score)[:width]
+                           "stop" if stop and not params.is_forced_end(generated, c.token_id) else "length")
+            for (c, stop), score in zip(ended, scores)], key=lambda h: -h.score)[:width]
         running = [c for c, hit in zip(candidates, hits)
                    if not hit and c.beam_score > -float("inf")][:width]
         full = len(self.finished) == width
@@ -113,12 +116,12 @@ class BeamSearch:
         return [] if self.done else running
 
     def _whisper_step(self, candidates: list[Candidate], outputs: dict[int, list[int]],
-                      is_stop: Callable[[int], bool], generated: int) -> list[Candidate]:
+                      is_stop: Callable[[Candidate], bool], generated: int) -> list[Candidate]:
         """One step under openai-whisper's rules (the module docstring)."""
         width = self.params.beam_width
         ended, running = [], []
         for c in candidates:
-            if is_stop(c.token_id):
+            if is_stop(c):
                 ended.append((c, "stop"))
             elif c.beam_score > -float("inf"):
                 running.append(c)

@@ -16,7 +16,7 @@ from encdec.sampling.beam_search import BeamHypothesis, BeamSearch
 from tests.bart_checkpoints import BART_BASE, CORPUS, make_bart_checkpoint
 from tests.conftest import assert_all_blocks_free
 
-EOS = 2
+EOS, PAD = 2, 1
 # facebook/bart-large-cnn: config.json shape, generation_config.json decoding settings.
 BART_LARGE_CNN = dict(BART_BASE, vocab_size=50264, d_model=1024, encoder_layers=12,
                       decoder_layers=12, encoder_attention_heads=16, decoder_attention_heads=16,
@@ -56,9 +56,9 @@ def texts(count: int = 8) -> list[str]:
 
 
 @torch.inference_mode()
-def hf_beam(hf_model, tokenizer, prompts: list[str], **overrides) -> list[list[list[int]]]:
+def hf_beam(hf_model, prompt_tokenizer, prompts: list[str], **overrides) -> list[list[list[int]]]:
     """Hugging Face's generated ids after <DEC>, per prompt and returned sequence, in one batch."""
-    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    batch = prompt_tokenizer(prompts, return_tensors="pt", padding=True)
     n = overrides.get("num_return_sequences", 1)
     out = hf_model.generate(**batch, **overrides).tolist()
     return [[_cut(seq[1:]) for seq in out[i * n:(i + 1) * n]] for i in range(len(prompts))]
@@ -127,6 +127,43 @@ def test_beam_search_matches_hugging_face(llm, hf_model, overrides):
     assert_all_blocks_free(llm)
     if overrides.get("n") == 2:  # the best n hypotheses, best first
         assert all(len(o.outputs) == 2 for o in outputs)
+
+
+@pytest.fixture(scope="module")
+def tiny_bart(tiny_bart_dir):
+    return (LLM(model=str(tiny_bart_dir), num_gpu_blocks=512),
+            BartForConditionalGeneration.from_pretrained(str(tiny_bart_dir)).eval())
+
+
+@pytest.mark.parametrize("stop", [["e"], ["th", "a"]])
+def test_stop_strings_end_hypotheses_as_in_hugging_face(tiny_bart, stop):
+    """A candidate whose token completes a stop string is a finished hypothesis, as Hugging
+    Face's `stop_strings` end one: `n` distinct hypotheses (they were cut after the search,
+    into copies of one another)."""
+    llm, hf_model = tiny_bart
+    params = SamplingParams(use_beam_search=True, beam_width=3, n=3, temperature=0.0, max_tokens=20, stop=stop)
+    prompts = CORPUS[:8]
+    outputs, _ = run_stepwise(llm, prompts, params)
+    tokenizer = llm.get_tokenizer()
+    with torch.inference_mode():
+        expected = [[_unpad(row[2:]) for row in hf_model.generate(
+            tokenizer(prompt, return_tensors="pt")["input_ids"], decoder_input_ids=torch.tensor([[2, 0]]),
+            num_beams=3, num_return_sequences=3, max_new_tokens=20, early_stopping=False,
+            stop_strings=stop, tokenizer=tokenizer, min_length=0, no_repeat_ngram_size=0,
+            forced_bos_token_id=None, forced_eos_token_id=None).tolist()] for prompt in prompts]
+    assert [[c.token_ids for c in o.outputs] for o in outputs] == expected
+    assert all(len({tuple(c.token_ids) for c in o.outputs}) == 3 for o in outputs)
+    ended = [c for o in outputs for c in o.outputs if c.stop_reason in stop]
+    assert len(ended) >= 3, "few hypotheses end at a stop string"
+    assert all(not any(s in c.text for s in stop) for c in ended)
+    assert_all_blocks_free(llm)
+
+
+def _unpad(ids: list[int]) -> list[int]:
+    """Without the padding after a hypothesis that a stop string ended."""
+    while ids and ids[-1] == PAD:
+        ids = ids[:-1]
+    return ids
 
 
 def test_min_length_forces_longer_outputs(llm):

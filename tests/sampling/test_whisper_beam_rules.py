@@ -28,7 +28,7 @@ def test_end_tokens_before_the_last_kept_beam_finish():
     finish (Hugging Face's rules take ends among the first `beam_width` ranks only)."""
     beams = search()
     ranked = [Candidate(1, 7, -1.0), Candidate(1, EOT, -1.5), Candidate(2, EOT, -2.0), Candidate(2, 9, -2.5)]
-    assert beams.step(ranked, {1: [5], 2: [6]}, lambda t: t == EOT) == []
+    assert beams.step(ranked, {1: [5], 2: [6]}, lambda c: c.token_id == EOT) == []
     assert beams.done
     # scored by the sum over the tokens before <eot> (one each here), best first
     assert [(h.token_ids, h.score, h.finish_reason) for h in beams.best(2)] == [
@@ -38,9 +38,9 @@ def test_end_tokens_before_the_last_kept_beam_finish():
 def test_finished_hypotheses_are_first_come_and_not_replaced():
     beams = search(patience=1.0)
     assert beams.step([Candidate(1, EOT, -3.0), Candidate(1, 7, -3.5), Candidate(2, 8, -4.0)],
-                      {1: [5], 2: [6]}, lambda t: t == EOT) == [Candidate(1, 7, -3.5), Candidate(2, 8, -4.0)]
+                      {1: [5], 2: [6]}, lambda c: c.token_id == EOT) == [Candidate(1, 7, -3.5), Candidate(2, 8, -4.0)]
     ranked = [Candidate(1, EOT, -3.6), Candidate(2, EOT, -3.7), Candidate(1, 9, -5.0), Candidate(2, 9, -6.0)]
-    assert beams.step(ranked, {1: [5, 7], 2: [6, 8]}, lambda t: t == EOT) == []
+    assert beams.step(ranked, {1: [5, 7], 2: [6, 8]}, lambda c: c.token_id == EOT) == []
     # the second step's better-scored second end does not displace the first step's
     assert [h.token_ids for h in beams.finished] == [[5, EOT], [5, 7, EOT]]
     assert [h.score for h in beams.best(2)] == [-3.6 / 2, -3.0]
@@ -49,6 +49,6 @@ def test_finished_hypotheses_are_first_come_and_not_replaced():
 def test_running_beams_make_up_the_hypotheses_at_max_tokens():
     beams = search(max_tokens=2)
     ranked = [Candidate(1, 7, -1.0), Candidate(2, 8, -2.0), Candidate(1, EOT, -9.0)]
-    assert beams.step(ranked, {1: [5], 2: [6]}, lambda t: t == EOT) == []
+    assert beams.step(ranked, {1: [5], 2: [6]}, lambda c: c.token_id == EOT) == []
     assert [(h.token_ids, h.score, h.finish_reason) for h in beams.best(2)] == [
         ([5, 7], -0.5, "length"), ([6, 8], -1.0, "length")]
