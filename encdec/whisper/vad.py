@@ -22,10 +22,10 @@ too short for both pads are shared).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib.util
 import math
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -65,8 +65,10 @@ class VadOptions:
     def of(cls, value: Any) -> Optional[VadOptions]:
         """`vad_parameters` as given: a `VadOptions`, a dict of its fields (or a dataclass with
         them, such as faster-whisper's `VadOptions`), or None."""
-        if value is None or isinstance(value, VadOptions):
+        if value is None:
             return value
+        if isinstance(value, VadOptions):
+            return dataclasses.replace(value)  # checked again: its fields may have changed since
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             value = dataclasses.asdict(value)
         if not isinstance(value, dict):
@@ -79,19 +81,27 @@ class VadOptions:
         return cls(**value)
 
 
-@functools.lru_cache(maxsize=1)
+_thread_models = threading.local()
+
+
 def silero_model() -> torch.jit.ScriptModule:
-    spec = importlib.util.find_spec("silero_vad")
-    if spec is None or not spec.submodule_search_locations:
-        raise ValueError("vad_filter needs the silero-vad package (pip install silero-vad)")
-    path = os.path.join(spec.submodule_search_locations[0], "data", "silero_vad.jit")
-    return torch.jit.load(path, map_location="cpu").eval()
+    """This thread's Silero VAD model. The model carries its state from frame to frame, so each
+    thread (the server sets up several uploads at once) loads its own."""
+    model = getattr(_thread_models, "model", None)
+    if model is None:
+        spec = importlib.util.find_spec("silero_vad")
+        if spec is None or not spec.submodule_search_locations:
+            raise ValueError("vad_filter needs the silero-vad package (pip install silero-vad)")
+        path = os.path.join(spec.submodule_search_locations[0], "data", "silero_vad.jit")
+        model = _thread_models.model = torch.jit.load(path, map_location="cpu").eval()
+    return model
 
 
 def speech_probabilities(audio: np.ndarray) -> np.ndarray:
-    """Silero VAD's speech probability of every 512-sample frame (the last one zero-padded)."""
+    """Silero VAD's speech probability of every 512-sample frame, the audio padded with zeros
+    to a whole frame more, as faster-whisper pads it (a full frame when it ends on one)."""
     model = silero_model()
-    frames = -(-len(audio) // FRAME)
+    frames = len(audio) // FRAME + 1
     padded = np.zeros(frames * FRAME, dtype=np.float32)
     padded[:len(audio)] = audio
     chunks = torch.from_numpy(padded).view(frames, FRAME)
@@ -179,7 +189,8 @@ class SpeechMap:
         """The region a time in the joined audio falls in; on the seam of two, the first when
         `is_end`, else the next."""
         side = "left" if is_end else "right"
-        return max(0, int(np.searchsorted(self.joined_starts, seconds * SAMPLE_RATE, side=side)) - 1)
+        sample = int(seconds * SAMPLE_RATE)  # as faster-whisper: 8.06 s is 128960.00000000001 samples
+        return max(0, int(np.searchsorted(self.joined_starts, sample, side=side)) - 1)
 
     def to_original(self, seconds: float, is_end: bool = False, region: Optional[int] = None) -> float:
         """A time in the joined audio -> the same moment in the original audio (to 10 ms), by

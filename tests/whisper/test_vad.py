@@ -1,14 +1,20 @@
 """VAD: Silero VAD's speech regions become what is transcribed, and times map back."""
 from __future__ import annotations
 
+import concurrent.futures
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from encdec.audio import SAMPLE_RATE
+from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.whisper.transcript import Segment, Word
-from encdec.whisper.vad import FRAME, MIN_SPLIT_S, SpeechMap, VadOptions, speech_regions
+from encdec.whisper.vad import (FRAME, MIN_SPLIT_S, SpeechMap, VadOptions, speech_probabilities,
+                                speech_regions)
 from tests.conftest import assert_all_blocks_free
 from tests.speech_corpus import sentence_coverage
+
+SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
 
 pytest.importorskip("silero_vad")
 
@@ -57,6 +63,32 @@ def test_bad_vad_options_are_named(fields, message):
         VadOptions(**fields)
 
 
+def test_options_changed_after_they_were_made_are_checked_again():
+    options = VadOptions()
+    options.threshold = 5
+    with pytest.raises(ValueError, match=r"vad threshold must be in \[0, 1\], got 5"):
+        VadOptions.of(options)
+
+
+def test_probabilities_score_a_frame_past_the_audio_as_faster_whisper_pads_it():
+    """faster-whisper pads to a whole frame more: a full frame of zeros when the audio ends on one."""
+    audio = load_audio(str(SAMPLE))
+    for length in (2 * FRAME, 2 * FRAME + 1, 3 * FRAME - 1):
+        assert len(speech_probabilities(audio[:length])) == length // FRAME + 1
+
+
+def test_uploads_scored_at_once_get_their_own_probabilities():
+    """The server scores several uploads on threads at once: each gets what it gets alone (a
+    shared model mixed their frame-to-frame state, and crashed)."""
+    audio = load_audio(str(SAMPLE))
+    clips = [audio[i * 4000:] for i in range(4)]
+    alone = [speech_probabilities(clip) for clip in clips]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        for _ in range(2):
+            together = list(pool.map(speech_probabilities, clips))
+            assert all(np.array_equal(a, b) for a, b in zip(alone, together))
+
+
 def test_the_shortest_max_speech_duration_splits_any_run():
     options = VadOptions(max_speech_duration_s=MIN_SPLIT_S, speech_pad_ms=0, min_silence_duration_ms=0)
     for pattern in ("011", "0111", "01111111111111111111111110"):
@@ -80,6 +112,15 @@ def test_speech_map_times_go_back_to_the_input():
     assert (back.start, back.end) == (1.2, 5.5)
     plain = speech.segment_to_original(Segment(0.1, 1.0, " so"))
     assert (plain.start, plain.end) == (1.1, 2.0)
+
+
+def test_a_segment_that_ends_on_a_seam_ends_in_the_region_it_closes():
+    """8.06 s is 128960.00000000001 samples: read as the sample faster-whisper reads, 128960,
+    the seam, not past it (which put the end after the 4.44 s of silence left out)."""
+    speech = SpeechMap.__new__(SpeechMap)
+    speech.regions = [(0, 128960), (200000, 260000)]
+    speech.joined_starts = np.array([0, 128960])
+    assert speech.segment_to_original(Segment(7.0, 8.06, " x")).end == 8.06
 
 
 @pytest.mark.parametrize("options", [
