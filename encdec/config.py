@@ -14,13 +14,14 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.fl
 
 
 def resolve_dtype(dtype: Any) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype in (None, "auto"):
+    """`dtype` (a name, "auto", None or a torch.dtype) as one of the torch dtypes encdec runs."""
+    if dtype is None or (isinstance(dtype, str) and dtype == "auto"):
         return torch.float32
-    if not isinstance(dtype, str) or dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {dtype!r}")
-    return _DTYPES[dtype]
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {dtype!r}")
 
 
 class SpecialTokens(Protocol):

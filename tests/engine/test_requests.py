@@ -95,6 +95,9 @@ def test_bad_sampling_params(kwargs, message):
     (dict(kv_cache_space=1e-7), r"^kv_cache_space=1e-07 \(GiB\) holds no KV cache block \(one takes \d+ bytes\)$"),
     (dict(swap_space=1e6), r"^swap_space=1e\+06: the KV cache would take 1000000.0 GiB, more than this machine's memory"),
     (dict(num_gpu_blocks=10**12), r"^num_gpu_blocks=1000000000000: the KV cache would take \d+\.\d GiB, more than"),
+    (dict(dtype=torch.float64), r"^dtype must be one of \['bfloat16', 'float', 'float16', 'float32', 'half'\] "
+                                r"or 'auto', got torch.float64$"),
+    (dict(dtype=torch.int8), r"^dtype must be one of .* got torch.int8$"),
 ])
 def test_bad_engine_options_name_the_option(tiny_bart_dir, options, message):
     with pytest.raises(ValueError, match=message):
