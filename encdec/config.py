@@ -135,9 +135,14 @@ class DeviceConfig:
 
     @classmethod
     def create(cls, device: Optional[str]) -> "DeviceConfig":
-        if device in (None, "auto"):
+        if device is None or (isinstance(device, str) and device == "auto"):
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        dev = torch.device(device)
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError):
+            dev = None
+        if dev is None or dev.type not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu', 'cuda' (or 'cuda:N') or 'auto', got {device!r}")
         if dev.type == "cuda" and not torch.cuda.is_available():
             raise ValueError("device='cuda' was requested but CUDA is not available on this machine")
         return cls(dev)

@@ -98,6 +98,8 @@ def test_bad_sampling_params(kwargs, message):
     (dict(dtype=torch.float64), r"^dtype must be one of \['bfloat16', 'float', 'float16', 'float32', 'half'\] "
                                 r"or 'auto', got torch.float64$"),
     (dict(dtype=torch.int8), r"^dtype must be one of .* got torch.int8$"),
+    (dict(device="meta"), r"^device must be 'cpu', 'cuda' \(or 'cuda:N'\) or 'auto', got 'meta'$"),
+    (dict(device="gpu"), r"^device must be .* got 'gpu'$"),
 ])
 def test_bad_engine_options_name_the_option(tiny_bart_dir, options, message):
     with pytest.raises(ValueError, match=message):
