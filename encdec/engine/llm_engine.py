@@ -32,7 +32,7 @@ from encdec.sampling.params import SamplingParams
 from encdec.sampling.sampler import SamplerOutput, SequenceOutput
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
 from encdec.weights.loader import LoadedModel, load_model
-from encdec.worker.cpu_memory import keep_freed_memory
+from encdec.worker.cpu_memory import keep_freed_memory, trim_heap
 from encdec.worker.cache_engine import CacheEngine, num_blocks
 from encdec.worker.model_runner import EncoderDecoderModelRunner
 
@@ -110,6 +110,7 @@ class LLMEngine:
                                            preemption_mode=preemption_mode)
         loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend,
                             quantization)
+        trim_heap()  # weights that loading converted (float32 ones a lower precision replaced) are free
         running = resolve_max_running_requests(max_running_requests, loaded.audio_processor is not None,
                                                device_config.device)
         scheduler_config = dataclasses.replace(scheduler_config, max_running_requests=running)
