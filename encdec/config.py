@@ -7,7 +7,7 @@ from typing import Any, Optional, Protocol
 
 import torch
 
-from encdec.checks import number
+from encdec.checks import is_number, number
 
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
            "half": torch.float16, "bfloat16": torch.bfloat16}
@@ -106,8 +106,11 @@ class SchedulerConfig:
 
     def __post_init__(self) -> None:
         self.max_num_seqs = number("max_num_seqs", self.max_num_seqs, 1, integer=True)
-        self.max_running_requests = number("max_running_requests", self.max_running_requests, 1,
-                                           integer=True, none=True)
+        if self.max_running_requests is not None:
+            if not (is_number(self.max_running_requests, integer=True) and self.max_running_requests >= 1):
+                raise ValueError(f"max_running_requests must be an integer >= 1, None or 'auto', "
+                                 f"got {self.max_running_requests!r}")
+            self.max_running_requests = int(self.max_running_requests)
         self.max_num_batched_tokens = number("max_num_batched_tokens", self.max_num_batched_tokens, 1,
                                              integer=True)
         if self.preemption_mode not in (None, "swap", "recompute"):
@@ -117,16 +120,12 @@ class SchedulerConfig:
 SPEECH_RUNNING_REQUESTS_ON_CPU = 16  # benchmarks/RESULTS.md, "Fewer Whisper requests at once"
 
 
-def resolve_max_running_requests(value: Any, speech: bool, device: torch.device) -> Optional[int]:
-    """`max_running_requests`: an int, None (no limit) or "auto": 16 for a speech model on the
-    CPU, else no limit. There each request's prefill is a 30 s encoder window, most of the
-    work, so decoding more requests at once adds little throughput while every window
-    admitted stalls all running ones: beyond that, requests wait their turn instead."""
-    if value == "auto":
-        return SPEECH_RUNNING_REQUESTS_ON_CPU if speech and device.type == "cpu" else None
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"max_running_requests must be an int, None or 'auto', got {value!r}")
-    return value
+def auto_running_requests(speech: bool, device: torch.device) -> Optional[int]:
+    """`max_running_requests="auto"`: 16 for a speech model on the CPU, else no limit. There each
+    request's prefill is a 30 s encoder window, most of the work, so decoding more requests at
+    once adds little throughput while every window admitted stalls all running ones: beyond
+    that, requests wait their turn instead."""
+    return SPEECH_RUNNING_REQUESTS_ON_CPU if speech and device.type == "cpu" else None
 
 
 @dataclass

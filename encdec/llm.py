@@ -31,7 +31,7 @@ class LLM:
     activations and the KV cache in bfloat16. `compute_type` takes faster-whisper's names for
     the two ("float32", "bfloat16", "int8", ...) instead. `max_running_requests` bounds the
     requests decoded at once (the rest wait their turn): None, an int, or "auto", which is what
-    `encdec serve` uses (`encdec.config.resolve_max_running_requests`).
+    `encdec serve` uses (`encdec.config.auto_running_requests`).
     """
 
     def __init__(self, model: str, dtype: str = "auto", device: Optional[str] = None,

@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable, Optional, Union
 import torch
 
 from encdec.checks import number
-from encdec.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, resolve_dtype,
-                           resolve_max_running_requests)
+from encdec.config import (CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, auto_running_requests,
+                           resolve_dtype)
 from encdec.core.scheduler import Scheduler
 from encdec.generation_config import GenerationDefaults, load_generation_defaults, resolve_sampling_params
 from encdec.inputs.data import is_explicit_encoder_decoder_prompt
@@ -105,15 +105,17 @@ class LLMEngine:
                           stacklevel=3)
         cache_config = CacheConfig(block_size=block_size, num_gpu_blocks=num_gpu_blocks,
                                    kv_cache_space=kv_cache_space, swap_space=swap_space)
+        auto = isinstance(max_running_requests, str) and max_running_requests == "auto"
         scheduler_config = SchedulerConfig(max_num_seqs=max_num_seqs,
                                            max_num_batched_tokens=max_num_batched_tokens,
-                                           preemption_mode=preemption_mode)
+                                           preemption_mode=preemption_mode,
+                                           max_running_requests=None if auto else max_running_requests)
         loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend,
                             quantization)
         trim_heap()  # weights that loading converted (float32 ones a lower precision replaced) are free
-        running = resolve_max_running_requests(max_running_requests, loaded.audio_processor is not None,
-                                               device_config.device)
-        scheduler_config = dataclasses.replace(scheduler_config, max_running_requests=running)
+        if auto:
+            scheduler_config = dataclasses.replace(scheduler_config, max_running_requests=auto_running_requests(
+                loaded.audio_processor is not None, device_config.device))
         needed = loaded.model_config.max_encoder_len + loaded.model_config.max_decoder_len
         if max_num_batched_tokens < needed:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "

@@ -100,12 +100,22 @@ class OutputProcessor:
     def ends_in_stop_string(self, ids: list[int], token: int, params: SamplingParams) -> bool:
         """Whether `token` after the output `ids` completes one of the request's stop strings
         (past its first `min_tokens`): a beam search candidate that does is a finished
-        hypothesis, as Hugging Face's stopping criteria end one."""
-        if not params.stop or self.tokenizer is None or not params.detokenize or len(ids) < params.min_tokens:
+        hypothesis, as Hugging Face's stop strings end one. Only the last tokens are decoded,
+        enough for the longest stop string's characters before the new token's."""
+        if (not params.stop or self.tokenizer is None or not params.detokenize
+                or len(ids) < (params.min_tokens or 0)):
             return False
-        before = decode(self.tokenizer, ids, params.skip_special_tokens)
-        after = decode(self.tokenizer, ids + [token], params.skip_special_tokens)
-        new = len(os.path.commonprefix([before, after]))  # where the token's text begins
+        longest = max(map(len, params.stop))
+        num_tokens = longest
+        while True:
+            tail = ids[-num_tokens:]
+            before = decode(self.tokenizer, tail, params.skip_special_tokens)
+            after = decode(self.tokenizer, tail + [token], params.skip_special_tokens)
+            new = len(os.path.commonprefix([before, after]))  # where the token's text begins
+            # a tail may begin inside a character (bytes shown as U+FFFD): those do not count
+            if new - (len(before) - len(before.lstrip("\ufffd"))) >= longest - 1 or num_tokens >= len(ids):
+                break
+            num_tokens *= 2
         return any(after.find(stop, max(new - len(stop) + 1, 0)) >= 0 for stop in params.stop)
 
     def _text(self, ids: list[int], finish_reason: Optional[str], params: SamplingParams) -> str:

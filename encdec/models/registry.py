@@ -128,15 +128,16 @@ _FAMILIES = {
 
 
 def get_model_family(hf_config: Any) -> ModelFamily:
-    """The family of a config: by its `architectures`, else by its `model_type` (as Hugging
-    Face's Auto classes pick; "mt5" is T5's)."""
+    """The family of a config: by its `architectures`, or, when it names none, by its
+    `model_type` (as Hugging Face's Auto classes pick; "mt5" is T5's). An architecture it names
+    that is not a generation model (an encoder alone, a classifier) is refused."""
     architectures = getattr(hf_config, "architectures", None) or []
     for arch in architectures:
         if arch in _FAMILIES:
             return _FAMILIES[arch]
     model_type = getattr(hf_config, "model_type", None)
     by_type = {family.model_type: family for family in _FAMILIES.values()} | {"mt5": _T5}
-    if model_type in by_type:
+    if not architectures and model_type in by_type:
         return by_type[model_type]
     raise ValueError(f"unsupported model: architectures {architectures}, model_type {model_type!r}; "
                      f"supported: {sorted(_FAMILIES)}")

@@ -4,8 +4,8 @@ Each step the sampler ranks the request's best `(1 + number of stop tokens, at l
 beam_width` continuations over all (beam, token) pairs by running score (the sum of processed
 log-probabilities) with `top_candidates`. `BeamSearch.step` then:
 
-- turns candidates among the first `beam_width` ranks that end in a stop token, or reach
-  `max_tokens`, into finished hypotheses scored `score / generated_len ** length_penalty`,
+- turns candidates among the first `beam_width` ranks that end in a stop token or complete a
+  stop string, or reach `max_tokens`, into finished hypotheses scored `score / generated_len ** length_penalty`,
   where generated_len counts every token after the decoder prompt, this one included; the
   best `beam_width` hypotheses are kept;
 - keeps the best `beam_width` unfinished candidates as the next running beams; candidates
@@ -15,7 +15,7 @@ log-probabilities) with `top_candidates`. `BeamSearch.step` then:
 - decides whether the request is done: `early_stopping=True` once `beam_width` hypotheses are
   finished (`round(beam_width * patience)` with openai-whisper's `patience`); otherwise once the best running beam, normalised by the current generated length
   (by `max_tokens` for "never" with a positive length penalty), cannot beat the worst of a
-  full set of hypotheses; and always when every candidate finished.
+  full set of hypotheses; and always when no candidate runs on.
 
 Scores are float32 values, as in Hugging Face, so ties and rounding match.
 
@@ -48,7 +48,7 @@ class BeamHypothesis:
     token_ids: list[int]  # every generated token, the last one included
     score: float  # cumulative_logprob / generated_len ** length_penalty
     cumulative_logprob: float
-    finish_reason: str  # "stop" (a stop token) or "length"
+    finish_reason: str  # "stop" (a stop token or string) or "length"
 
 
 def top_candidates(logprobs: torch.Tensor, running_scores: list[list[float]],
@@ -92,18 +92,22 @@ class BeamSearch:
         generated = len(next(iter(outputs.values()))) + 1  # all beams grow in lockstep
         if params.beam_rules == "whisper":
             return self._whisper_step(candidates, outputs, is_stop, generated)
-        stops = [is_stop(c) for c in candidates]
-        hits = [stop or generated >= params.max_tokens for stop in stops]
-        ended = [(c, stop) for c, stop, hit in zip(candidates[:width], stops, hits)
-                 if hit and c.beam_score > -math.inf]
+        ended, running = [], []  # ended: (candidate, is_stop) among the first `width` ranks
+        for rank, c in enumerate(candidates):
+            if rank >= width and len(running) == width:
+                break  # no later candidate can finish or run (stop strings are not cheap to check)
+            stop = is_stop(c)
+            if stop or generated >= params.max_tokens:
+                if rank < width and c.beam_score > -math.inf:
+                    ended.append((c, stop))
+            elif c.beam_score > -math.inf and len(running) < width:
+                running.append(c)
         self.num_ended += len(ended)
         scores = _normalize([c.beam_score for c, _ in ended], generated, params.length_penalty)
         self.finished = sorted(self.finished + [
             BeamHypothesis(outputs[c.parent_seq_id] + [c.token_id], score, c.beam_score,
                            "stop" if stop and not params.is_forced_end(generated, c.token_id) else "length")
             for (c, stop), score in zip(ended, scores)], key=lambda h: -h.score)[:width]
-        running = [c for c, hit in zip(candidates, hits)
-                   if not hit and c.beam_score > -float("inf")][:width]
         full = len(self.finished) == width
         if running and full:
             length = generated
@@ -111,7 +115,7 @@ class BeamSearch:
                 length = params.max_tokens
             (best,) = _normalize([running[0].beam_score], length, params.length_penalty)
             self.improvable = self.improvable and best > self.finished[-1].score
-        self.done = (not running or all(hits) or not self.improvable
+        self.done = (not running or not self.improvable
                      or (params.early_stopping is True and self.num_ended >= self.max_candidates))
         return [] if self.done else running
 

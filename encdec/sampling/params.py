@@ -62,7 +62,8 @@ class SamplingParams:
     summarizes with 4 beams, 30 to 200 tokens, that way).
 
     `stop` strings end a completion where one appears in its text, after `min_tokens` (see
-    `encdec.engine.stop_strings`; a beam search's hypotheses are cut after the search).
+    `encdec.engine.stop_strings`; in a beam search a hypothesis ends where its text completes
+    one, as Hugging Face's `stop_strings` end it).
     temperature 0 means greedy; a sampled token is drawn from the tokens left by `top_k`, then
     `top_p`, then `min_p` (those at least `min_p` times as likely as the likeliest). `seed`
     gives the request its own generator, so its samples do not depend on what else is in the
@@ -278,6 +279,8 @@ class SamplingParams:
         _check(width is None or max_candidates(width, self.patience) >= 1,
                f"patience={self.patience} with beam_width={width} waits for no finished beam: "
                f"round(beam_width * patience) must be >= 1")
+        _check(not (self.stop and self.beam_rules == "whisper"),
+               "stop strings are not taken with beam_rules='whisper' (openai-whisper's beams end at <|endoftext|>)")
         kept = width if width is None or self.beam_rules == "hf" else self.max_candidates
         _check(kept is None or self.n <= kept,
                f"n={self.n} must be <= {'beam_width' if kept == width else 'round(beam_width * patience)'}"

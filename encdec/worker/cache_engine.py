@@ -26,8 +26,8 @@ def block_bytes(model_config: ModelConfig, block_size: int) -> int:
 def num_blocks(cache_config: CacheConfig, model_config: ModelConfig,
                device: torch.device) -> tuple[int, int]:
     """(device blocks, swap blocks) from the explicit count or the GiB budgets. Refuses a budget
-    below one block, and caches in this machine's memory (the swap pool; on the CPU the device
-    cache too) larger than all of it."""
+    below one block, and caches larger than the memory that holds them: the device's, and this
+    machine's for the swap pool (with the device cache on the CPU)."""
     size = block_bytes(model_config, cache_config.block_size)
     if cache_config.num_gpu_blocks is not None:
         gpu, device_field = cache_config.num_gpu_blocks, f"num_gpu_blocks={cache_config.num_gpu_blocks}"
@@ -36,15 +36,21 @@ def num_blocks(cache_config: CacheConfig, model_config: ModelConfig,
         if gpu == 0:
             raise ValueError(f"{device_field} (GiB) holds no KV cache block (one takes {size} bytes)")
     cpu = int(cache_config.swap_space * _GIB // size)
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    in_memory = [(f"swap_space={cache_config.swap_space:g}", cpu)]
+    swap_field = f"swap_space={cache_config.swap_space:g}"
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     if device.type == "cpu":
-        in_memory.append((device_field, gpu))
-    for field, count in in_memory:
-        if count * size > memory:
-            raise ValueError(f"{field}: the KV cache would take {count * size / _GIB:.1f} GiB, more "
-                             f"than this machine's memory ({memory / _GIB:.1f} GiB)")
+        _check_room(f"{device_field} and {swap_field}", (gpu + cpu) * size, ram, "this machine's memory")
+    else:
+        _check_room(device_field, gpu * size, torch.cuda.get_device_properties(device).total_memory,
+                    f"the memory of {device}")
+        _check_room(swap_field, cpu * size, ram, "this machine's memory")
     return gpu, cpu
+
+
+def _check_room(fields: str, num_bytes: int, room: int, where: str) -> None:
+    if num_bytes > room:
+        raise ValueError(f"{fields}: the KV cache would take {num_bytes / _GIB:.1f} GiB, more than "
+                         f"{where} ({room / _GIB:.1f} GiB)")
 
 
 class CacheEngine:

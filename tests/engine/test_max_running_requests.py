@@ -43,10 +43,14 @@ def test_auto_leaves_text_models_unlimited(tiny_bart_dir):
 
 
 @pytest.mark.parametrize("value, message", [
-    (0, "max_running_requests must be an integer >= 1 or None, got 0"),
-    ("many", "max_running_requests must be an int, None or 'auto', got 'many'"),
-    (2.5, "max_running_requests must be an int, None or 'auto', got 2.5"),
+    (0, "max_running_requests must be an integer >= 1, None or 'auto', got 0"),
+    ("many", "max_running_requests must be an integer >= 1, None or 'auto', got 'many'"),
+    (2.5, "max_running_requests must be an integer >= 1, None or 'auto', got 2.5"),
 ])
-def test_bad_max_running_requests_name_the_option(tiny_bart_dir, value, message):
+def test_bad_max_running_requests_name_the_option(tiny_bart_dir, value, message, monkeypatch):
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the option was checked")
+
+    monkeypatch.setattr("encdec.engine.llm_engine.load_model", no_load)
     with pytest.raises(ValueError, match=message):
         LLM(model=str(tiny_bart_dir), num_gpu_blocks=16, max_running_requests=value)

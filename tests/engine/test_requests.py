@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from encdec import LLM, SamplingParams, TokensPrompt
 from tests.conftest import assert_all_blocks_free
 
 TEXT = "The rain in spain falls mainly on the plain."
+RAM_GIB = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +79,7 @@ def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
     (dict(beam_width=2, patience=0.01), r"round\(beam_width \* patience\) must be >= 1"),
     (dict(beam_width=2, beam_rules="openai"), r"beam_rules must be one of \['hf', 'whisper'\]"),
     (dict(beam_width=2, n=3, beam_rules="whisper"), r"n=3 must be <= beam_width=2"),
+    (dict(beam_width=2, beam_rules="whisper", stop=["."]), r"stop strings are not taken with beam_rules='whisper'"),
     (dict(beam_width=2, patience=2.0, n=5, beam_rules="whisper"),
      r"n=5 must be <= round\(beam_width \* patience\)=4"),
 ])
@@ -93,8 +96,13 @@ def test_bad_sampling_params(kwargs, message):
     (dict(kv_cache_space=float("inf")), r"^kv_cache_space must be a number > 0, got inf$"),
     (dict(max_num_seqs="8"), r"^max_num_seqs must be an integer >= 1, got '8'$"),
     (dict(kv_cache_space=1e-7), r"^kv_cache_space=1e-07 \(GiB\) holds no KV cache block \(one takes \d+ bytes\)$"),
-    (dict(swap_space=1e6), r"^swap_space=1e\+06: the KV cache would take 1000000.0 GiB, more than this machine's memory"),
-    (dict(num_gpu_blocks=10**12), r"^num_gpu_blocks=1000000000000: the KV cache would take \d+\.\d GiB, more than"),
+    (dict(swap_space=1e6), r"^kv_cache_space=2 and swap_space=1e\+06: the KV cache would take 1000002.0 GiB, "
+                           r"more than this machine's memory"),
+    (dict(num_gpu_blocks=10**12), r"^num_gpu_blocks=1000000000000 and swap_space=1: the KV cache would take "
+                                  r"\d+\.\d GiB, more than"),
+    # each fits the machine's memory, not both (on the CPU both are in it)
+    (dict(kv_cache_space=0.6 * RAM_GIB, swap_space=0.6 * RAM_GIB), r"^kv_cache_space=\S+ and swap_space=\S+: "
+                                                                    r"the KV cache would take"),
     (dict(dtype=torch.float64), r"^dtype must be one of \['bfloat16', 'float', 'float16', 'float32', 'half'\] "
                                 r"or 'auto', got torch.float64$"),
     (dict(dtype=torch.int8), r"^dtype must be one of .* got torch.int8$"),
