@@ -9,7 +9,8 @@ import pytest
 
 pytest.importorskip("ray")
 
-from encdec.entrypoints.ray.batch import alone_on_failure, document_rows, not_done, table_documents  # noqa: E402
+from encdec.entrypoints.ray.batch import (alone_on_failure, audio_rows, document_rows, not_done,  # noqa: E402
+                                          table_documents)
 
 
 def write_jsonl(path, lines):
@@ -103,3 +104,20 @@ def test_finished_files_are_known_however_they_are_spelt(tmp_path, monkeypatch):
     done = frozenset({str(tmp_path / "in" / "a.wav"), "in/b.wav"})
     assert not_done(["in/a.wav", "./in/a.wav", "link/a.wav", str(tmp_path / "in" / "b.wav"), "in/c.wav"],
                     done) == ["in/c.wav"]
+
+
+def test_audio_inputs_are_each_file_once_with_an_absolute_path(tmp_path, monkeypatch):
+    """However a file is named (twice, through a link, by a glob or a folder), it is one row; a
+    link to nothing is a row in both (its error comes from the actor); an actor, which may work
+    in another folder, gets the absolute path."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in").mkdir()
+    for name in ("a.wav", "b.wav"):
+        (tmp_path / "in" / name).write_bytes(b"RIFF")
+    (tmp_path / "in" / "gone.wav").symlink_to(tmp_path / "nowhere.wav")
+    (tmp_path / "link").symlink_to(tmp_path / "in")
+    rows = audio_rows(["in/b.wav", "./in/b.wav", "link/b.wav", "in/*.wav"])
+    assert rows == [{"id": "in/b.wav", "path": str(tmp_path / "in" / "b.wav")},
+                    {"id": "in/a.wav", "path": str(tmp_path / "in" / "a.wav")},
+                    {"id": "in/gone.wav", "path": str(tmp_path / "in" / "gone.wav")}]
+    assert [row["id"] for row in audio_rows(["in"])] == ["in/a.wav", "in/b.wav", "in/gone.wav"]

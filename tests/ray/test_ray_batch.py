@@ -97,6 +97,18 @@ def test_actors_that_fail_stop_the_job_with_the_reason_on_one_line(clip_paths, t
         "encoder positions need 95 blocks of 16 tokens with a decoder token")
 
 
+def test_a_model_the_actors_cannot_read_is_named(tiny_bart_dir, documents, tmp_path, capsys):
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_bart_dir, broken)
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text(next(iter(documents.values())))
+    assert main(["batch", "summarize", str(tmp_path / "docs"), "--model", str(broken), "--output",
+                 str(tmp_path / "out"), "--swap-space", "0.01"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1].startswith(
+        f"encdec: error: RuntimeError: cannot load model {str(broken)!r}: ")
+
+
 def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offline_summaries, tmp_path):
     from encdec.entrypoints.ray.batch import PoolOptions, summarize_dataset
 

@@ -38,21 +38,23 @@ NOT_UTF8 = "not UTF-8 text"  # the error of a document that cannot be read as te
 
 def expand_inputs(inputs: Sequence[str], suffixes: Sequence[str]) -> list[str]:
     """Files as given, the files with `suffixes` inside folders, and the files a glob matches; sorted within
-    each folder or glob, duplicates dropped. A name that matches nothing is a ValueError."""
-    found: list[str] = []
+    each folder or glob, a file named twice (however spelt) kept once. A name that matches
+    nothing is a ValueError."""
+    found: dict[str, str] = {}  # real path -> the first name given for it
     for name in inputs:
         if os.path.isdir(name):
             matches = sorted(str(p) for p in Path(name).iterdir() if p.suffix.lower() in suffixes)
         elif glob.has_magic(name):
-            matches = sorted(match for match in glob.glob(name) if os.path.isfile(match))
+            matches = sorted(match for match in glob.glob(name) if not os.path.isdir(match))
         elif os.path.exists(name):
             matches = [name]
         else:
             raise ValueError(f"{name}: no such file or folder")
         if not matches:
             raise ValueError(f"{name}: no input files (looked for {', '.join(suffixes)})")
-        found += matches
-    return list(dict.fromkeys(found))
+        for match in matches:
+            found.setdefault(os.path.realpath(match), match)
+    return list(found.values())
 
 
 def not_done(paths: list[str], done: frozenset[str]) -> list[str]:
@@ -63,8 +65,9 @@ def not_done(paths: list[str], done: frozenset[str]) -> list[str]:
 
 def audio_rows(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> list[dict[str, str]]:
     """Rows `{id, path}` for the audio files named by `inputs` (files, folders, globs); the id
-    is the path as found. Ids in `done` are left out."""
-    return [{"id": p, "path": p} for p in not_done(expand_inputs(inputs, AUDIO_SUFFIXES), done)]
+    is the path as found, the path absolute (an actor on a cluster works in a folder of its
+    own). Ids in `done` are left out."""
+    return [{"id": p, "path": os.path.abspath(p)} for p in not_done(expand_inputs(inputs, AUDIO_SUFFIXES), done)]
 
 
 def document_rows(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> list[dict[str, str]]:
@@ -160,7 +163,12 @@ class _Worker:
     def __init__(self, model: str, llm_options: dict[str, Any], threads: int,
                  crash_marker: Optional[str]):
         torch.set_num_threads(threads)
-        self.llm = LLM(model, **llm_options)
+        try:
+            self.llm = LLM(model, **llm_options)
+        except ValueError:
+            raise  # a refusal, which names the option at fault
+        except Exception as err:  # files that cannot be read: the job's error names the model
+            raise RuntimeError(f"cannot load model {model!r}: {type(err).__name__}: {err}") from err
         self.node_id = ray.get_runtime_context().get_node_id()
         self.crash_marker, self.calls = crash_marker, 0
 
