@@ -79,7 +79,10 @@ def test_a_whisper_models_languages_are_told_without_its_weights(tiny_bart_dir, 
 
 
 @pytest.mark.ray
-def test_actors_that_cannot_fit_the_local_instance_are_refused(tmp_path, capsys):
+def test_actors_that_cannot_fit_the_local_instance_are_refused(tmp_path, capsys, monkeypatch):
+    """Without --ray-address the job starts a local instance: not the cluster RAY_ADDRESS (or a
+    `ray start` that has since died) names, which it would wait for."""
+    monkeypatch.setenv("RAY_ADDRESS", "192.0.2.2:6390")  # no cluster answers there
     clip = tmp_path / "a.wav"
     clip.write_bytes(b"")  # never read: the job stops before it
     cpus = os.cpu_count()

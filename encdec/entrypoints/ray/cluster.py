@@ -14,13 +14,14 @@ class RayNotStarted(RuntimeError):
 
 
 def start_ray(address: Optional[str], **options) -> None:
-    """`ray.init` of the cluster at `address` (None: a new local instance), without the
-    dashboard; RayNotStarted if it fails (a raylet that misses Ray's start-up deadline on a
-    loaded machine, an address where no cluster answers)."""
+    """`ray.init` of the cluster at `address` (None: a new local instance, whatever cluster
+    `ray start` left named in Ray's files or RAY_ADDRESS names: one that has died since would be
+    waited for), without the dashboard; RayNotStarted if it fails (a raylet that misses Ray's
+    start-up deadline on a loaded machine, an address where no cluster answers)."""
     import ray
 
     try:
-        ray.init(address=address, include_dashboard=False, **options)
+        ray.init(address=address or "local", include_dashboard=False, **options)
     except Exception as err:  # Ray raises several kinds, none of them ours
         where = f"at --ray-address {address}" if address else "on this machine"
         reason = str(err).strip().split("\n", 1)[0]
