@@ -89,5 +89,6 @@ def test_actors_that_cannot_fit_the_local_instance_are_refused(tmp_path, capsys,
     status, err = batch(capsys, "transcribe", str(clip), "--output", str(tmp_path / "out"),
                         "--replicas", str(cpus + 1), "--cpus-per-replica", "1")
     assert status == 2 and not ray.is_initialized()
+    assert not (tmp_path / "out").exists()
     assert (f"--replicas {cpus + 1} x --cpus-per-replica 1 need {cpus + 1} CPUs; the Ray cluster "
             f"has {cpus} (the job could never start)") in err

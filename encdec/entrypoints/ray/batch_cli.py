@@ -253,6 +253,7 @@ def run_batch(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as err:
         error(str(err))
         return 1
+    created = not Path(args.output).exists()
     make_output_dir(args.output, "--output")
     if done:
         warn(f"{Path(args.output) / RESULTS}: {len(done)} results of an earlier run; their inputs "
@@ -271,6 +272,8 @@ def run_batch(args: argparse.Namespace) -> int:
         problem = unschedulable(args.replicas, args.cpus_per_replica, f"--replicas {args.replicas}")
         if problem and started and args.ray_address is None:
             error(f"{problem} (the job could never start)")
+            if created:
+                Path(args.output).rmdir()  # a refused job leaves nothing behind
             return 2
         if problem:
             warn(f"{problem}: the job waits until it has them")
