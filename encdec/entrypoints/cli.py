@@ -275,9 +275,9 @@ def transcribe_all(llm: LLM, inputs: list[tuple[str, np.ndarray]], args: argpars
 
 def memory_gib(device: torch.device) -> float:
     """How much memory `device` has (this machine's for the CPU), in GiB."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory / 2**30
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    from encdec.worker.cache_engine import memory_bytes
+
+    return memory_bytes(device) / 2**30
 
 
 def check_serve(args: argparse.Namespace) -> None:

@@ -37,14 +37,20 @@ def num_blocks(cache_config: CacheConfig, model_config: ModelConfig,
             raise ValueError(f"{device_field} (GiB) holds no KV cache block (one takes {size} bytes)")
     cpu = int(cache_config.swap_space * _GIB // size)
     swap_field = f"swap_space={cache_config.swap_space:g}"
-    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    ram = memory_bytes(torch.device("cpu"))
     if device.type == "cpu":
         _check_room(f"{device_field} and {swap_field}", (gpu + cpu) * size, ram, "this machine's memory")
     else:
-        _check_room(device_field, gpu * size, torch.cuda.get_device_properties(device).total_memory,
-                    f"the memory of {device}")
+        _check_room(device_field, gpu * size, memory_bytes(device), f"the memory of {device}")
         _check_room(swap_field, cpu * size, ram, "this machine's memory")
     return gpu, cpu
+
+
+def memory_bytes(device: torch.device) -> int:
+    """How much memory `device` has (this machine's for the CPU)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def _check_room(fields: str, num_bytes: int, room: int, where: str) -> None:
