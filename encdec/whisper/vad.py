@@ -44,21 +44,21 @@ LONG_PAUSE_S = 0.098  # a silence this long inside a region too long is where it
 @dataclass
 class VadOptions:
     """faster-whisper's VAD parameters (same names, same defaults). The thresholds are
-    probabilities in [0, 1] (OpenAI's range for `server_vad`), the `_ms` fields integers >= 0, and `max_speech_duration_s` at
-    least `MIN_SPLIT_S`: a region is cut no finer than two frames."""
+    probabilities in [0, 1] (OpenAI's range for `server_vad`), the `_ms` fields numbers >= 0, and
+    `max_speech_duration_s` at least `MIN_SPLIT_S`: a region is cut no finer than two frames."""
 
     threshold: float = 0.5
     neg_threshold: Optional[float] = None
-    min_speech_duration_ms: int = 0
+    min_speech_duration_ms: float = 0
     max_speech_duration_s: float = math.inf
-    min_silence_duration_ms: int = 2000
-    speech_pad_ms: int = 400
+    min_silence_duration_ms: float = 2000
+    speech_pad_ms: float = 400
 
     def __post_init__(self) -> None:
         number("vad threshold", self.threshold, 0, 1)
         number("vad neg_threshold", self.neg_threshold, 0, 1, none=True)
         for name in ("min_speech_duration_ms", "min_silence_duration_ms", "speech_pad_ms"):
-            number(f"vad {name}", getattr(self, name), 0, integer=True)
+            number(f"vad {name}", getattr(self, name), 0)
         number("vad max_speech_duration_s", self.max_speech_duration_s, MIN_SPLIT_S)
 
     @classmethod

@@ -125,7 +125,7 @@ def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offl
 
 def test_transcribe_twenty_clips_locally(clip_paths, offline_transcripts, tmp_path, capsys):
     """`encdec batch transcribe` on the local instance: each clip once, the offline transcript,
-    and its subtitles; a copy of a clip under the same name gets its result but not its files,
+    and its subtitles; a copy of a clip under the same name gets its text but not its files (an error row),
     a file that is not audio an error row (its name said once on stderr)."""
     copy = tmp_path / "other" / Path(clip_paths[0]).name
     copy.parent.mkdir()
@@ -140,6 +140,9 @@ def test_transcribe_twenty_clips_locally(clip_paths, offline_transcripts, tmp_pa
     assert {r["id"]: r["text"] for r in rows} == {
         **offline_transcripts, str(copy): offline_transcripts[clip_paths[0]], str(bad): None}
     assert sorted(p.stem for p in out.glob("*.srt")) == sorted(Path(c).stem for c in clip_paths)
+    errors = {r["id"]: r["error"] for r in rows if r["error"] is not None}
+    assert sorted(errors) == sorted([str(copy), str(bad)])
+    assert errors[str(copy)].startswith(f"its transcript files would overwrite those of {clip_paths[0]}")
     err = capsys.readouterr().err
     assert f"encdec: error: {copy}: its transcript files would overwrite those of {clip_paths[0]}" in err
     assert f"encdec: error: {bad}: not a readable audio file" in err and f"{bad}: {bad}" not in err

@@ -55,7 +55,7 @@ def test_the_thresholds_ends_are_allowed():
     (dict(threshold=float("nan")), "vad threshold"),
     (dict(neg_threshold=2.0), r"vad neg_threshold must be in \[0, 1\] or None, got 2.0"),
     (dict(neg_threshold=-1.0), "vad neg_threshold"),
-    (dict(speech_pad_ms=1.5), "vad speech_pad_ms must be an integer >= 0"),
+    (dict(speech_pad_ms=-0.5), "vad speech_pad_ms must be a number >= 0, got -0.5"),
     (dict(min_silence_duration_ms=-1), "vad min_silence_duration_ms"),
 ])
 def test_bad_vad_options_are_named(fields, message):
@@ -127,6 +127,7 @@ def test_a_segment_that_ends_on_a_seam_ends_in_the_region_it_closes():
     {}, dict(min_silence_duration_ms=300, speech_pad_ms=0), dict(min_speech_duration_ms=250),
     dict(threshold=0.6, neg_threshold=0.2, speech_pad_ms=100), dict(max_speech_duration_s=3.0),
     dict(max_speech_duration_s=1.5, min_silence_duration_ms=100, speech_pad_ms=30),
+    dict(min_speech_duration_ms=62.5, min_silence_duration_ms=150.5, speech_pad_ms=33.3),
 ], ids=str)
 def test_regions_are_faster_whispers_for_the_same_probabilities(monkeypatch, options):
     """Silero VAD's rules as faster-whisper applies them: seeded probabilities that hover about

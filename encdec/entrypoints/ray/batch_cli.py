@@ -23,7 +23,7 @@ ACTOR_ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv
                         "swap_space")  # the options that go to each actor's LLM
 BATCH_EPILOG = """\
 Each input comes out once in OUTPUT/results.jsonl with its id (the path, or the JSONL/Parquet
-id), the result (a summary's input_tokens and truncated_tokens too), "error" (null unless it
+id as a string), the result (a summary's input_tokens and truncated_tokens too), "error" (null unless it
 failed) and the Ray node that computed it. Inputs already in that file are skipped, so an
 interrupted job resumes where it stopped. Exit status: 1 if any input failed, 0 otherwise.
 """
@@ -161,8 +161,9 @@ def write_transcript_files(record: dict[str, Any], output: Path, fmt: str) -> No
 
 
 def write_results(rows, args: argparse.Namespace, done: set[str], total: int) -> int:
-    """Append each new row to OUTPUT/results.jsonl (and its transcript files); returns failures."""
-    from encdec.entrypoints.cli_messages import error, file_error, input_error
+    """Append each new row to OUTPUT/results.jsonl (and its transcript files, first: a row whose
+    files cannot be written carries why in its `error`); returns failures."""
+    from encdec.entrypoints.cli_messages import input_error
     from encdec.entrypoints.summarize_cli import cut_note
     from encdec.whisper.writers import source_basename
 
@@ -175,6 +176,16 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
             if record["id"] in done:
                 continue
             done.add(record["id"])
+            if record["error"] is None and output_format:  # its input's name, first come
+                owner = owners.setdefault(source_basename(record["id"]), record["id"])
+                if owner != record["id"]:
+                    record["error"] = (f"its transcript files would overwrite those of {owner} (same name "
+                                       f"{source_basename(owner)!r}); not written (the text is in {RESULTS})")
+                else:
+                    try:
+                        write_transcript_files(record, output, output_format)
+                    except OSError as err:
+                        record["error"] = f"its transcript files: {(err.strerror or str(err)).lower()}"
             file.write(json.dumps(record, ensure_ascii=False) + "\n")
             file.flush()
             bar.update(1)
@@ -183,18 +194,6 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
                 failed += 1
             elif record.get("truncated_tokens"):
                 cut_note(record["id"], record["input_tokens"], record["truncated_tokens"])
-            elif output_format:  # the files of each transcript: its input's name, first come
-                owner = owners.setdefault(source_basename(record["id"]), record["id"])
-                if owner != record["id"]:
-                    error(f"{record['id']}: its transcript files would overwrite those of {owner} "
-                          f"(same name {source_basename(owner)!r}); not written (the result is in {RESULTS})")
-                    failed += 1
-                    continue
-                try:
-                    write_transcript_files(record, output, output_format)
-                except OSError as err:
-                    file_error(record["id"], err)
-                    failed += 1
     return failed
 
 
