@@ -40,3 +40,14 @@ def test_cross_field_errors_name_the_field():
     with pytest.raises(OpenAIError) as err:
         options(hallucination_silence_threshold="1")
     assert err.value.param == "hallucination_silence_threshold"
+
+
+def test_server_vad_takes_openais_defaults():
+    """`chunking_strategy` `server_vad` with fields unset: OpenAI's threshold 0.5, silence 200 ms,
+    padding 300 ms (not faster-whisper's 2000 ms and 400 ms)."""
+    vad = options(chunking_strategy={"type": "server_vad"}).vad_parameters
+    assert (vad.threshold, vad.min_silence_duration_ms, vad.speech_pad_ms) == (0.5, 200, 300)
+    vad = options(chunking_strategy={"type": "server_vad", "silence_duration_ms": 800}).vad_parameters
+    assert (vad.threshold, vad.min_silence_duration_ms, vad.speech_pad_ms) == (0.5, 800, 300)
+    assert options(chunking_strategy={"type": "server_vad"}).vad_filter
+    assert options(chunking_strategy="auto").vad_parameters is None

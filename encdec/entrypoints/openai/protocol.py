@@ -234,12 +234,12 @@ class TranslationRequest(OpenAIBaseModel):
 
 class ServerVad(OpenAIBaseModel):
     """OpenAI's `chunking_strategy` of type `server_vad`: encdec's VAD filter, its silence and
-    padding in milliseconds."""
+    padding in milliseconds; unset fields take OpenAI's defaults."""
 
     type: Literal["server_vad"]
-    threshold: Optional[float] = Field(None, ge=0.0, le=1.0)
-    silence_duration_ms: Optional[int] = Field(None, ge=0)
-    prefix_padding_ms: Optional[int] = Field(None, ge=0)
+    threshold: float = Field(0.5, ge=0.0, le=1.0)
+    silence_duration_ms: int = Field(200, ge=0)
+    prefix_padding_ms: int = Field(300, ge=0)
 
 
 class TranscriptionRequest(TranslationRequest):

@@ -173,9 +173,8 @@ def request_options(body: AudioRequest) -> dict:
     vad = getattr(body, "chunking_strategy", None)
     if isinstance(vad, ServerVad):
         values["vad_filter"] = True
-        given = dict(vad_threshold=vad.threshold, vad_min_silence_duration_ms=vad.silence_duration_ms,
-                     vad_speech_pad_ms=vad.prefix_padding_ms)
-        values.update((name, value) for name, value in given.items() if value is not None)
+        values.update(vad_threshold=vad.threshold, vad_min_silence_duration_ms=vad.silence_duration_ms,
+                      vad_speech_pad_ms=vad.prefix_padding_ms)
     try:
         return transcribe_options(values)
     except ValueError as err:
