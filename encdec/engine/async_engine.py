@@ -27,6 +27,8 @@ the engine runs.
 * If a step raises, every request in flight gets `EngineDeadError` (caused by the step's
   error), every request is aborted so all blocks are free, `is_healthy()` turns false and new
   requests are refused with the reason.
+* The thread holds the engine only while it has work: an engine dropped without `shutdown()`
+  is collected, and its thread ends.
 """
 from __future__ import annotations
 
@@ -34,9 +36,11 @@ import asyncio
 import itertools
 import logging
 import threading
+import weakref
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Iterable, Optional, Union
+from typing import Any, AsyncIterator, Callable, Optional, Union
 
 from encdec.engine.llm_engine import LLMEngine
 from encdec.outputs import RequestOutput
@@ -168,7 +172,8 @@ class AsyncLLMEngine:
         return self.engine.scheduler_config
 
     def is_healthy(self) -> bool:
-        return self._dead is None
+        """False once the engine failed or shutdown began: it takes no more requests."""
+        return self._dead is None and not self._stopping
 
     @property
     def dead_error(self) -> Optional[BaseException]:
@@ -264,7 +269,10 @@ class AsyncLLMEngine:
         """Stop a request, or each of a list of them (vLLM's signature), wherever it is (done by
         the engine thread before its next step); its caller gets a last output (finish_reason
         "abort" where a completion had not finished)."""
-        for one in [request_id] if isinstance(request_id, str) else request_id:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id) if isinstance(request_id, Iterable) else [None]
+        if not all(isinstance(one, str) for one in ids):
+            raise ValueError(f"request_id must be a string or an iterable of them, got {request_id!r}")
+        for one in ids:
             self._abort(one, None)
 
     def _abort(self, request_id: str, stream: Optional[RequestStream]) -> None:
@@ -279,7 +287,8 @@ class AsyncLLMEngine:
             raise EngineDeadError(f"the engine stopped after an error and takes no more requests: "
                                   f"{type(self._dead).__name__}: {self._dead}") from self._dead
         if self._stopping:
-            raise EngineDeadError("the engine is shutting down")
+            stopped = self._thread is None or not self._thread.is_alive()
+            raise EngineDeadError(f"the engine {'is shut down' if stopped else 'is shutting down'}")
         if job and self.max_waiting_requests is not None:
             room = after = self._room()
             for _ in range(job):
@@ -293,47 +302,49 @@ class AsyncLLMEngine:
     # -- the engine loop -------------------------------------------------------------------
     def _ensure_running(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="encdec-engine", daemon=True)
+            self._thread = threading.Thread(target=_engine_thread, args=(weakref.ref(self), self._wakeup),
+                                            name="encdec-engine", daemon=True)
             self._thread.start()
+            weakref.finalize(self, self._wakeup.set)  # dropped without shutdown(): the thread ends
         self._wakeup.set()
 
-    def _run(self) -> None:
-        try:
-            self._serve()
-        except BaseException as err:  # the engine is in an unknown state: stop serving
-            self._fail_all(err)
-            return
-        self._fail_all(EngineDeadError("the engine shut down"), dead=False)
-
-    def _serve(self) -> None:
-        """Take in requests and aborts, step, hand out the outputs; until shutdown."""
-        engine = self.engine
+    def _serve_until_idle(self) -> Optional[bool]:
+        """Take in requests and aborts and step until none is left: whether it stepped; None
+        once the engine stopped (shut down, or failed: then in an unknown state, it serves no
+        more)."""
         stepped = False
-        while not self._stopping:
-            self._drain_inbox()
-            self._count_free_places()  # aborts free places
-            if not engine.has_unfinished_requests():
-                if not self._wakeup.wait(IDLE_TRIM_SECONDS if stepped else None):
-                    trim_heap()  # idle a while: give back the pages the steps' activations left free
-                    stepped = False
-                self._wakeup.clear()
+        try:
+            while not self._stopping:
+                self._drain_inbox()
+                self._count_free_places()  # aborts free places
+                if not self.engine.has_unfinished_requests():
+                    return stepped
+                stepped = True
+                self._step()
+        except BaseException as err:
+            self._fail_all(err)
+            return None
+        self._fail_all(EngineDeadError("the engine shut down"), dead=False)
+        return None
+
+    def _step(self) -> None:
+        """One engine step; each output to its request's caller."""
+        engine = self.engine
+        outputs = engine.step()
+        self._count_free_places()  # before the outputs: a caller told it finished may add more
+        for request_id, error in engine.take_failures().items():  # theirs alone
+            stream = self._streams.pop(request_id, None)
+            if stream is not None:
+                stream.put(error)
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
                 continue
-            stepped = True
-            outputs = engine.step()
-            self._count_free_places()  # before the outputs: a caller told it finished may add more
-            for request_id, error in engine.take_failures().items():  # theirs alone
-                stream = self._streams.pop(request_id, None)
-                if stream is not None:
-                    stream.put(error)
-            for out in outputs:
-                stream = self._streams.get(out.request_id)
-                if stream is None:
-                    continue
-                delivered = stream.put(out)
-                if out.finished or not delivered:
-                    del self._streams[out.request_id]
-                    if not out.finished:  # its caller is gone
-                        engine.abort_request(out.request_id)
+            delivered = stream.put(out)
+            if out.finished or not delivered:
+                del self._streams[out.request_id]
+                if not out.finished:  # its caller is gone
+                    engine.abort_request(out.request_id)
 
     def _drain_inbox(self) -> None:
         while self._inbox:
@@ -346,8 +357,8 @@ class AsyncLLMEngine:
                 stream = self._streams.get(request_id)
                 if stream is None or (owner is not None and owner is not stream):
                     continue  # over, or another caller's request now
-                del self._streams[request_id]
                 last = self.engine.abort_request(request_id, final_output=owner is None)
+                del self._streams[request_id]  # only now: were the abort to fail, its caller hears of it
                 if last is not None:
                     stream.put(last)
                 continue
@@ -357,6 +368,9 @@ class AsyncLLMEngine:
             except Exception as err:  # the caller's request is bad: refuse it alone
                 stream.resolve(err)
                 continue
+            except BaseException:  # the engine stops: back in the inbox, its caller hears of it with the rest
+                self._inbox.appendleft(item)
+                raise
             self._streams[request_id] = stream
             stream.resolve(None)
 
@@ -388,3 +402,23 @@ class AsyncLLMEngine:
         self._wakeup.set()
         if self._thread is not None:
             await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+
+
+def _engine_thread(ref: weakref.ref, wakeup: threading.Event) -> None:
+    """The engine thread: serve the `AsyncLLMEngine` behind `ref` until it stops, holding it only
+    while it has work, so that one dropped without `shutdown()` is collected (its finalizer wakes
+    this thread, which then ends). Idle a while after steps, it gives their freed memory back."""
+    stepped = False
+    while True:
+        async_engine = ref()
+        if async_engine is None:
+            return
+        outcome = async_engine._serve_until_idle()
+        del async_engine
+        if outcome is None:
+            return
+        stepped = stepped or outcome
+        if not wakeup.wait(IDLE_TRIM_SECONDS if stepped else None):
+            trim_heap()  # idle a while: give back the pages the steps' activations left free
+            stepped = False
+        wakeup.clear()

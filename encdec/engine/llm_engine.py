@@ -154,6 +154,10 @@ class LLMEngine:
                              f"got {type(params).__name__}")
         if request_id in self.groups:
             raise ValueError(f"request_id {request_id!r} is already in use")
+        arrival_time = number("arrival_time", arrival_time, none=True)
+        if not (isinstance(return_cross_kv, bool) or callable(return_cross_kv)):
+            raise ValueError(f"return_cross_kv must be a bool or a callable, got {return_cross_kv!r}")
+        params = dataclasses.replace(params)  # checked again: its fields may have changed since
         inputs = self.input_preprocessor.preprocess(prompt, params.truncate_prompt_tokens)
         resolved = self._resolve(params, inputs.prompt_token_ids)
         if resolved.forced_bos_token_id is not None and not _has_decoder_prompt(prompt):
@@ -175,7 +179,7 @@ class LLMEngine:
         encoder_seq = Sequence.from_inputs(next(self.seq_ids), inputs, block_size, False)
         generator = (torch.Generator(device=self.device).manual_seed(params.seed)
                      if params.seed is not None else self.generator)
-        group = SequenceGroup(request_id, [seq], params, arrival_time or time.monotonic(),
+        group = SequenceGroup(request_id, [seq], params, time.monotonic() if arrival_time is None else arrival_time,
                               encoder_seq, inputs.encoder_features, generator,
                               BeamSearch(params) if params.use_beam_search else None, return_cross_kv,
                               inputs.cross_kv)
@@ -262,7 +266,7 @@ class LLMEngine:
         """Stop a request (or each of a list of them, as vLLM takes them) wherever it is and
         free its blocks; unknown ids are ignored. With `final_output` and one id, returns the
         request's last output (its unfinished completions' finish_reason "abort", as vLLM ends
-        an aborted request's stream)."""
+        an aborted request's stream; `n` of them also before the request first ran)."""
         if not isinstance(request_id, str):
             for one in request_id:
                 self.abort_request(one)
@@ -270,7 +274,12 @@ class LLMEngine:
         if not self.scheduler.abort_seq_group(request_id):
             return None
         group = self.groups.pop(request_id, None)
-        output = self.output_processor.make_output(group) if final_output and group is not None else None
+        output = None
+        if final_output and group is not None:
+            seqs = group.get_seqs()
+            for _ in range(group.sampling_params.n - len(seqs)):  # aborted before its first step forked it
+                group.add(seqs[0].fork(next(self.seq_ids)))
+            output = self.output_processor.make_output(group)
         self.output_processor.abort(request_id)
         return output
 

@@ -7,8 +7,10 @@ batch it shares does not matter), and every block must be free once the callers 
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -102,6 +104,18 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
             await collect("Hello", SamplingParams(max_tokens=4, stop_token_ids=[10**6]))
         with pytest.raises(ValueError, match="SamplingParams"):
             await collect("Hello", "greedy")
+        # a bad field beside the prompt: refused by name, its id not kept, the others untouched
+        with pytest.raises(ValueError, match="arrival_time must be a number or None, got 'now'"):
+            await anext(engine.generate("Hello", SamplingParams(max_tokens=4), request_id="x", arrival_time="now"))
+        with pytest.raises(ValueError, match="return_cross_kv must be a bool or a callable, got 'yes'"):
+            await anext(engine.generate("Hello", SamplingParams(max_tokens=4), request_id="x", return_cross_kv="yes"))
+        changed = SamplingParams(max_tokens=4)
+        changed.max_tokens = "5"
+        with pytest.raises(ValueError, match="max_tokens"):
+            await anext(engine.generate("Hello", changed, request_id="x"))
+        with pytest.raises(ValueError, match="request_id must be a string or an iterable of them, got 5"):
+            await engine.abort(5)
+        assert [out async for out in engine.generate("Hello", SamplingParams(max_tokens=2), request_id="x")][-1].finished
         outputs = await good
         assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 4
         # a burst on an idle engine: max_num_seqs (2) run, max_waiting_requests (2) wait for
@@ -469,9 +483,11 @@ def test_a_failing_forward_pass_fails_every_request_and_kills_the_engine(tiny_ba
     engine_blocks_free(engine.engine)
 
 
-def test_a_failure_between_steps_fails_every_request_and_kills_the_engine(tiny_bart_dir):
+@pytest.mark.parametrize("leave", ["aclose", "abort by id"])
+def test_a_failure_between_steps_fails_every_request_and_kills_the_engine(tiny_bart_dir, leave):
     """The engine thread fails taking in an abort (not in a step): every caller still gets the
-    error and the engine says it is dead, rather than its callers waiting forever."""
+    error (also the one whose request it was aborting by id) and the engine says it is dead,
+    rather than its callers waiting forever."""
     engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
 
     def broken(*args, **kwargs):
@@ -482,13 +498,21 @@ def test_a_failure_between_steps_fails_every_request_and_kills_the_engine(tiny_b
     async def consume(i):
         return [out async for out in engine.generate(f"Request {i}", params)]
 
+    async def consume_rest(generator):
+        return [out async for out in generator]
+
     async def main():
         running = [asyncio.ensure_future(consume(i)) for i in range(4)]
-        leaving = engine.generate("Leaving", params)
+        leaving = engine.generate("Leaving", params, request_id="leaving")
         await anext(leaving)
         engine.engine.abort_request = broken
-        await leaving.aclose()  # its abort fails on the engine thread
+        if leave == "aclose":
+            await leaving.aclose()  # its abort fails on the engine thread
+        else:
+            running.append(asyncio.ensure_future(consume_rest(leaving)))
+            await engine.abort("leaving")
         results = await asyncio.wait_for(asyncio.gather(*running, return_exceptions=True), 30)
+        assert len(results) == 4 + (leave != "aclose")
         assert all(isinstance(r, EngineDeadError) and "abort failed" in str(r) for r in results), results
         assert not engine.is_healthy()
         with pytest.raises(EngineDeadError, match="abort failed"):
@@ -496,6 +520,78 @@ def test_a_failure_between_steps_fails_every_request_and_kills_the_engine(tiny_b
 
     asyncio.run(main())
     engine_blocks_free(engine.engine)
+
+
+def test_abort_before_the_first_step_gives_n_completions(tiny_bart_dir):
+    """A request of n completions (samples or beams) aborted while it waits ends with n of
+    them, finish_reason "abort", as one aborted while it runs does."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200, max_num_seqs=3)
+    long = dict(max_tokens=200, ignore_eos=True)
+
+    async def until(condition):
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+
+    async def aborted(request_id, params, unfinished):
+        """The last completions of a request aborted once `unfinished` requests are in."""
+        caller = asyncio.ensure_future(collect(engine.generate("Rain", params, request_id=request_id)))
+        await until(lambda: engine.engine.get_num_unfinished_requests() == unfinished)
+        await engine.abort(request_id)
+        return [(c.index, c.finish_reason) for c in (await asyncio.wait_for(caller, 30))[-1].outputs]
+
+    async def collect(generator):
+        return [out async for out in generator]
+
+    async def main():
+        running = asyncio.ensure_future(collect(engine.generate(  # fills the batch's 3 places
+            "Rain", SamplingParams(n=3, temperature=1.0, **long), request_id="running")))
+        await until(lambda: engine.engine.scheduler.running)
+        for request_id, params in (("sampled", SamplingParams(n=3, temperature=1.0, **long)),
+                                   ("beams", SamplingParams(n=2, beam_width=3, **long))):
+            assert await aborted(request_id, params, 2) == [(i, "abort") for i in range(params.n)]
+            assert [g.request_id for g in engine.engine.scheduler.running] == ["running"]  # they waited
+        await engine.abort("running")
+        outputs = await asyncio.wait_for(running, 30)
+        assert [(c.index, c.finish_reason) for c in outputs[-1].outputs] == [(0, "abort"), (1, "abort"), (2, "abort")]
+        await engine.shutdown()
+
+    asyncio.run(main())
+    engine_blocks_free(engine.engine)
+
+
+def test_an_engine_dropped_without_shutdown_is_freed(tiny_bart_dir):
+    """A notebook cell run again drops its engine: the engine thread holds it only while it has
+    work, so the engine (weights, cache) is collected and its thread ends. After `shutdown()`
+    the engine says it is not healthy and refuses requests as shut down."""
+    def cell():
+        engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
+
+        async def use():
+            return [out async for out in engine.generate("Rain", SamplingParams(max_tokens=3))][-1]
+
+        assert asyncio.run(use()).finished
+        return weakref.ref(engine)
+
+    refs = [cell() for _ in range(3)]
+    gc.collect()
+    assert [ref() for ref in refs] == [None] * 3
+    deadline = time.monotonic() + 10
+    while any(t.name == "encdec-engine" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [t for t in threading.enumerate() if t.name == "encdec-engine"]
+
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=200)
+
+    async def shut():
+        assert engine.is_healthy()
+        await engine.shutdown()
+        assert not engine.is_healthy() and engine.dead_error is None
+        with pytest.raises(EngineDeadError, match="the engine is shut down"):
+            await anext(engine.generate("Rain", SamplingParams(max_tokens=3)))
+
+    asyncio.run(shut())
 
 
 @pytest.fixture(scope="module")
