@@ -120,7 +120,7 @@ class LLM:
         (default) is silent; `fp16` warns if the LLM's `dtype` is not what it asks for
         (`encdec.entrypoints.whisper_console`). `options`: openai-whisper's decoding options
         (`temperature`, `best_of`, `compression_ratio_threshold`, `logprob_threshold`,
-        `no_speech_threshold`, `condition_on_previous_text`; see
+        `no_speech_threshold`, `condition_on_previous_text`, `windows_at_once`; see
         `encdec.whisper.options.TranscribeOptions`). See `encdec.whisper.transcribe`.
         """
         from encdec.entrypoints.whisper_console import check_fp16, reporter

@@ -124,8 +124,10 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
                    help="never start a window's text with a blank (default: True)")
     g.add_argument("--condition_on_previous_text", **BOOL,
                    default=DEFAULTS["condition_on_previous_text"],
-                   help="prompt each window with the text before it; False decodes all windows "
-                        "of a file at once, faster but less consistent (default: True)")
+                   help="prompt each window with the text before it (default: True)")
+    g.add_argument("--windows_at_once", **BOOL, default=DEFAULTS["windows_at_once"],
+                   help="cut a file at quiet points and decode all its windows at once, not "
+                        "conditioned: faster on one long file, less consistent (default: False)")
 
 
 def add_fallback(p: argparse.ArgumentParser) -> None:

@@ -3,11 +3,11 @@
 Whisper often ends a window early: it closes a segment, opens the next one (or not) and emits
 <|endoftext|> seconds before the window's audio ends. openai-whisper and faster-whisper decode
 one window at a time and move their `seek` to the last timestamp, so the rest is decoded next.
-Conditioned on previous text, encdec does the same (`plan_seek`). It does not decode again what
+encdec does the same (`plan_seek`). It does not decode again what
 a window holds after a decode that closed its last segment early, as they do not: on audio
 with long pauses or noise that only invited hallucinations, and it changed every later window
 (measured against openai-whisper with word timestamps: "My brother plays the guitar..." became
-"I'm going to go to the place...", after 12 s of noise). Without conditioning, encdec decodes
+"I'm going to go to the place...", after 12 s of noise). With `windows_at_once`, encdec decodes
 all windows of a file at once (its speed on long audio), so it repairs instead (`plan_window`):
 when a window's decode stops short, a follow-up window from the resume point to the window's
 end joins the same continuous batch, and so on until the window is covered.
@@ -85,7 +85,7 @@ def plan_window(spans: list[Span], texts: list[str], duration: float, timestamps
 
 def plan_seek(spans: list[Span], texts: list[str], timestamps: bool, single_ending: bool,
               compression_ratio_threshold: Optional[float] = COMPRESSION_RATIO_THRESHOLD) -> WindowPlan:
-    """The plan of a seek window (conditioned decoding, one window of an input after another):
+    """The plan of a seek window (one window of an input after another):
     `resume` is where the input's next window starts (None: at this one's end), openai-whisper's
     `seek`. A last segment left open, or looping, is dropped and decoded again from the end of
     the segment before it; a decode that ends in a pair of timestamps resumes at the first of

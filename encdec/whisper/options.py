@@ -16,7 +16,7 @@ from encdec.whisper.vad import VadOptions
 
 MAX_SEED = 2**32 - 1  # seeds are numpy's legacy range: a window's seed adds its offset to it
 FLAGS = ("timestamps", "carry_initial_prompt", "suppress_blank", "condition_on_previous_text",
-         "vad_filter", "word_timestamps")  # the options that are True or False
+         "windows_at_once", "vad_filter", "word_timestamps")  # the options that are True or False
 
 InitialPrompt = Union[str, Sequence[int], None]  # text, or token ids (faster-whisper's)
 
@@ -40,8 +40,9 @@ class TranscribeOptions:
     `word_timestamps` gives each segment its `words` (`encdec.whisper.timing`; the marks of
     `prepend_punctuations` and `append_punctuations` join the next and the previous word, as in
     openai-whisper); with them, `hallucination_silence_threshold` (seconds) drops a segment that
-    looks like a hallucination between silences and the rest of its window, and, conditioned,
-    decodes again from there and skips the silence before one, by openai-whisper's rules.
+    looks like a hallucination between silences and the rest of its window, and (unless
+    `windows_at_once`) decodes again from there and skips the silence before one, by
+    openai-whisper's rules.
     Sampling is seeded per window from `seed` (in [0, `MAX_SEED`]), so a transcript does not
     depend on what else shares the batch; `seed=None` samples from the engine's generator, as
     `SamplingParams(seed=None)`. `vad_filter`
@@ -50,13 +51,15 @@ class TranscribeOptions:
     At temperature 0 a window is decoded greedily, or with beam search of `beam_size` beams
     (openai-whisper's `patience`). A window's candidates (beams, or `best_of` samples) are
     ranked as openai-whisper ranks them: by their log-probability over their length, or with
-    `length_penalty` over ((5 + length) / 6) ** length_penalty. `condition_on_previous_text`:
-    each window of an input is prompted with the text before it and starts where the last
-    decode left off, so an input's windows run one after another (other inputs' windows fill
-    the batch); off, all windows run at once (faster on one long input, about a point of WER
-    worse: measured in `encdec.whisper.pipeline`'s docstring; only an input's first window is then prompted
-    with `initial_prompt`, every window with `carry_initial_prompt`). A decode sampled hotter
-    than `prompt_reset_on_temperature` (in [0, 2], as temperatures are) is not passed on.
+    `length_penalty` over ((5 + length) / 6) ** length_penalty. Each window of an input starts
+    where the last decode left off (openai-whisper's seek), so an input's windows run one after
+    another (other inputs' windows fill the batch), prompted with the text before them
+    (`condition_on_previous_text`; off, as in openai-whisper, only an input's first window is
+    prompted with `initial_prompt`, every window with `carry_initial_prompt`). A decode
+    sampled hotter than `prompt_reset_on_temperature` (in [0, 2], as temperatures are) is not
+    passed on. `windows_at_once` cuts an input at quiet points and decodes all its windows at
+    once, not conditioned (as faster-whisper's `BatchedInferencePipeline`): faster on one long
+    input, about a point of WER worse (measured in `encdec.whisper.pipeline`'s docstring).
 
     Every value is checked here, before any work: flags are True or False, prompts and
     punctuation marks strings, numbers real numbers (not bools, not NaN) within their ranges.
@@ -80,6 +83,7 @@ class TranscribeOptions:
     logprob_threshold: Optional[float] = LOGPROB_THRESHOLD
     no_speech_threshold: Optional[float] = NO_SPEECH_THRESHOLD
     condition_on_previous_text: bool = True
+    windows_at_once: bool = False
     prompt_reset_on_temperature: float = 0.5
     seed: Optional[int] = 0
     vad_filter: bool = False

@@ -6,9 +6,9 @@ hands each finished output to `finish()`, submits the follow-ups that returns, a
 job runs under the offline `LLM` and under the async engine, and a window can be submitted
 when another one finishes, while other files' windows keep the batch full.
 
-* Windows: conditioned on previous text (the default), an input's next window starts where its
-  last decode left off and runs 30 s or to its clip's end (`plan_seek`, openai-whisper's
-  `seek`). Otherwise audio longer than 30 s is cut at quiet points (`encdec.whisper.windows`)
+* Windows: an input's next window starts where its last decode left off and runs 30 s or to its
+  clip's end (`plan_seek`, openai-whisper's `seek`). With `windows_at_once`, audio longer than
+  30 s is cut at quiet points (`encdec.whisper.windows`)
   and a window whose decode stops short gets a follow-up window for the rest of its audio
   (`plan_window`; both in `encdec.whisper.coverage`). Windows are decoded with timestamp
   tokens whenever the vocabulary has them, also for a transcript without timestamps: they
@@ -29,14 +29,14 @@ when another one finishes, while other files' windows keep the batch full.
   first 30 s from its first clip's start, the decoder prompt <|startoftranscript|> alone, as
   faster-whisper detects it; all the input's windows wait for it and are decoded in that
   language. The input's first window takes the detection's cross cache when it has the same
-  frames (always when conditioned), so that too is one encoder run.
+  frames (always, unless windows at once), so that too is one encoder run.
 * No speech: silent windows (below -84 dBFS) are not decoded; a decoded window is dropped
   when `no_speech_prob > 0.6` and its decode is unsure (`encdec.whisper.silence`).
   `avg_logprob` is the sampled tokens' log-probability sum over (their number + 1).
 * Conditioning (`condition_on_previous_text`, on by default as in openai-whisper and
-  faster-whisper): an input's windows run one after another, each prompted with the text kept
-  so far; the windows of other inputs fill the batch meanwhile. Off, every window of every
-  input runs at once.
+  faster-whisper): each window is prompted with the text kept so far. An input's windows run
+  one after another, the windows of other inputs filling the batch meanwhile; with
+  `windows_at_once` (never conditioned) every window of every input runs at once.
 
 Measured before the windows followed the decodes (conditioned windows were cut at quiet
 points too; they now give openai-whisper's segments on those clips) on the long clips of
@@ -55,7 +55,7 @@ greedy, the same weights:
 On three more clips (484 s) tiny.en/base: at once 13.2%/10.0%, conditioned 12.4%/9.0%,
 faster-whisper 11.7%/8.9% (not conditioned 13.2%/8.9%). So the repair loop brings back every
 lost sentence, and conditioning is what closes the last point to faster-whisper's default;
-windows at once stay for speed on one long input (`condition_on_previous_text=False`).
+windows at once stay for speed on one long input (`windows_at_once=True`).
 Without timestamps the decode used to stop after the first of three utterances in a window or
 start 12 s late; decoding with timestamps and printing none loses nothing.
 """
@@ -203,13 +203,13 @@ class TranscriptionJob:
         self.languages = [options.language if tokens.multilingual else "en"] * len(audios)
         self.language_probabilities = [1.0] * len(audios)
         self.clips = [_clips(audio, options.clip_timestamps) for audio in audios]  # per input, in samples
-        # conditioned, an input's windows follow its decodes (`plan_seek`): each clip's first is made here
-        self.seek = options.condition_on_previous_text
+        # unless at once, an input's windows follow its decodes (`plan_seek`): each clip's first is made here
+        self.seek = not options.windows_at_once
         cuts = (lambda clip: [(0, min(len(clip), N_SAMPLES))]) if self.seek else split_windows
         self.windows = [Window(index, clip_start + start, clip_start + end, WindowState())
                         for index, audio in enumerate(audios) for clip_start, clip_end in self.clips[index]
                         for start, end in cuts(audio[clip_start:clip_end])]
-        self.queued: list[list[Window]] = [[] for _ in audios]  # conditioned: windows waiting their turn
+        self.queued: list[list[Window]] = [[] for _ in audios]  # seek windows waiting their turn
         self.on_progress = on_progress
         self.on_segments = on_segments
         self.on_language = on_language
@@ -223,8 +223,8 @@ class TranscriptionJob:
         self.arrival_time = time.monotonic()
 
     def start(self) -> list[WindowRequest]:
-        """A request for every window with sound (conditioned on previous text: for the first
-        window of each input); silent windows count as done at once. An input whose language is
+        """A request for every window with sound (seek windows: for the first window of each
+        input); silent windows count as done at once. An input whose language is
         to be detected gets a detection request first (`_detection_request`), and its windows'
         requests come when that finishes."""
         voiced = [w for w in self.windows if not is_silent(self._audio(w))]
@@ -252,7 +252,7 @@ class TranscriptionJob:
         """The request that detects an input's language, as faster-whisper detects it: from the
         logits after <|startoftranscript|> alone on the input's first 30 s (from its first
         clip's start). It returns its cross cache when the input's first window to decode has
-        the same frames (always with `condition_on_previous_text`, unless that one is silent)."""
+        the same frames (always for seek windows, unless that one is silent)."""
         start = self.clips[index][0][0] if self.clips[index] else 0
         window = Window(index, start, min(start + N_SAMPLES, len(self.audios[index])), WindowState())
         prompt = {"encoder_prompt": self._encoder_prompt(window), "decoder_prompt": [self.tokens.sot]}
@@ -266,8 +266,8 @@ class TranscriptionJob:
         return request
 
     def _release(self, index: int) -> list[WindowRequest]:
-        """The requests of an input's windows once its language is known: all of them, or when
-        conditioned on previous text, the first one (`_next` makes the others in turn)."""
+        """The requests of an input's windows once its language is known: all of them, or for
+        seek windows the first one (`_next` makes the others in turn)."""
         queue = self.queued[index]
         if not self.seek:
             self.queued[index] = []
@@ -504,17 +504,17 @@ class TranscriptionJob:
             start = after.end
 
     def _next(self, window: Window, follow_up: Optional[Window]) -> list[WindowRequest]:
-        """The follow-up's request, or when conditioned, the input's next window's."""
+        """The follow-up's request, or for seek windows, the input's next window's."""
         if follow_up is not None:
             return [self._request(follow_up)]
         queue = self.queued[window.input_index]
         return [self._request(queue.pop(0))] if queue else []
 
     def _extend_context(self, index: int, kept: list[Span], temperature: float) -> None:
-        """Seek windows (conditioned on previous text): the kept segments, with their timestamps,
-        join the input's context; a decode sampled hotter than `prompt_reset_on_temperature`
-        resets it (`_reset_context`)."""
-        if temperature > self.options.prompt_reset_on_temperature:
+        """Seek windows: the kept segments, with their timestamps, join the input's context;
+        not conditioned on previous text, or after a decode sampled hotter than
+        `prompt_reset_on_temperature`, it is reset instead (`_reset_context`)."""
+        if not self.options.condition_on_previous_text or temperature > self.options.prompt_reset_on_temperature:
             self.context[index] = self._reset_context()
             return
         for span in kept:

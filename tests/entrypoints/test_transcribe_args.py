@@ -240,7 +240,7 @@ def test_option_errors_name_the_flag(llm, capsys, argv, message):
     (["--best_of", "x"], "argument --best_of: expected an integer in [1, 256] or None, got 'x'"),
     (["--length_penalty", "2"], "argument --length_penalty: expected a number in [0, 1] or None, got '2'"),
     (["--temperature_increment_on_fallback", "-1"], "expected a finite number >= 0 or None, got '-1'"),
-    (["--vad_speech_pad_ms", "1.5"], "argument --vad_speech_pad_ms: expected an integer >= 0"),
+    (["--vad_speech_pad_ms", "-1"], "argument --vad_speech_pad_ms: expected a finite number >= 0, got '-1'"),
     (["--max_line_width", "0"], "argument --max_line_width: expected an integer >= 1"),
     (["--threads", "-1"], f"argument --threads: expected an integer in [0, {cli.MAX_THREADS}], got '-1'"),
     (["-f", "doc"], "argument --output_format/-f: invalid choice: 'doc'"),

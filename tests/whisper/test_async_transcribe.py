@@ -109,11 +109,11 @@ def test_a_refused_job_reads_every_windows_refusal(long_clips):
 
     async def main():
         asyncio.get_running_loop().set_exception_handler(lambda _, context: unread.append(context["message"]))
-        first = asyncio.ensure_future(engine.transcribe(long, condition_on_previous_text=False))
+        first = asyncio.ensure_future(engine.transcribe(long, windows_at_once=True))
         while engine.num_queued() == 0:  # its windows are in: one running, the others waiting
             await asyncio.sleep(0.01)
         with pytest.raises(EngineOverloaded):
-            await engine.transcribe(long, condition_on_previous_text=False)
+            await engine.transcribe(long, windows_at_once=True)
         first.cancel()
         await asyncio.gather(first, return_exceptions=True)
         await engine.shutdown()

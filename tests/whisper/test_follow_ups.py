@@ -93,7 +93,7 @@ def run(script, seconds=40.0, **options):
     """Transcribe `seconds` of clock audio; windows at once unless the options say otherwise."""
     audio = clock_audio(seconds)
     engine = ScriptedEngine(script)
-    options.setdefault("condition_on_previous_text", False)
+    options.setdefault("windows_at_once", True)
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio], TranscribeOptions(**options))
     engine.run(job)
     return engine.requests, job.results([None])[0]
@@ -133,8 +133,8 @@ def test_an_open_last_segment_is_decoded_again_from_its_start():
     assert result.text.split() == ["w1", "w3", "w3"]
 
 
-@pytest.mark.parametrize("condition", [False, True])
-def test_a_looping_last_segment_is_dropped_and_decoded_again(condition):
+@pytest.mark.parametrize("at_once", [True, False])
+def test_a_looping_last_segment_is_dropped_and_decoded_again(at_once):
     loop = [7, 8, 9] * 20
 
     def script(start, duration, temperature):
@@ -143,11 +143,11 @@ def test_a_looping_last_segment_is_dropped_and_decoded_again(condition):
         return [ts(0.0), 4, ts(duration), EOT], -0.2
 
     # no fallback: the loop stays
-    requests, result = run(script, temperature=0.0, condition_on_previous_text=condition)
+    requests, result = run(script, temperature=0.0, windows_at_once=at_once)
     assert 8.0 in [start for start, *_ in requests]
     assert "w7 w8 w9 w7" not in result.text and result.text.startswith("w1 w2 w3 w4")
     # without a compression ratio threshold nothing loops
-    requests, result = run(script, temperature=0.0, condition_on_previous_text=condition,
+    requests, result = run(script, temperature=0.0, windows_at_once=at_once,
                            compression_ratio_threshold=None)
     assert 8.0 not in [start for start, *_ in requests] and "w7 w8 w9 w7" in result.text
 
@@ -173,7 +173,7 @@ def test_words_repeated_where_a_conditioned_window_seeks_back_are_kept():
             return [ts(0.0), 2, 3, 6, ts(4.0), EOT], -0.2
         return [ts(0.0), 7, ts(duration), EOT], -0.2
 
-    _, result = run(script, temperature=0.0, condition_on_previous_text=True)
+    _, result = run(script, temperature=0.0, windows_at_once=False)
     assert (result.segments[1].start, result.segments[1].end, result.segments[1].text) == (5.0, 9.0, " w2 w3 w6")
 
 
@@ -288,8 +288,8 @@ def test_without_timestamps_the_window_is_one_segment_of_its_kept_text():
         (0.0, 9.0, " w1 w2"), (9.0, round(requests[1][0], 2), " w3")]
 
 
-@pytest.mark.parametrize("conditioned", [True, False])
-def test_without_timestamps_a_segment_ends_by_its_windows_end(conditioned):
+@pytest.mark.parametrize("at_once", [False, True])
+def test_without_timestamps_a_segment_ends_by_its_windows_end(at_once):
     """The last window's decode closes at a timestamp past the audio's end (a loop, say): its
     one segment still ends with the audio (it ended 4 s past it)."""
     def script(start, duration, temperature):
@@ -297,7 +297,7 @@ def test_without_timestamps_a_segment_ends_by_its_windows_end(conditioned):
             return [ts(0.0), 1, ts(24.0), ts(24.0), EOT], -0.2
         return [ts(0.0), 2, ts(10.0), ts(10.0), 3, ts(20.0), ts(20.0), EOT], -0.2
 
-    requests, result = run(script, timestamps=False, condition_on_previous_text=conditioned)
+    requests, result = run(script, timestamps=False, windows_at_once=at_once)
     assert requests[-1][0] + 20.0 > 40.0  # the last window's decode closes past the end
     assert all(s.end <= 40.0 for s in result.segments)
     assert (round(result.segments[-1].end, 2), result.segments[-1].text) == (40.0, " w2 w3")
@@ -376,7 +376,7 @@ def test_segments_are_reported_in_time_order_as_soon_as_what_precedes_them_is_de
 
     reported = []
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
-                           TranscribeOptions(condition_on_previous_text=False),
+                           TranscribeOptions(windows_at_once=True),
                            on_segments=lambda index, segments: reported.append(
                                [(s.id, round(s.start, 2), s.text) for s in segments]))
     engine = ScriptedEngine(script)
@@ -402,7 +402,7 @@ def test_conditioned_windows_follow_the_decodes_prompted_with_the_text_before_th
     audio = clock_audio(60.0)
     engine = ScriptedEngine(script)
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio, audio[:10 * SAMPLE_RATE]],
-                           TranscribeOptions(condition_on_previous_text=True))
+                           TranscribeOptions())
     engine.run(job)
     # both inputs' first windows at once, then each input's next one when its last is decoded
     assert engine.requests == [(0.0, 30.0, 0.0), (0.0, 10.0, 0.0), (4.0, 30.0, 0.0), (4.0, 6.0, 0.0),
@@ -417,22 +417,25 @@ def test_conditioned_windows_follow_the_decodes_prompted_with_the_text_before_th
 
 
 @pytest.mark.parametrize("carry", [False, True])
-def test_unconditioned_windows_after_the_first_get_no_initial_prompt(carry):
+@pytest.mark.parametrize("options", [dict(condition_on_previous_text=False), dict(windows_at_once=True)], ids=str)
+def test_unconditioned_windows_after_the_first_get_no_initial_prompt(carry, options):
     """As openai-whisper and faster-whisper reset the prompt after each window when not
     conditioning: the initial prompt reaches an input's first window only (every window
-    with `carry_initial_prompt`), follow-ups included."""
+    with `carry_initial_prompt`), follow-ups included. Not conditioned, windows still follow
+    the decodes, as openai-whisper's do; at once, they are cut at quiet points."""
     def script(start, duration, temperature):
-        if start == 0.0:
-            return [ts(0.0), 1, ts(5.0), EOT], -0.2
+        if start == 0.0:  # a pair of timestamps: the next window starts at 5.0
+            return [ts(0.0), 1, ts(5.0), ts(5.0), EOT], -0.2
         return [ts(0.0), 2, ts(duration), EOT], -0.2
 
     engine = ScriptedEngine(script)
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)], TranscribeOptions(
-        condition_on_previous_text=False, initial_prompt="w7 w8", carry_initial_prompt=carry))
+        initial_prompt="w7 w8", carry_initial_prompt=carry, **options))
     engine.run(job)
-    assert [r[0] for r in engine.requests] == [0.0, 27.5, 52.5, 5.0]  # the last: a follow-up
+    starts = [r[0] for r in engine.requests]
+    assert starts == ([0.0, 27.5, 52.5, 5.0] if "windows_at_once" in options else [0.0, 5.0, 35.0])
     prompted = [SOT_PREV, 7, 8, SOT]
-    assert engine.prompts == [prompted] + [prompted if carry else [SOT]] * 3
+    assert engine.prompts == [prompted] + [prompted if carry else [SOT]] * (len(starts) - 1)
 
 
 def test_a_hot_decode_is_not_passed_on():
@@ -537,7 +540,7 @@ def test_hotwords_open_every_prompt_and_a_carried_initial_prompt_stays():
 def test_clip_timestamps_limit_the_audio_decoded():
     engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
-                           TranscribeOptions(clip_timestamps="2,5,40", condition_on_previous_text=False))
+                           TranscribeOptions(clip_timestamps="2,5,40", windows_at_once=True))
     engine.run(job)
     assert [(r[0], r[1]) for r in engine.requests] == [(2.0, 3.0), (40.0, 20.0)]
     (result,) = job.results([None])
@@ -545,7 +548,7 @@ def test_clip_timestamps_limit_the_audio_decoded():
     # times between frames start and end on a frame, as openai-whisper's seek points
     engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
     job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(10.0)],
-                           TranscribeOptions(clip_timestamps="1.237,5.004", condition_on_previous_text=False))
+                           TranscribeOptions(clip_timestamps="1.237,5.004", windows_at_once=True))
     engine.run(job)
     (result,) = job.results([None])
     assert [(s.start, s.end, s.seek) for s in result.segments] == [(1.24, 5.0, 124)]

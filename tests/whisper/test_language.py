@@ -110,8 +110,8 @@ def test_a_prompt_does_not_sway_the_detected_language(base, base_assets, ct2_dir
     assert_all_blocks_free(base)
 
 
-@pytest.mark.parametrize("conditioned", [True, False])
-def test_an_input_has_the_language_of_its_first_30_seconds(base, language_clips, conditioned):
+@pytest.mark.parametrize("at_once", [False, True])
+def test_an_input_has_the_language_of_its_first_30_seconds(base, language_clips, at_once):
     """One detection an input, on its first 30 s, as openai-whisper and faster-whisper
     detect (unless told `multilingual`): Spanish speech then English is decoded as Spanish
     throughout, windows decoded at once included (each used to detect its own)."""
@@ -122,7 +122,7 @@ def test_an_input_has_the_language_of_its_first_30_seconds(base, language_clips,
     audio = np.concatenate([*spanish, np.zeros(2 * SAMPLE_RATE, np.float32), *english])
     engine = base.llm_engine
     job = TranscriptionJob(engine.model_config.special_tokens, engine.tokenizer, engine.model_config.max_decoder_len,
-                           [audio], TranscribeOptions(condition_on_previous_text=conditioned, temperature=0.0))
+                           [audio], TranscribeOptions(windows_at_once=at_once, temperature=0.0))
     run_job(engine, job)
     tokens = engine.model_config.special_tokens
     detections = [r for r in job.requests_made if r.detects]

@@ -68,12 +68,12 @@ def test_base_long_clips_match_faster_whisper(base, base_assets, ct2_dir, long_c
 
 
 def test_windows_that_end_early_get_follow_ups_and_no_sentence_is_lost(tiny_en, long_clips):
-    """Windows decoded at once, as `condition_on_previous_text=False` runs them: the 3-minute
+    """Windows decoded at once, as `windows_at_once=True` runs them: the 3-minute
     clip's windows stop short, their follow-ups start where the kept text ends, and every
     sentence is in the transcript."""
     pauses = long_clips[0]
     assert pauses.seconds > 170
-    job = transcribe_job(tiny_en, [pauses], condition_on_previous_text=False)
+    job = transcribe_job(tiny_en, [pauses], windows_at_once=True)
     windows = split_windows(pauses.audio)
     firsts = [r for r in job.requests_made if not r.window.follow_ups]
     assert [(r.window.start, r.window.end) for r in firsts] == windows
@@ -111,7 +111,7 @@ def test_conditioned_windows_are_prompted_with_the_previous_windows_text(tiny_en
 
 @pytest.mark.parametrize("resume", [27.5, 31.0])  # speech resumes inside the first cut's zone; past its limit
 def test_a_window_starts_close_to_the_speech_after_a_long_silence(tiny_en, speech_dir, resume):
-    """Cut at quiet points (`condition_on_previous_text=False`), the window after a long digital
+    """Cut at quiet points (`windows_at_once=True`), the window after a long digital
     silence starts at most a second before the speech, where tiny.en would invent text for
     seconds of silence (" 1. 1. 1."), and nothing is transcribed inside the silence."""
     parts = [speak(speech_dir, f"gap{i}", voice, speed, text) for i, (voice, speed, text) in enumerate(CORPUS[:8])]
@@ -123,7 +123,7 @@ def test_a_window_starts_close_to_the_speech_after_a_long_silence(tiny_en, speec
     starts = [start / SAMPLE_RATE for start, _ in split_windows(audio)]
     resumed = next(start for start in starts if start > speech_end)
     assert speech_start - 1.0 <= resumed <= speech_start
-    [result] = tiny_en.transcribe([audio], language="en", condition_on_previous_text=False, temperature=0.0)
+    [result] = tiny_en.transcribe([audio], language="en", windows_at_once=True, temperature=0.0)
     assert all(s.start < speech_end or s.start >= speech_start - 1.0 for s in result.segments), result.segments
     sentences = [text for _, _, text in CORPUS[:8]]
     assert min(sentence_coverage(sentences, result.text)) >= 0.5, result.text

@@ -41,14 +41,16 @@ def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options, num_
 
 
 @pytest.mark.parametrize("clip, options", [(2, {"clip_timestamps": "33.3"}),
-                                           (2, {"initial_prompt": "Museum, harvest, bakery.", "temperature": 0.0})],
-                         ids=["86s-from-33.3s", "86s-prompted"])
+                                           (2, {"initial_prompt": "Museum, harvest, bakery.", "temperature": 0.0}),
+                                           (2, {"initial_prompt": "Museum, harvest, bakery.", "temperature": 0.0,
+                                                "condition_on_previous_text": False})],
+                         ids=["86s-from-33.3s", "86s-prompted", "86s-not-conditioned"])
 def test_long_audio_segments_equal_openai_whisper(tiny_en, reference, long_clips, clip, options):
     """Past 30 s (the defaults on the 102 s clip: test_verbose_prints_what_openai_whisper_prints;
     the 86 s clip whole: test_words_equal_openai_whisper), a clip that starts mid-input hears the
     audio before its first frame. Prompted, the third window's prompt fills its 223 tokens and
     its decode runs to the decoder's last position, where the last of its 224 tokens takes
-    none."""
+    none. Not conditioned, the windows still follow the decodes, the first alone prompted."""
     audio = long_clips[clip].audio
     (ours,) = tiny_en.transcribe([(audio, 16000)], **options)
     assert_segments_equal(ours, segments_of(whisper.transcribe(reference, audio, fp16=False, **options)))

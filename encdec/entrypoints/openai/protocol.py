@@ -228,6 +228,7 @@ class TranslationRequest(OpenAIBaseModel):
     logprob_threshold: Optional[float] = None
     no_speech_threshold: Optional[float] = Field(None, ge=0.0, le=1.0)
     condition_on_previous_text: Optional[bool] = None
+    windows_at_once: Optional[bool] = None
     hotwords: Optional[str] = None
     vad_filter: Optional[bool] = None
 
