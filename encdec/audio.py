@@ -45,6 +45,7 @@ MAX_AMPLITUDE = 1e16
 # Sample rates taken: 1 kHz (below any speech codec's 8 kHz) to 1 MHz (past 768 kHz studio audio).
 MIN_SAMPLE_RATE = 1_000
 MAX_SAMPLE_RATE = 1_000_000
+MAX_STREAM_BYTES = 2 << 30  # what is read of a pipe or a device (2 GiB: two hours of 48 kHz stereo)
 # FFmpeg may open nothing a file names (a playlist's entries): only the file itself is read
 NO_PROTOCOLS = {"protocol_whitelist": "none"}
 MEL_BLOCK_FRAMES = 3000  # log-mel frames of a long input computed at a time
@@ -136,8 +137,15 @@ def _read_file(path: Path, sr: int, max_samples: Optional[int]) -> np.ndarray:
         raise ValueError(f"{path}: is a directory, not an audio file")
     if not path.exists():
         raise AudioFileNotFoundError(f"audio file not found: {path}")
-    # a pipe or a device (/dev/stdin, <(...)) is read whole first: the decoders seek
-    return _decode(path if path.is_file() else io.BytesIO(path.read_bytes()), str(path), sr, max_samples)
+    if path.is_file():
+        return _decode(path, str(path), sr, max_samples)
+    # a pipe or a device (/dev/stdin, <(...)) is read whole first, as far as a bound: the decoders seek
+    with open(path, "rb") as stream:
+        data = stream.read(MAX_STREAM_BYTES + 1)
+    if len(data) > MAX_STREAM_BYTES:
+        raise ValueError(f"{path}: more than {MAX_STREAM_BYTES >> 20} MiB read from it, not a file: "
+                         f"save the audio to a file to transcribe it")
+    return _decode(io.BytesIO(data), str(path), sr, max_samples)
 
 
 def _decode(source: Union[Path, io.BytesIO], name: str, sr: int, max_samples: Optional[int]) -> np.ndarray:
@@ -174,8 +182,9 @@ def _decode(source: Union[Path, io.BytesIO], name: str, sr: int, max_samples: Op
                 pieces.extend(out.to_ndarray().reshape(-1) for out in mono.resample(frame))
     except (TooManySamples, UnreadableAudio):
         raise
-    except Exception as error:
-        raise ValueError(f"{name}: not a readable audio file ({str(error) or type(error).__name__})") from error
+    except Exception as error:  # FFmpeg's own words, without its error number and the file's name
+        reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        raise ValueError(f"{name}: not a readable audio file ({reason[:1].lower()}{reason[1:]})") from error
     if not pieces:
         return np.zeros(0, np.float32)
     return np.concatenate(pieces).astype(np.float32) / np.float32(32768)

@@ -408,11 +408,21 @@ def test_a_pipe_is_read_whole(tmp_path):
     np.testing.assert_array_equal(audio, A.load_audio(sample))
 
 
+def test_a_stream_that_never_ends_is_read_as_far_as_a_bound(monkeypatch):
+    """/dev/zero (or a pipe that never closes) is refused past MAX_STREAM_BYTES, rather than read
+    until the machine's memory runs out."""
+    monkeypatch.setattr(A, "MAX_STREAM_BYTES", 1 << 20)
+    with pytest.raises(ValueError, match=r"^/dev/zero: more than 1 MiB read from it, not a file: save the audio"):
+        A.load_audio("/dev/zero")
+
+
 def test_non_audio_file(tmp_path):
+    """FFmpeg's reason, without its error number and the file's name again."""
     path = tmp_path / "notes.wav"
     path.write_text("this is not audio\n" * 50)
-    with pytest.raises(ValueError, match="notes.wav"):
+    with pytest.raises(ValueError) as err:
         A.load_audio(path)
+    assert str(err.value) == f"{path}: not a readable audio file (invalid data found when processing input)"
 
 
 def test_empty_file(tmp_path):

@@ -14,6 +14,7 @@ import re
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Union
 
@@ -66,29 +67,45 @@ def load_llm(args: argparse.Namespace) -> LLM:
                quantization=args.quantization)
 
 
-def load_inputs(files: Sequence[str]) -> tuple[list[tuple[str, np.ndarray]], int]:
-    """Every readable file as `(name, 16 kHz waveform)`, and how many failed (each reported)."""
+@dataclass
+class AudioInput:
+    """A file to transcribe, checked readable: its length, and its waveform only where it cannot
+    be read again (a pipe); a file's is read again when its batch comes, so that many long files
+    are never in memory at once."""
+
+    name: str
+    seconds: float
+    audio: Optional[np.ndarray] = None
+
+    def waveform(self) -> np.ndarray:
+        return self.audio if self.audio is not None else load_audio(self.name, allow_empty=True)
+
+
+def load_inputs(files: Sequence[str]) -> tuple[list[AudioInput], int]:
+    """Every readable file, and how many failed (each reported)."""
     loaded, failed = [], 0
     for name in files:
         try:
-            loaded.append((name, load_audio(name, allow_empty=True)))
+            audio = load_audio(name, allow_empty=True)
         except (ValueError, OSError) as err:
             file_error(name, err)
             failed += 1
+            continue
+        loaded.append(AudioInput(name, len(audio) / SAMPLE_RATE, None if Path(name).is_file() else audio))
     return loaded, failed
 
 
-def drop_name_clashes(inputs: list[tuple[str, np.ndarray]]) -> tuple[list, int]:
+def drop_name_clashes(inputs: list[AudioInput]) -> tuple[list[AudioInput], int]:
     """Inputs whose output files would overwrite an earlier input's are reported and dropped."""
     kept, owners = [], {}
-    for name, audio in inputs:
-        base = source_basename(name)
+    for audio_input in inputs:
+        name, base = audio_input.name, source_basename(audio_input.name)
         if base in owners:
             error(f"{name}: its output files would overwrite those of {owners[base]} "
                   f"(same name {base!r}); skipped")
             continue
         owners[base] = name
-        kept.append((name, audio))
+        kept.append(audio_input)
     return kept, len(inputs) - len(kept)
 
 
@@ -245,10 +262,11 @@ def run_transcribe(args: argparse.Namespace) -> int:
     return 1 if failed + transcribe_all(llm, inputs, args) else 0
 
 
-def transcribe_all(llm: LLM, inputs: list[tuple[str, np.ndarray]], args: argparse.Namespace) -> int:
-    """Transcribe `--batch-size` files per call, reporting as batches finish; returns failures."""
+def transcribe_all(llm: LLM, inputs: list[AudioInput], args: argparse.Namespace) -> int:
+    """Transcribe `--batch-size` files per call, each batch's audio read when it comes, reporting
+    as batches finish; returns failures."""
     failed, seconds_before = 0, 0.0
-    total = sum(len(audio) for _, audio in inputs) / SAMPLE_RATE
+    total = sum(audio_input.seconds for audio_input in inputs)
     bar = tqdm(total=total, desc="Transcribing", unit="s", file=sys.stderr, dynamic_ncols=True,
                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} s "
                           "[{elapsed}<{remaining}]")
@@ -258,12 +276,18 @@ def transcribe_all(llm: LLM, inputs: list[tuple[str, np.ndarray]], args: argpars
 
     try:
         for first in range(0, len(inputs), args.batch_size):
-            batch = inputs[first:first + args.batch_size]
+            batch = []
+            for audio_input in inputs[first:first + args.batch_size]:
+                try:
+                    batch.append((audio_input.name, audio_input.waveform()))
+                except (ValueError, OSError) as err:  # changed since it was checked
+                    file_error(audio_input.name, err)
+                    failed += 1
             # on_progress gives the seconds done within this call
-            results = transcribe_batch(llm, batch, args, lambda s: advance_to(seconds_before + s))
+            results = transcribe_batch(llm, batch, args, lambda s: advance_to(seconds_before + s)) if batch else []
             for result in results:
                 failed += result is None or not report(result, args, len(args.files) > 1)
-            seconds_before += sum(len(audio) for _, audio in batch) / SAMPLE_RATE
+            seconds_before += sum(audio_input.seconds for audio_input in inputs[first:first + args.batch_size])
             advance_to(seconds_before)
     finally:
         bar.close()
@@ -341,7 +365,10 @@ BENCHMARKS = ("bart", "whisper", "overhead", "serve")
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run benchmarks/bench_NAME.py of the source checkout (they compare against the anchors
-    installed by the `bench` extra); further arguments go to the script."""
+    installed by the `bench` extra); further arguments go to the script, which runs in the
+    current directory (its relative paths are the user's) with the checkout on PYTHONPATH and,
+    from Python 3.11, without that directory on sys.path (PYTHONSAFEPATH: a `tests` or
+    `benchmarks` folder of the user's hides none of the checkout's)."""
     import subprocess
 
     import encdec
@@ -352,7 +379,8 @@ def run_bench(args: argparse.Namespace) -> int:
               "pip install -e '.[bench]' and run from there")
         return 2
     script = [sys.executable, "-m", f"benchmarks.bench_{args.name}", *args.script_args]
-    return subprocess.call(script, cwd=root)
+    path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))
+    return subprocess.call(script, env={**os.environ, "PYTHONPATH": path, "PYTHONSAFEPATH": "1"})
 
 
 # ----------------------------------------------------------------------------- warmup

@@ -37,7 +37,8 @@ def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, Optional[str]]
     texts, failed = [(f"TEXT {i}", text) for i, text in enumerate(args.texts, start=1)], 0
     for name in args.files:
         try:
-            texts.append((name, sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")))
+            text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+            texts.append((name, text.removeprefix("\ufeff")))  # a byte-order mark is no text
         except UnicodeDecodeError:
             error(f"{name}: not UTF-8 text")
         except OSError as err:

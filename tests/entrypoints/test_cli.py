@@ -131,6 +131,28 @@ def test_bad_files_are_reported_and_the_rest_finish(tmp_path, capsys):
     assert (tmp_path / "out" / "silence.txt").read_text() == (tmp_path / "out" / "no_samples.txt").read_text() == ""
 
 
+def test_each_batch_reads_its_files_when_it_comes(tmp_path, capsys, monkeypatch):
+    """Files are checked first, then read again batch by batch (many long files are never all in
+    memory): one replaced meanwhile is transcribed as it is then, one removed is an error."""
+    first, replaced, removed = (tmp_path / f"{name}.wav" for name in ("first", "replaced", "removed"))
+    for path in (first, replaced, removed):
+        soundfile.write(str(path), np.zeros(16000, dtype=np.int16), 16000)
+    transcribe = cli.transcribe_batch
+
+    def after_the_first(llm, batch, args, on_progress):
+        if batch[0][0] == str(first):
+            shutil.copy(SAMPLE, replaced)
+            removed.unlink()
+        return transcribe(llm, batch, args, on_progress)
+
+    monkeypatch.setattr(cli, "transcribe_batch", after_the_first)
+    assert cli.main(["transcribe", *map(str, (first, replaced, removed)), "--batch_size", "1",
+                     "--no-timestamps"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == f"==> {first} <==\n==> {replaced} <==\n{SAMPLE_TEXT}\n"
+    assert error_lines(captured.err) == [f"encdec: error: {removed}: audio file not found"]
+
+
 def test_only_bad_files_never_loads_the_model(tiny_bart_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli, "load_llm", lambda args: pytest.fail("model loaded"))
     assert cli.main(["transcribe", str(tmp_path / "nope.flac")]) == 1
@@ -400,6 +422,10 @@ def test_summarize_refuses_what_is_not_a_text_model(tiny_bart_dir, tmp_path, cap
     captured = capsys.readouterr()
     assert error_lines(captured.err) == [f"encdec: error: {binary}: not UTF-8 text"]
     assert len(captured.out.splitlines()) == 2 and captured.out.splitlines()[1] == ""  # its line, empty
+    marked = tmp_path / "marked.txt"  # a byte-order mark alone is an empty text, not a text to summarize
+    marked.write_bytes(b"\xef\xbb\xbf \n")
+    assert cli.main(["summarize", "--model", str(tiny_bart_dir), "--file", str(marked)]) == 1
+    assert error_lines(capsys.readouterr().err) == [f"encdec: error: {marked}: the text to summarize is empty"]
 
 
 def test_serve_help_lists_every_option(capsys):

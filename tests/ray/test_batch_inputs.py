@@ -37,6 +37,16 @@ def test_a_document_that_is_not_utf8_is_its_rows_error(tmp_path):
         {"id": str(tmp_path / "latin1.txt"), "text": "", "error": "not UTF-8 text"}]
 
 
+def test_a_byte_order_mark_is_no_text(tmp_path):
+    """Files saved by Windows' editors start with one: not part of the first id or text."""
+    table = tmp_path / "docs.jsonl"
+    table.write_bytes(b'\xef\xbb\xbf{"id": 1, "text": "Fine."}\n')
+    (tmp_path / "marked.txt").write_bytes(b"\xef\xbb\xbfCaf\xc3\xa9.")
+    assert document_rows([str(table)]) == [{"id": "1", "text": "Fine.", "error": ""}]
+    assert document_rows([str(tmp_path / "marked.txt")]) == [
+        {"id": str(tmp_path / "marked.txt"), "text": "Caf\u00e9.", "error": ""}]
+
+
 def test_a_glob_matches_files_only(tmp_path):
     (tmp_path / "good.txt").write_text("Fine.")
     (tmp_path / "notes.txt").mkdir()  # a folder whose name the glob matches

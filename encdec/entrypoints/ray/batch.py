@@ -87,7 +87,7 @@ def document_rows(inputs: Sequence[str], done: frozenset[str] = frozenset()) -> 
 def text_file_row(path: str) -> dict[str, str]:
     """The `document_rows` row of one text file."""
     try:
-        return {"id": path, "text": Path(path).read_text(encoding="utf-8"), "error": ""}
+        return {"id": path, "text": Path(path).read_text(encoding="utf-8-sig"), "error": ""}
     except UnicodeDecodeError:
         return {"id": path, "text": "", "error": NOT_UTF8}
     except OSError as err:
@@ -147,9 +147,9 @@ def _json_record(line: bytes) -> tuple[Any, str]:
     """A JSONL line's record (None if it is not JSON), and "", or NOT_UTF8 for bytes that are
     not UTF-8 (the record is then read with replacement characters, for its id)."""
     try:
-        text, unread = line.decode("utf-8"), ""
+        text, unread = line.decode("utf-8-sig"), ""  # a byte-order mark (the first line's) is no text
     except UnicodeDecodeError:
-        text, unread = line.decode("utf-8", errors="replace"), NOT_UTF8
+        text, unread = line.decode("utf-8-sig", errors="replace"), NOT_UTF8
     try:
         return json.loads(text), unread
     except ValueError:
