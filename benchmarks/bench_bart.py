@@ -25,9 +25,10 @@ from typing import Callable
 
 import numpy as np
 
-from benchmarks.common import (ENCDEC_COMPUTE, POSITIVE, interleaved, machine, markdown_table,
-                               median, names, prefix_agreement, run_isolated, synchronize,
-                               write_json)
+from benchmarks.common import (ENCDEC_COMPUTE, POSITIVE, RESULTS, interleaved, machine,
+                               markdown_table, median, names, prefix_agreement, run_isolated,
+                               script_parser, synchronize, write_json)
+from encdec.entrypoints.cli import device_name
 
 DECODER_PROMPT = [2, 0]
 HF_BATCH = 16
@@ -120,6 +121,13 @@ def convert_ct2(model_dir: Path, out: Path, config_changes: dict) -> Path:
     ctranslate2.converters.TransformersConverter(str(staging)).convert(str(out), force=True)
     shutil.rmtree(staging)
     return out
+
+
+def device(value: str) -> str:
+    """An argparse type: cpu, cuda or cuda:N (Hugging Face's models take no auto)."""
+    if value == "auto":
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {value!r}")
+    return device_name(value)
 
 
 def static_batches(workload: list[dict]) -> list[list[int]]:
@@ -218,21 +226,23 @@ ENGINES = (*ENCDEC_RUNS, *HF_RUNS, *CT2_RUNS)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--family", choices=sorted(FAMILIES), default="bart")
-    parser.add_argument("--num-docs", type=POSITIVE, default=64)
-    parser.add_argument("--rounds", type=POSITIVE, default=2)
-    parser.add_argument("--threads", type=POSITIVE, default=2)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench")
+    parser = script_parser("bart", __doc__)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="bart", help="the checkpoint's shape")
+    parser.add_argument("--num-docs", type=POSITIVE, default=64, help="documents in the workload")
+    parser.add_argument("--rounds", type=POSITIVE, default=2, help="runs of each engine, interleaved")
+    parser.add_argument("--threads", type=POSITIVE, default=2, help="each engine's torch threads")
+    parser.add_argument("--seed", type=int, default=0, help="of the checkpoint and the workload")
+    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench",
+                        help="where the checkpoints are built once")
     parser.add_argument("--engines", type=names(ENGINES), default="encdec,hf,ct2",
                         help=f"of {', '.join(ENGINES)}")
-    parser.add_argument("--device", default="cpu", help="encdec's and Hugging Face's")
+    parser.add_argument("--device", type=device, default="cpu",
+                        help="encdec's and Hugging Face's: cpu, cuda or cuda:N")
     parser.add_argument("--attention-backend", choices=["torch", "xformers"],
                         help="encdec's (default: the selector's choice)")
-    parser.add_argument("--json", type=Path, help="default: benchmarks/results/FAMILY.json")
+    parser.add_argument("--json", type=Path, help=f"results (default: {RESULTS}/FAMILY.json)")
     args = parser.parse_args(argv)
-    args.json = args.json or Path(f"benchmarks/results/{args.family}.json")
+    args.json = args.json or RESULTS / f"{args.family}.json"
 
     family = FAMILIES[args.family]
     model_dir = family.make_checkpoint(args.work_dir / f"{family.checkpoint}-{args.seed}", args.seed)

@@ -8,7 +8,6 @@ timed (EOS ignored, so the batch stays full).
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from collections import defaultdict
@@ -16,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import POSITIVE, POSITIVE_LIST, machine, markdown_table, write_json
+from benchmarks.common import (POSITIVE, POSITIVE_LIST, RESULTS, machine, markdown_table,
+                               script_parser, write_json)
+from encdec.entrypoints.transcribe_args import number
 
 PHASES = ("schedule", "prepare_inputs", "forward", "sampling", "process_outputs")
 
@@ -77,13 +78,17 @@ def measure(model_dir: str, batch_size: int, steps: int, doc_len: int, seed: int
 def main(argv=None) -> int:
     from benchmarks.bench_bart import make_checkpoint
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch-sizes", type=POSITIVE_LIST, default="1,32,256")
-    parser.add_argument("--steps", type=POSITIVE, default=10)
-    parser.add_argument("--doc-len", type=POSITIVE, default=200)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench")
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/overhead.json"))
+    parser = script_parser("overhead", __doc__)
+    parser.add_argument("--batch-sizes", type=POSITIVE_LIST, default="1,32,256",
+                        help="running requests, one measurement each")
+    parser.add_argument("--steps", type=POSITIVE, default=10, help="decode steps timed")
+    parser.add_argument("--doc-len", type=number(int, 2, 1024), default=200,
+                        help="tokens per document, <s> and </s> included; at most bart-base's 1024 "
+                             "positions")
+    parser.add_argument("--seed", type=int, default=0, help="of the checkpoint and the documents")
+    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench",
+                        help="where the checkpoint is built once")
+    parser.add_argument("--json", type=Path, default=RESULTS / "overhead.json", help="results")
     args = parser.parse_args(argv)
     model_dir = make_checkpoint(args.work_dir / f"bart-base-deep-{args.seed}", args.seed)
     rows, results = [], []

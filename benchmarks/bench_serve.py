@@ -17,11 +17,15 @@ Two tasks, each against its own baseline, every server in its own process on loo
 
 The baselines serve one request at a time (a lock around the model), as such wrappers and
 whisper.cpp's server do. Each client sends its next request when the last one is answered;
-a level sends a bounded number of requests (6, 24, 64 at 1, 8, 32 clients). Reported:
-requests/s over the level's wall time and p50 / p95 latency.
+a level sends a bounded number of requests (`--requests`: 6, 24, 64 at 1, 8, 32 clients).
+Reported: requests/s over the level's wall time, p50 / p95 latency, and how the baseline's
+answers match encdec's at the same level (the share identical; for transcripts also the WER
+of encdec's against faster-whisper's). Summaries should match exactly: a WARNING says where
+they do not. The checkpoint and the clips are made once in `--work-dir`.
 
     python -m benchmarks.bench_serve [--threads 2] [--tasks summarize,transcribe]
         [--compute-type float32|bfloat16|int8] [--beam-size 1] [--max-running-requests auto]
+        [--requests 6,24,64] [--work-dir ~/.cache/encdec-bench/serve]
         [--out benchmarks/results/serve.json]
 """
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,12 +44,15 @@ from pathlib import Path
 import numpy as np
 from fastapi import File, Form, UploadFile  # at module level: the route's annotations name them
 
-from benchmarks.common import POSITIVE, machine, markdown_table, write_json
+from benchmarks.common import (POSITIVE, RESULTS, machine, markdown_table, names, nonempty_list,
+                               prefix_agreement, script_parser, write_json)
+from encdec.entrypoints.cli import positive_int_or_auto
+from encdec.entrypoints.transcribe_args import number
 from tests.entrypoints.remote_server import free_port
+from tests.speech_corpus import wer
 
-LEVELS = ((1, 6), (8, 24), (32, 64))  # (concurrent clients, requests)
+CLIENTS = (1, 8, 32)  # concurrent clients of each level
 SUMMARY_TOKENS = 64  # bart-large-cnn summarizes in 56-142 tokens
-ROOT = Path(__file__).resolve().parents[1]
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -73,6 +81,7 @@ def make_clips(folder: Path, count: int) -> list[Path]:
 
     from tests.speech_corpus import CORPUS, speak
 
+    folder.mkdir(parents=True, exist_ok=True)
     sentences = [speak(folder, f"s{i}", voice, speed, text) for i, (voice, speed, text) in enumerate(CORPUS)]
     pause = np.zeros(16000 // 3, dtype=np.float32)
     clips = []
@@ -157,25 +166,30 @@ def serve_baseline(kind: str, model: str, port: int, threads: int, compute_type:
 
 
 def start(command: list[str], port: int, threads: int) -> subprocess.Popen:
+    """A server, once it answers (killed if it does not, or if the driver is stopped first)."""
     import httpx
 
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "NUMBA_NUM_THREADS": str(threads)}
-    proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{command} exited: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/docs", timeout=2)
-            return proc
-        except httpx.TransportError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"{command} did not start")
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{command} exited: {proc.stderr.read().decode()[-2000:]}")
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/docs", timeout=2)
+                return proc
+            except httpx.TransportError:
+                time.sleep(0.5)
+        raise RuntimeError(f"{command} did not start")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
 
 
-async def request(http, task: str, item, fields: dict) -> float:
-    """One request; `fields` are the body's fields besides the input."""
+async def request(http, task: str, item, fields: dict) -> tuple[float, str]:
+    """One request's latency and answer; `fields` are the body's fields besides the input."""
     start = time.perf_counter()
     if task == "summarize":
         response = await http.post("/v1/summarize", json={**fields, "input": item})
@@ -183,20 +197,24 @@ async def request(http, task: str, item, fields: dict) -> float:
         response = await http.post("/v1/audio/transcriptions", data=fields,
                                    files={"file": (item.name, item.read_bytes(), "audio/wav")})
     response.raise_for_status()
-    return time.perf_counter() - start
+    answer = response.json()
+    text = answer["summaries"][0]["text"] if task == "summarize" else answer["text"]
+    return time.perf_counter() - start, text
 
 
 async def level(url: str, task: str, items: list, fields: dict, clients: int, count: int) -> dict:
-    """`count` requests from `clients` concurrent clients (each waits for its last answer)."""
+    """`count` requests from `clients` concurrent clients (each waits for its last answer), and
+    the answer to each item sent (by its index)."""
     import httpx
 
     queue = list(range(count))
-    latencies = []
+    latencies, outputs = [], {}
 
     async def client(http) -> None:
         while queue:
-            i = queue.pop()
-            latencies.append(await request(http, task, items[i % len(items)], fields))
+            i = queue.pop() % len(items)
+            latency, outputs[i] = await request(http, task, items[i], fields)
+            latencies.append(latency)
 
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=clients)) as http:
         await request(http, task, items[0], fields)  # warm-up, not counted
@@ -205,15 +223,37 @@ async def level(url: str, task: str, items: list, fields: dict, clients: int, co
         wall = time.perf_counter() - start
     cuts = statistics.quantiles(latencies, n=20)
     return {"clients": clients, "requests": count, "wall_s": wall, "req_per_s": count / wall,
-            "p50_s": statistics.median(latencies), "p95_s": cuts[18]}
+            "p50_s": statistics.median(latencies), "p95_s": cuts[18], "outputs": outputs}
+
+
+def agreement(task: str, ours: dict[int, str], theirs: dict[int, str]) -> dict:
+    """How a baseline's answers match encdec's for the items both were sent: the share
+    identical; for summaries also the share of the baseline's words before the first divergence
+    (as bench_bart's tokens), for transcripts the WER of encdec's against the baseline's."""
+    sent = sorted(ours.keys() & theirs.keys())
+    mine, base = [ours[i] for i in sent], [theirs[i] for i in sent]
+    result = {"compared": len(sent), "identical": sum(a == b for a, b in zip(mine, base)) / len(sent)}
+    if task == "summarize":
+        result["words_before_divergence"] = prefix_agreement([t.split() for t in mine],
+                                                             [t.split() for t in base])
+    else:
+        result["wer"] = wer(base, mine)
+    return result
+
+
+def agreement_cell(vs_encdec: dict | None) -> str:
+    if vs_encdec is None:
+        return "-"
+    cell = f"{vs_encdec['identical']:.0%} identical"
+    return cell + (f", WER {vs_encdec['wer']:.1%}" if "wer" in vs_encdec else "")
 
 
 def measure(name: str, compute_type: str, command: list[str], port: int, task: str, items: list,
-            fields: dict, threads: int, log) -> list[dict]:
+            fields: dict, threads: int, requests: list[int], log) -> list[dict]:
     proc = start(command, port, threads)
     try:
         rows = []
-        for clients, count in LEVELS:
+        for clients, count in zip(CLIENTS, requests):
             load = os.getloadavg()[0]
             row = asyncio.run(level(f"http://127.0.0.1:{port}", task, items, fields, clients, count))
             row.update(system=name, compute_type=compute_type, task=task, load_before=load,
@@ -228,18 +268,23 @@ def measure(name: str, compute_type: str, command: list[str], port: int, task: s
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=POSITIVE, default=2)
-    parser.add_argument("--tasks", default="summarize,transcribe",
-                        help="comma-separated: summarize, transcribe (default: both)")
+    parser = script_parser("serve", __doc__)
+    parser.add_argument("--threads", type=POSITIVE, default=2, help="each server's threads")
+    parser.add_argument("--tasks", type=names(["summarize", "transcribe"]), default="summarize,transcribe",
+                        help="comma-separated: summarize, transcribe")
     parser.add_argument("--compute-type", choices=["float32", "bfloat16", "int8"], default="float32",
                         help="the transcription servers' precision (summaries stay float32)")
     parser.add_argument("--beam-size", type=POSITIVE, default=1,
                         help="the transcription servers' beam size (1: greedy, as OpenAI's API; "
                              "5: faster-whisper's default)")
-    parser.add_argument("--max-running-requests", default="auto",
-                        help="encdec serve's --max-running-requests (default: auto, as encdec serve)")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "serve.json")
+    parser.add_argument("--max-running-requests", type=positive_int_or_auto, default="auto",
+                        help="encdec serve's --max-running-requests (auto: as encdec serve)")
+    parser.add_argument("--requests", type=nonempty_list(number(int, 2), "comma-separated integers >= 2"),
+                        default="6,24,64", help=f"requests sent at {', '.join(map(str, CLIENTS))} clients "
+                                                "(fewer: a shorter, noisier run)")
+    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "serve",
+                        help="where the checkpoint and the clips are made once")
+    parser.add_argument("--out", type=Path, default=RESULTS / "serve.json", help="results")
     parser.add_argument("--serve-baseline", choices=["hf", "fw"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -248,18 +293,20 @@ def main() -> None:
         serve_baseline(args.serve_baseline, args.model, args.port, args.threads, args.compute_type,
                        args.beam_size)
         return
+    if len(args.requests) != len(CLIENTS):
+        parser.error(f"argument --requests: expected {len(CLIENTS)} comma-separated integers >= 2, "
+                     f"got {','.join(map(str, args.requests))!r}")
+    # a SystemExit, as Ctrl-C's KeyboardInterrupt, stops the servers started on its way out
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
-    tasks = args.tasks.split(",")
-    if not set(tasks) <= {"summarize", "transcribe"}:
-        parser.error(f"--tasks takes summarize and/or transcribe, got {args.tasks!r}")
-    work = Path(tempfile.mkdtemp(prefix="bench_serve_"))
+    tasks, work = args.tasks, args.work_dir
     me = [sys.executable, "-m", "benchmarks.bench_serve", "--threads", str(args.threads),
           "--compute-type", args.compute_type, "--beam-size", str(args.beam_size)]
     precision = {"float32": [], "bfloat16": ["--dtype", "bfloat16"],
                  "int8": ["--quantization", "int8"]}[args.compute_type]
     setups = {  # task -> (inputs, model, baseline, its name, encdec's options), made when run
         "summarize": lambda: (make_articles(16), str(make_checkpoint(work / "bart")), "hf", "hf-pipeline", []),
-        "transcribe": lambda: (make_clips(work, 12), "tiny.en", "fw", "faster-whisper", precision)}
+        "transcribe": lambda: (make_clips(work / "clips", 12), "tiny.en", "fw", "faster-whisper", precision)}
     fields = {  # task -> the request fields besides the model and the input
         "summarize": {"max_tokens": SUMMARY_TOKENS, "min_tokens": SUMMARY_TOKENS, "num_beams": 1,
                       "temperature": 0.0},
@@ -271,20 +318,32 @@ def main() -> None:
         compute = args.compute_type if task == "transcribe" else "float32"
         port = free_port()
         rows += measure("encdec", compute, [sys.executable, "-m", "encdec", "serve", "--model", model,
-                                            *options, "--max-running-requests", args.max_running_requests,
-                                            "--port", str(port), "--log-level", "warning"],
-                        port, task, items, body, args.threads, print)
+                                            *options, "--max-running-requests",
+                                            str(args.max_running_requests), "--port", str(port),
+                                            "--log-level", "warning"],
+                        port, task, items, body, args.threads, args.requests, print)
         port = free_port()
         baseline_model = model if baseline == "hf" else tiny_en_dir()
         baseline_compute = faster_whisper_compute_type(compute) if baseline == "fw" else compute
         rows += measure(name, baseline_compute, [*me, "--serve-baseline", baseline, "--model",
                                                  baseline_model, "--port", str(port)],
-                        port, task, items, body, args.threads, print)
+                        port, task, items, body, args.threads, args.requests, print)
+    encdec_rows = {(r["task"], r["clients"]): r for r in rows if r["system"] == "encdec"}
+    for r in rows:
+        if r["system"] != "encdec":
+            r["vs_encdec"] = agreement(r["task"], encdec_rows[r["task"], r["clients"]]["outputs"], r["outputs"])
     table = markdown_table(
-        ["task", "system", "compute", "clients", "requests", "req/s", "p50 s", "p95 s", "load"],
+        ["task", "system", "compute", "clients", "requests", "req/s", "p50 s", "p95 s", "load", "answers vs encdec"],
         [[r["task"], r["system"], r["compute_type"], r["clients"], r["requests"], r["req_per_s"], r["p50_s"], r["p95_s"],
-          f"{r['load_before']:.1f}-{r['load_after']:.1f}"] for r in rows])
+          f"{r['load_before']:.1f}-{r['load_after']:.1f}", agreement_cell(r.get("vs_encdec"))] for r in rows])
     print(table)
+    for r in rows:
+        match = r.get("vs_encdec", {})
+        if r["task"] == "summarize" and match and match["identical"] < 1:
+            print(f"WARNING: at {r['clients']} clients {r['system']}'s summaries differ from encdec's for "
+                  f"{round((1 - match['identical']) * match['compared'])} of {match['compared']} articles "
+                  f"({match['words_before_divergence']:.1%} of its words before the first divergence); "
+                  f"greedy decoding of one checkpoint should give the same text")
     at32 = {(r["task"], r["system"]): r for r in rows if r["clients"] == 32}
     for task, baseline in (("summarize", "hf-pipeline"), ("transcribe", "faster-whisper")):
         if task not in tasks:
@@ -293,7 +352,8 @@ def main() -> None:
         print(f"{task} at 32 clients: encdec ({ours['compute_type']}) "
               f"{ours['req_per_s'] / theirs['req_per_s']:.2f}x the requests/s of {baseline} "
               f"({theirs['compute_type']}), p95 {ours['p95_s']:.2f} s vs {theirs['p95_s']:.2f} s")
-    write_json(args.out, {"machine": machine(), "args": vars(args) | {"out": str(args.out)}, "rows": rows})
+    write_json(args.out, {"machine": machine(), "args": vars(args) | {"out": str(args.out), "work_dir": str(work)},
+                          "rows": rows})
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import POSITIVE, machine, write_json
+from benchmarks.common import POSITIVE, RESULTS, machine, write_json
 
 
 def first_line_seconds(command: list[str], env: dict) -> tuple[float, float, str]:
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=POSITIVE, default=5)
     parser.add_argument("--file", default="samples/hello.wav")
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/startup.json"))
+    parser.add_argument("--json", type=Path, default=RESULTS / "startup.json")
     parser.add_argument("extra", nargs="*", help="more `encdec transcribe` arguments")
     args = parser.parse_args(argv)
 

@@ -3,7 +3,7 @@
 A deterministic espeak-ng corpus (24 clips of 3-15 s with reference texts, and the three long
 clips of `tests.speech_corpus.long_clips`, about 6 minutes), the bundled Whisper tiny.en weights
 for every engine. In one run, interleaved: encdec (all clips in one continuous batch; on the
-long clips also with `condition_on_previous_text=False`, every window at once);
+long clips also with `windows_at_once=True`, every window at once, not conditioned);
 faster-whisper `WhisperModel` float32 and int8, sequential, beam_size=1; faster-whisper
 `BatchedInferencePipeline` (batch 8, float32); Hugging Face transformers Whisper built from
 the same weights (greedy, batches of 8; short clips only). On the short clips also openai-whisper's
@@ -16,14 +16,14 @@ the same configuration.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import (COUNT, ENCDEC_COMPUTE, POSITIVE, interleaved, machine,
-                               markdown_table, median, names, run_isolated, write_json)
+from benchmarks.common import (COUNT, ENCDEC_COMPUTE, POSITIVE, RESULTS, interleaved, machine,
+                               markdown_table, median, names, run_isolated, script_parser,
+                               write_json)
 from tests.speech_corpus import CORPUS, long_clips, speak, wer
 
 SAMPLE_RATE = 16000
@@ -37,8 +37,8 @@ LOW_PRECISION_PAIRS = (("encdec-int8", "fw-int8"), ("encdec-bf16", "fw-fp32"))
 SHORT_ONLY = ("hf", "encdec-beam5", "fw-beam5")
 
 
-def build_corpus(folder: Path) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
-    """24 clips joining 1-4 corpus sentences (3-15 s), and the long clips, as (wav, text)."""
+def build_clips(folder: Path) -> list[tuple[Path, str]]:
+    """24 clips joining 1-4 corpus sentences (3-15 s), as (wav, text)."""
     import soundfile as sf
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -53,12 +53,19 @@ def build_corpus(folder: Path) -> tuple[list[tuple[Path, str]], list[tuple[Path,
         path = folder / f"clip{i:02d}.wav"
         sf.write(path, audio, SAMPLE_RATE)
         clips.append((path, " ".join(s[2] for s in picked)))
+    return clips
+
+
+def build_long_clips(folder: Path) -> list[tuple[Path, str]]:
+    """The long clips of `tests.speech_corpus.long_clips`, as (wav, text)."""
+    import soundfile as sf
+
     long = []
     for clip in long_clips(folder):
         path = folder / f"long-{clip.name}.wav"
         sf.write(path, clip.audio, SAMPLE_RATE)
         long.append((path, clip.text))
-    return clips, long
+    return long
 
 
 def _tiny_en_dir() -> str:
@@ -67,25 +74,25 @@ def _tiny_en_dir() -> str:
     return str(resolve_whisper_model("tiny.en").bin_parts[0].parent)
 
 
-def run_encdec(paths: list[str], condition: bool, threads: int,
+def run_encdec(paths: list[str], at_once: bool, threads: int,
                beam_size: int | None = None, compute: str = "float32") -> dict:
     from encdec import LLM
 
     llm = LLM(model="tiny.en", **ENCDEC_COMPUTE[compute])
     start = time.perf_counter()
-    results = llm.transcribe(paths, language="en", condition_on_previous_text=condition,
+    results = llm.transcribe(paths, language="en", windows_at_once=at_once,
                              beam_size=beam_size)
     return {"seconds": time.perf_counter() - start, "texts": [r.text for r in results]}
 
 
 def run_encdec_compute(paths: list[str], compute: str, threads: int) -> dict:
     """encdec as `run_encdec` (conditioning on previous text), in bfloat16 or on int8 weights."""
-    return run_encdec(paths, True, threads, compute=compute)
+    return run_encdec(paths, False, threads, compute=compute)
 
 
 def run_encdec_beam5(paths: list[str], threads: int) -> dict:
     """encdec with openai-whisper's defaults: beam 5, best_of 5, temperature fallback."""
-    return run_encdec(paths, True, threads, beam_size=5)
+    return run_encdec(paths, False, threads, beam_size=5)
 
 
 def run_faster_whisper_beam5(paths: list[str], threads: int) -> dict:
@@ -138,8 +145,8 @@ def run_hf(paths: list[str], threads: int) -> dict:
 
 # engine name -> (its runner, the runner's options between the paths and the thread count)
 ENGINES = {
-    "encdec": (run_encdec, (True,)),
-    "encdec-parallel": (run_encdec, (False,)),
+    "encdec": (run_encdec, (False,)),
+    "encdec-parallel": (run_encdec, (True,)),
     "encdec-bf16": (run_encdec_compute, ("bfloat16",)),
     "encdec-int8": (run_encdec_compute, ("int8",)),
     "fw-fp32": (run_faster_whisper, ("float32", False)),
@@ -152,20 +159,22 @@ ENGINES = {
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=POSITIVE, default=3)
-    parser.add_argument("--long-rounds", type=COUNT, default=2, help="0: no long clips")
-    parser.add_argument("--threads", type=POSITIVE, default=2)
-    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "speech")
+    parser = script_parser("whisper", __doc__)
+    parser.add_argument("--rounds", type=POSITIVE, default=3, help="runs of each engine on the short clips")
+    parser.add_argument("--long-rounds", type=COUNT, default=2, help="on the long clips; 0: no long clips")
+    parser.add_argument("--threads", type=POSITIVE, default=2, help="each engine's threads")
+    parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "speech",
+                        help="where the clips are written")
     parser.add_argument("--engines", type=names(ENGINES),
                         default="encdec,encdec-parallel,fw-fp32,fw-int8,fw-batched,hf,encdec-beam5,"
                                 "fw-beam5", help=f"of {', '.join(ENGINES)}")
-    parser.add_argument("--json", type=Path, default=Path("benchmarks/results/whisper.json"))
+    parser.add_argument("--json", type=Path, default=RESULTS / "whisper.json", help="results")
     args = parser.parse_args(argv)
 
     import soundfile as sf
 
-    clips, long = build_corpus(args.work_dir)
+    clips = build_clips(args.work_dir)
+    long = build_long_clips(args.work_dir) if args.long_rounds else []
     t = args.threads
     engines = {name: (lambda p, run=ENGINES[name][0], options=ENGINES[name][1]:
                       run_isolated(run, p, *options, t)) for name in args.engines}

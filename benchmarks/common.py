@@ -10,7 +10,9 @@ import json
 import multiprocessing as mp
 import os
 import platform
+import queue
 import resource
+import signal
 import statistics
 import time
 from pathlib import Path
@@ -20,10 +22,38 @@ import torch
 
 from encdec.entrypoints.transcribe_args import number, number_list
 
+# the default folder of the scripts' JSON results, in the checkout whatever the working directory
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def nonempty_list(item: Callable[[str], Any], expected: str) -> Callable[[str], list]:
+    """An argparse type: comma-separated values of the argparse type `item`, at least one."""
+    parse_all = number_list(item, expected)
+
+    def parse(value: str) -> list:
+        if not value.strip():
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {value!r}")
+        return parse_all(value)
+    return parse
+
+
 # argparse types of the benchmarks' counts: an error names the option and the limit (exit 2)
 POSITIVE = number(int, 1)
 COUNT = number(int, 0)
-POSITIVE_LIST = number_list(POSITIVE, "comma-separated integers >= 1")
+POSITIVE_LIST = nonempty_list(POSITIVE, "comma-separated integers >= 1")
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each option's default, but None (the option's help says what happens then)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        return action.help if action.default is None else super()._get_help_string(action)
+
+
+def script_parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of `encdec bench NAME`, described by the first paragraph of the script's `doc`."""
+    return argparse.ArgumentParser(prog=f"encdec bench {name}", description=doc.split("\n\n")[0],
+                                   formatter_class=DefaultsHelpFormatter)
 
 
 def names(known: Iterable[str]) -> Callable[[str], list[str]]:
@@ -39,24 +69,51 @@ def names(known: Iterable[str]) -> Callable[[str], list[str]]:
     return parse
 
 
-def _child(fn: Callable[..., dict], args: tuple, queue) -> None:
+def peak_rss_mb() -> float:
+    """This process's peak RSS: VmHWM, the peak of its own memory since exec (on Linux
+    ru_maxrss also counts the parent's memory that a spawned child had between fork and exec);
+    ru_maxrss where /proc is absent."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _child(fn: Callable[..., dict], args: tuple, results) -> None:
     torch.set_num_threads(args[-1])
     try:
         result = fn(*args)
-        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        queue.put(result)
+        result["peak_rss_mb"] = peak_rss_mb()
+        results.put(result)
     except BaseException as err:  # reported to the parent, which re-raises
-        queue.put({"error": f"{type(err).__name__}: {err}"})
+        results.put({"error": f"{type(err).__name__}: {err}"})
+
+
+def exit_status(code: int) -> str:
+    """A process's exit code in words: a negative one is the signal that ended it."""
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
 
 
 def run_isolated(fn: Callable[..., dict], *args) -> dict:
-    """Run `fn(*args)` in a fresh process; the last arg is the torch thread count."""
+    """Run `fn(*args)` in a fresh process; the last arg is the torch thread count. A child that
+    dies without a result (a signal, the OOM killer) raises RuntimeError."""
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    results = ctx.Queue()
     load_before = os.getloadavg()[0]
-    proc = ctx.Process(target=_child, args=(fn, args, queue))
+    proc = ctx.Process(target=_child, args=(fn, args, results))
     proc.start()
-    result = queue.get()
+    while True:
+        alive = proc.is_alive()  # before the wait: a result put before exiting is there by then
+        try:
+            result = results.get(timeout=1)
+            break
+        except queue.Empty:
+            if not alive:
+                raise RuntimeError(f"{fn.__name__} died without a result "
+                                   f"({exit_status(proc.exitcode)})") from None
     proc.join()
     if "error" in result:
         raise RuntimeError(f"{fn.__name__} failed: {result['error']}")
