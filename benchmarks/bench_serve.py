@@ -21,7 +21,7 @@ a level sends a bounded number of requests (`--requests`: 6, 24, 64 at 1, 8, 32 
 Reported: requests/s over the level's wall time, p50 / p95 latency, and how the baseline's
 answers match encdec's at the same level (the share identical; for transcripts also the WER
 of encdec's against faster-whisper's). Summaries should match exactly: a WARNING says where
-they do not. The checkpoint and the clips are made once in `--work-dir`.
+they do not. The checkpoint is made once in `--work-dir` (the clips are spoken there each run).
 
     python -m benchmarks.bench_serve [--threads 2] [--tasks summarize,transcribe]
         [--compute-type float32|bfloat16|int8] [--beam-size 1] [--max-running-requests auto]
@@ -61,7 +61,7 @@ SUMMARY_TOKENS = 64  # bart-large-cnn summarizes in 56-142 tokens
 def make_checkpoint(out: Path) -> Path:
     from tests.bart_checkpoints import BART_BASE, DEEP_INIT_STDS, make_bart_checkpoint
 
-    if not (out / "config.json").exists():
+    if not (out / "tokenizer_config.json").exists():  # written last: a build that stopped is made again
         shape = {k: v for k, v in BART_BASE.items() if k != "vocab_size"}
         make_bart_checkpoint(out, seed=0, init_stds=DEEP_INIT_STDS, **shape)
     return out
@@ -283,7 +283,7 @@ def main() -> None:
                         default="6,24,64", help=f"requests sent at {', '.join(map(str, CLIENTS))} clients "
                                                 "(fewer: a shorter, noisier run)")
     parser.add_argument("--work-dir", type=Path, default=Path.home() / ".cache" / "encdec-bench" / "serve",
-                        help="where the checkpoint and the clips are made once")
+                        help="where the checkpoint is made once and the clips each run")
     parser.add_argument("--out", type=Path, default=RESULTS / "serve.json", help="results")
     parser.add_argument("--serve-baseline", choices=["hf", "fw"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

@@ -177,7 +177,7 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def prefix_agreement(outputs: list[list[int]], reference: list[list[int]]) -> float:
+def prefix_agreement(outputs: list[list], reference: list[list]) -> float:
     """The share of the reference's tokens that `outputs` repeats before its first divergence
     from it, over all requests: greedy decoding agrees exactly up to the first differing
     token, and what follows depends on it."""

@@ -140,12 +140,14 @@ def _read_file(path: Path, sr: int, max_samples: Optional[int]) -> np.ndarray:
     if path.is_file():
         return _decode(path, str(path), sr, max_samples)
     # a pipe or a device (/dev/stdin, <(...)) is read whole first, as far as a bound: the decoders seek
+    data = io.BytesIO()
     with open(path, "rb") as stream:
-        data = stream.read(MAX_STREAM_BYTES + 1)
-    if len(data) > MAX_STREAM_BYTES:
-        raise ValueError(f"{path}: more than {MAX_STREAM_BYTES >> 20} MiB read from it, not a file: "
-                         f"save the audio to a file to transcribe it")
-    return _decode(io.BytesIO(data), str(path), sr, max_samples)
+        while chunk := stream.read(1 << 20):
+            if data.write(chunk) and data.tell() > MAX_STREAM_BYTES:
+                raise ValueError(f"{path}: more than {MAX_STREAM_BYTES >> 20} MiB read from it, not a "
+                                 f"file: save the audio to a file to transcribe it")
+    data.seek(0)
+    return _decode(data, str(path), sr, max_samples)
 
 
 def _decode(source: Union[Path, io.BytesIO], name: str, sr: int, max_samples: Optional[int]) -> np.ndarray:
@@ -184,7 +186,9 @@ def _decode(source: Union[Path, io.BytesIO], name: str, sr: int, max_samples: Op
         raise
     except Exception as error:  # FFmpeg's own words, without its error number and the file's name
         reason = getattr(error, "strerror", None) or str(error) or type(error).__name__
-        raise ValueError(f"{name}: not a readable audio file ({reason[:1].lower()}{reason[1:]})") from error
+        if reason[1:2].islower():  # "Invalid data ...", not "MP3 ..."
+            reason = reason[:1].lower() + reason[1:]
+        raise ValueError(f"{name}: not a readable audio file ({reason})") from error
     if not pieces:
         return np.zeros(0, np.float32)
     return np.concatenate(pieces).astype(np.float32) / np.float32(32768)

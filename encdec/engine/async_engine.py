@@ -269,7 +269,8 @@ class AsyncLLMEngine:
         """Stop a request, or each of a list of them (vLLM's signature), wherever it is (done by
         the engine thread before its next step); its caller gets a last output (finish_reason
         "abort" where a completion had not finished)."""
-        ids = [request_id] if isinstance(request_id, str) else list(request_id) if isinstance(request_id, Iterable) else [None]
+        ids = [request_id] if isinstance(request_id, str) else request_id
+        ids = list(ids) if isinstance(ids, Iterable) else [ids]
         if not all(isinstance(one, str) for one in ids):
             raise ValueError(f"request_id must be a string or an iterable of them, got {request_id!r}")
         for one in ids:
@@ -305,7 +306,8 @@ class AsyncLLMEngine:
             self._thread = threading.Thread(target=_engine_thread, args=(weakref.ref(self), self._wakeup),
                                             name="encdec-engine", daemon=True)
             self._thread.start()
-            weakref.finalize(self, self._wakeup.set)  # dropped without shutdown(): the thread ends
+            # dropped without shutdown(): the thread ends (at exit, daemon threads just stop)
+            weakref.finalize(self, self._wakeup.set).atexit = False
         self._wakeup.set()
 
     def _serve_until_idle(self) -> Optional[bool]:
@@ -419,6 +421,9 @@ def _engine_thread(ref: weakref.ref, wakeup: threading.Event) -> None:
             return
         stepped = stepped or outcome
         if not wakeup.wait(IDLE_TRIM_SECONDS if stepped else None):
-            trim_heap()  # idle a while: give back the pages the steps' activations left free
+            try:  # idle a while: give back the pages the steps' activations left free
+                trim_heap()
+            except Exception:  # best effort: the engine serves on without it
+                logger.exception("could not give the idle engine's free memory back")
             stepped = False
         wakeup.clear()

@@ -69,20 +69,23 @@ def load_llm(args: argparse.Namespace) -> LLM:
 
 @dataclass
 class AudioInput:
-    """A file to transcribe, checked readable: its length, and its waveform only where it cannot
-    be read again (a pipe); a file's is read again when its batch comes, so that many long files
-    are never in memory at once."""
+    """A file to transcribe, checked readable: its length, and its waveform where it is kept (a
+    pipe's, which cannot be read again; the first batch's); another file's is read again when its
+    batch comes, so that many long files are never in memory at once."""
 
     name: str
     seconds: float
     audio: Optional[np.ndarray] = None
 
-    def waveform(self) -> np.ndarray:
-        return self.audio if self.audio is not None else load_audio(self.name, allow_empty=True)
+    def take_waveform(self) -> np.ndarray:
+        """The waveform, kept or read again; no longer kept here."""
+        audio, self.audio = self.audio, None
+        return audio if audio is not None else load_audio(self.name, allow_empty=True)
 
 
-def load_inputs(files: Sequence[str]) -> tuple[list[AudioInput], int]:
-    """Every readable file, and how many failed (each reported)."""
+def load_inputs(files: Sequence[str], keep: int) -> tuple[list[AudioInput], int]:
+    """Every readable file, the first `keep` with their waveforms, and how many failed (each
+    reported)."""
     loaded, failed = [], 0
     for name in files:
         try:
@@ -91,7 +94,8 @@ def load_inputs(files: Sequence[str]) -> tuple[list[AudioInput], int]:
             file_error(name, err)
             failed += 1
             continue
-        loaded.append(AudioInput(name, len(audio) / SAMPLE_RATE, None if Path(name).is_file() else audio))
+        kept = len(loaded) < keep or not Path(name).is_file()
+        loaded.append(AudioInput(name, len(audio) / SAMPLE_RATE, audio if kept else None))
     return loaded, failed
 
 
@@ -245,7 +249,7 @@ def run_transcribe(args: argparse.Namespace) -> int:
         error(str(err))
         return 2
     check_transcribe_options(args)
-    inputs, failed = load_inputs(args.files)
+    inputs, failed = load_inputs(args.files, keep=args.batch_size)
     if args.output_format is not None:
         inputs, clashes = drop_name_clashes(inputs)
         failed += clashes
@@ -279,7 +283,7 @@ def transcribe_all(llm: LLM, inputs: list[AudioInput], args: argparse.Namespace)
             batch = []
             for audio_input in inputs[first:first + args.batch_size]:
                 try:
-                    batch.append((audio_input.name, audio_input.waveform()))
+                    batch.append((audio_input.name, audio_input.take_waveform()))
                 except (ValueError, OSError) as err:  # changed since it was checked
                     file_error(audio_input.name, err)
                     failed += 1
@@ -375,8 +379,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     root = Path(encdec.__file__).resolve().parents[1]
     if not (root / "benchmarks" / f"bench_{args.name}.py").exists():
-        error("bench: the benchmarks live in the source checkout; install it with "
-              "pip install -e '.[bench]' and run from there")
+        error("bench: the benchmarks live in the source checkout; install encdec from a clone "
+              "with pip install -e '.[bench]'")
         return 2
     script = [sys.executable, "-m", f"benchmarks.bench_{args.name}", *args.script_args]
     path = os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))

@@ -29,7 +29,8 @@ when another one finishes, while other files' windows keep the batch full.
   first 30 s from its first clip's start, the decoder prompt <|startoftranscript|> alone, as
   faster-whisper detects it; all the input's windows wait for it and are decoded in that
   language. The input's first window takes the detection's cross cache when it has the same
-  frames (always, unless windows at once), so that too is one encoder run.
+  frames (a seek window's first 30 s do, unless its clip ends sooner), so that too is one
+  encoder run.
 * No speech: silent windows (below -84 dBFS) are not decoded; a decoded window is dropped
   when `no_speech_prob > 0.6` and its decode is unsure (`encdec.whisper.silence`).
   `avg_logprob` is the sampled tokens' log-probability sum over (their number + 1).
@@ -203,13 +204,14 @@ class TranscriptionJob:
         self.languages = [options.language if tokens.multilingual else "en"] * len(audios)
         self.language_probabilities = [1.0] * len(audios)
         self.clips = [_clips(audio, options.clip_timestamps) for audio in audios]  # per input, in samples
-        # unless at once, an input's windows follow its decodes (`plan_seek`): each clip's first is made here
+        # unless at once, an input's windows follow its decodes (`plan_seek`): each clip's first is
+        # made here
         self.seek = not options.windows_at_once
         cuts = (lambda clip: [(0, min(len(clip), N_SAMPLES))]) if self.seek else split_windows
         self.windows = [Window(index, clip_start + start, clip_start + end, WindowState())
                         for index, audio in enumerate(audios) for clip_start, clip_end in self.clips[index]
                         for start, end in cuts(audio[clip_start:clip_end])]
-        self.queued: list[list[Window]] = [[] for _ in audios]  # seek windows waiting their turn
+        self.queued: list[list[Window]] = [[] for _ in audios]  # windows waiting for their language or turn
         self.on_progress = on_progress
         self.on_segments = on_segments
         self.on_language = on_language
@@ -252,7 +254,7 @@ class TranscriptionJob:
         """The request that detects an input's language, as faster-whisper detects it: from the
         logits after <|startoftranscript|> alone on the input's first 30 s (from its first
         clip's start). It returns its cross cache when the input's first window to decode has
-        the same frames (always for seek windows, unless that one is silent)."""
+        the same frames."""
         start = self.clips[index][0][0] if self.clips[index] else 0
         window = Window(index, start, min(start + N_SAMPLES, len(self.audios[index])), WindowState())
         prompt = {"encoder_prompt": self._encoder_prompt(window), "decoder_prompt": [self.tokens.sot]}

@@ -98,7 +98,7 @@ def test_a_finished_job_is_freed_without_the_garbage_collector(tiny_en, corpus):
 
 
 def test_a_refused_job_reads_every_windows_refusal(long_clips):
-    """The windows of an unconditioned job start together and, past `max_waiting_requests`, are
+    """The windows of a job of windows at once start together and, past `max_waiting_requests`, are
     refused together: the job raises EngineOverloaded once, and no window's refusal is left
     unread (asyncio's "Task exception was never retrieved" in a server's log)."""
     engine = AsyncLLMEngine.from_model("tiny.en", max_waiting_requests=1, max_num_seqs=1,

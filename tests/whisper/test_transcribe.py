@@ -211,7 +211,7 @@ def test_a_waveform_alone_is_one_16khz_input_and_bad_inputs_are_named(tiny_en, c
     assert_all_blocks_free(tiny_en)
 
 
-@pytest.mark.parametrize("options", [{}, {"word_timestamps": True, "condition_on_previous_text": False},
+@pytest.mark.parametrize("options", [{}, {"word_timestamps": True, "windows_at_once": True},
                                      {"vad_filter": True}])
 def test_no_samples_is_an_empty_transcript(tiny_en, corpus, tmp_path, options):
     """As openai-whisper and faster-whisper give one (the other inputs are transcribed)."""

@@ -84,7 +84,7 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
 
     @get("/health")
     async def health() -> Response:
-        dead = [m.name for m in models if not m.engine.is_healthy()]
+        dead = [m.name for m in models if m.engine.dead_error is not None]
         if dead:
             return OpenAIError(503, f"engine stopped after an error: {dead}", code="engine_dead").response()
         return JSONResponse({"status": "ok"})

@@ -59,7 +59,7 @@ class ServedModels:
         if served.is_whisper != whisper:
             needed = "a Whisper model" if whisper else "a text (BART-family) model"
             raise bad_request(f"model {name!r} cannot serve this endpoint: it needs {needed}", "model")
-        if not served.engine.is_healthy():
+        if served.engine.dead_error is not None:
             raise OpenAIError(503, f"model {name!r} stopped after an error: "
                               f"{served.engine.dead_error}", "model", "engine_dead")
         return served

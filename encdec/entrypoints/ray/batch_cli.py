@@ -185,7 +185,7 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
                     try:
                         write_transcript_files(record, output, output_format)
                     except OSError as err:
-                        record["error"] = f"its transcript files: {(err.strerror or str(err)).lower()}"
+                        record["error"] = f"its transcript files: {err.strerror.lower() if err.strerror else err}"
             file.write(json.dumps(record, ensure_ascii=False) + "\n")
             file.flush()
             bar.update(1)
