@@ -189,7 +189,7 @@ class SamplingParams:
             self.bad_words_ids = [_token_ids("bad_words_ids", w) for w in self.bad_words_ids]
 
     def _validate(self) -> None:
-        _check(self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
+        _check(self.n is not None and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}")
         _check(self.max_tokens is None or self.max_tokens >= 1,
                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
         _check(self.min_tokens is None or self.min_tokens >= 0,

@@ -65,6 +65,7 @@ def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
     (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
     (dict(top_k=-2), r"top_k must be -1 or 0 \(disabled\) or an integer >= 1, got -2"),
     (dict(n=0), "n must be an integer >= 1"),
+    (dict(n=None), "n must be an integer >= 1, got None"),
     (dict(min_tokens=5, max_tokens=3), "min_tokens must be <= max_tokens"),
     (dict(logprobs=-2), r"logprobs must be -1 \(the whole vocabulary\) or an integer >= 0, got -2"),
     (dict(logprobs=False), "logprobs must be an integer, got False"),
