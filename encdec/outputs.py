@@ -44,10 +44,16 @@ class CompletionOutput:
 
 @dataclass
 class RequestMetrics:
-    """When a request arrived and when its first token was sampled (`time.monotonic()`)."""
+    """A request's times (`time.monotonic()`; vLLM's names): when it arrived, was first
+    scheduled, sampled its first and its latest token, and finished (None until then);
+    `time_in_queue`, from its arrival to its first scheduling."""
 
     arrival_time: float
+    last_token_time: Optional[float] = None
+    first_scheduled_time: Optional[float] = None
     first_token_time: Optional[float] = None
+    time_in_queue: Optional[float] = None
+    finished_time: Optional[float] = None
 
 
 @dataclass

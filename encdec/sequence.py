@@ -9,6 +9,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+from encdec.outputs import RequestMetrics
+
 if TYPE_CHECKING:
     from encdec.outputs import Logprob, PromptLogprobs, SampleLogprobs
     from encdec.sampling.params import SamplingParams
@@ -151,7 +153,7 @@ class SequenceGroup:
         self.seqs = {seq.seq_id: seq for seq in seqs}
         self.sampling_params = sampling_params
         self.arrival_time = arrival_time
-        self.first_token_time: Optional[float] = None  # time.monotonic() of its first sample
+        self.metrics = RequestMetrics(arrival_time)  # its times so far (each output gets a copy)
         self.prompt_logprobs: Optional[PromptLogprobs] = None  # when asked for
         self.encoder_seq = encoder_seq
         self.encoder_features = encoder_features

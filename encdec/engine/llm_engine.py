@@ -308,6 +308,11 @@ class LLMEngine:
         (see `OutputProcessor`); the last one of a request has `finished` set.
         """
         metadata, sched = self.scheduler.schedule()
+        now = time.monotonic()
+        for group in sched.scheduled_seq_groups:
+            if group.metrics.first_scheduled_time is None:
+                group.metrics.first_scheduled_time = now
+                group.metrics.time_in_queue = now - group.arrival_time
         if sched.blocks_to_swap_out:
             self.cache_engine.swap_out(sched.blocks_to_swap_out)
         if sched.blocks_to_swap_in:
@@ -361,8 +366,10 @@ class LLMEngine:
                 group.prompt_logprobs = self.output_processor.name_tokens(
                     output.prompt_logprobs, group.sampling_params)
             samples = output.samples
-            if samples and group.first_token_time is None:
-                group.first_token_time = now
+            if samples:
+                group.metrics.last_token_time = now
+                if group.metrics.first_token_time is None:
+                    group.metrics.first_token_time = now
             if group.beam_search is not None:
                 self._process_beams(group, samples)
                 continue

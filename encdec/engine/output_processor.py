@@ -23,13 +23,15 @@ given are cut at their first stop string (text and token ids, as a stream stops)
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from encdec.engine.detokenizer import IncrementalDetokenizer, decode
 from encdec.engine.stop_strings import StopStrings
-from encdec.outputs import CompletionOutput, PromptLogprobs, RequestMetrics, RequestOutput
+from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
 
@@ -66,6 +68,8 @@ class OutputProcessor:
         finished = group.is_finished()
         if finished:
             states = self.states.pop(group.request_id, {})
+            if group.metrics.finished_time is None:
+                group.metrics.finished_time = time.monotonic()
         elif kind is RequestOutputKind.FINAL_ONLY or group.beam_search is not None:
             return None
         if group.beam_search is not None:
@@ -83,7 +87,7 @@ class OutputProcessor:
         return RequestOutput(group.request_id, first.prompt, list(first.data.prompt_token_ids),
                              group.encoder_seq.prompt, list(group.encoder_seq.data.prompt_token_ids),
                              outputs, finished,
-                             metrics=RequestMetrics(group.arrival_time, group.first_token_time),
+                             metrics=dataclasses.replace(group.metrics),
                              prompt_logprobs=prompt_logprobs)
 
     def abort(self, request_id: str) -> None:

@@ -69,18 +69,25 @@ def test_beam_search_gives_one_output_at_the_end(llm):
     assert out.finished and [c.token_ids for c in out.outputs] == [c.token_ids for c in offline.outputs]
 
 
-def test_outputs_carry_arrival_and_first_token_times(llm):
-    """`RequestOutput.metrics`: set on every output of every kind, the first token's time fixed
-    from the step that sampled it (the server's time to first token)."""
+def test_outputs_carry_the_requests_times(llm):
+    """`RequestOutput.metrics` (vLLM's fields): set on every output of every kind, the first
+    token's time fixed from the step that sampled it (the server's time to first token), the
+    latest token's moving on, the finish time on the last output only."""
     before = time.monotonic()
     outputs = run(llm, {kind.name: SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True,
                                                   output_kind=kind) for kind in RequestOutputKind})
     after = time.monotonic()
     for outs in outputs.values():
-        times = {(o.metrics.arrival_time, o.metrics.first_token_time) for o in outs}
+        times = {(o.metrics.arrival_time, o.metrics.first_scheduled_time, o.metrics.time_in_queue,
+                  o.metrics.first_token_time) for o in outs}
         assert len(times) == 1
-        ((arrival, first),) = times
-        assert before <= arrival <= first <= after
+        ((arrival, scheduled, queued, first),) = times
+        assert before <= arrival <= scheduled <= first <= after and queued == scheduled - arrival
+        latest = [o.metrics.last_token_time for o in outs]
+        assert latest == sorted(latest) and latest[0] >= first
+        assert [o.metrics.finished_time is not None for o in outs] == [o.finished for o in outs]
+        assert latest[-1] <= outs[-1].metrics.finished_time <= after
+    assert len(outputs["CUMULATIVE"]) == 4  # a moving last token time was seen
 
 
 def test_detokenize_false_gives_the_same_ids_and_no_text(llm):
