@@ -51,7 +51,7 @@ class LLM:
         self._request_counter = itertools.count()
 
     def get_tokenizer(self):
-        return self.llm_engine.tokenizer
+        return self.llm_engine.get_tokenizer()
 
     def generate(self, prompts: Union[Any, Sequence[Any]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,

@@ -163,6 +163,10 @@ class AsyncLLMEngine:
     def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
+    async def get_tokenizer(self) -> Any:
+        """The model's tokenizer (vLLM's call, awaited as there)."""
+        return self.engine.tokenizer
+
     @property
     def model_config(self) -> Any:
         return self.engine.model_config
@@ -368,6 +372,8 @@ class AsyncLLMEngine:
             try:
                 self.engine.add_request(request_id, prompt, params, arrival_time, return_cross_kv)
             except Exception as err:  # the caller's request is bad: refuse it alone
+                with self._lock:  # and no longer count it as waiting (its caller may send the next at once)
+                    self._waiting.remove((request_id, _places(params)))
                 stream.resolve(err)
                 continue
             except BaseException:  # the engine stops: back in the inbox, its caller hears of it with the rest

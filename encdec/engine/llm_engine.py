@@ -128,6 +128,10 @@ class LLMEngine:
         return cls(loaded, cache_config, scheduler_config, device_config, seed, defaults,
                    tune_malloc)
 
+    def get_tokenizer(self) -> Any:
+        """The model's tokenizer (vLLM's call; also the `tokenizer` attribute)."""
+        return self.tokenizer
+
     @property
     def block_manager(self):
         return self.scheduler.block_manager

@@ -99,6 +99,8 @@ def test_a_bad_request_fails_alone_and_overload_is_refused(tiny_bart_dir):
         return [out async for out in engine.generate(prompt, params, admission=admission)]
 
     async def main():
+        # vLLM's calls for the tokenizer
+        assert await engine.get_tokenizer() is engine.engine.get_tokenizer() is engine.engine.tokenizer is not None
         good = asyncio.ensure_future(collect("The rain in spain", SamplingParams(temperature=0, max_tokens=4)))
         with pytest.raises(ValueError, match="stop_token_ids"):
             await collect("Hello", SamplingParams(max_tokens=4, stop_token_ids=[10**6]))
