@@ -280,8 +280,8 @@ def transcribe_all(llm: LLM, inputs: list[AudioInput], args: argparse.Namespace)
 
     try:
         for first in range(0, len(inputs), args.batch_size):
-            batch = []
-            for audio_input in inputs[first:first + args.batch_size]:
+            chunk, batch = inputs[first:first + args.batch_size], []
+            for audio_input in chunk:
                 try:
                     batch.append((audio_input.name, audio_input.take_waveform()))
                 except (ValueError, OSError) as err:  # changed since it was checked
@@ -291,7 +291,7 @@ def transcribe_all(llm: LLM, inputs: list[AudioInput], args: argparse.Namespace)
             results = transcribe_batch(llm, batch, args, lambda s: advance_to(seconds_before + s)) if batch else []
             for result in results:
                 failed += result is None or not report(result, args, len(args.files) > 1)
-            seconds_before += sum(audio_input.seconds for audio_input in inputs[first:first + args.batch_size])
+            seconds_before += sum(audio_input.seconds for audio_input in chunk)
             advance_to(seconds_before)
     finally:
         bar.close()
