@@ -28,6 +28,7 @@ from encdec.models.quantization import resolve_compute_type
 from encdec.engine.output_processor import OutputProcessor
 from encdec.outputs import RequestOutput
 from encdec.sampling.beam_search import BeamSearch
+from encdec.sampling.logits_processors import bad_words_token_ids
 from encdec.sampling.params import SamplingParams
 from encdec.sampling.sampler import SamplerOutput, SequenceOutput
 from encdec.sequence import Sequence, SequenceGroup, SequenceStatus
@@ -176,6 +177,11 @@ class LLMEngine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop: this model has no tokenizer to find stop strings with "
                              "(use stop_token_ids)")
+        if params.bad_words:
+            if self.tokenizer is None:
+                raise ValueError("bad_words: this model has no tokenizer to tokenize them with (use bad_words_ids)")
+            params = dataclasses.replace(params, bad_words_ids=(params.bad_words_ids or [])
+                                         + bad_words_token_ids(self.tokenizer, params.bad_words))
         self._check_token_ids(params)
         self._check_fits(inputs.prompt_token_ids, inputs.encoder_prompt_token_ids, params)
         block_size = self.cache_config.block_size

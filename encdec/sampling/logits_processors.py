@@ -10,7 +10,7 @@ rows, exactly where Hugging Face applies them. Every function modifies `scores` 
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import torch
 
@@ -152,6 +152,22 @@ def bad_word_ends(history: list[int], bad_words_ids: list[list[int]],
     `NoBadWordsLogitsProcessor`: a lone EOS is never a bad word)."""
     return [word[-1] for word in bad_words_ids if word != [eos_token_id]
             and (len(word) == 1 or history[len(history) - len(word) + 1:] == word[:-1])]
+
+
+def bad_words_token_ids(tokenizer: Any, words: list[str]) -> list[list[int]]:
+    """vLLM's `bad_words` as token sequences of the output's vocabulary: each word's tokens at
+    the start of a text, and after a space where that starts with another token of the same
+    count (byte-level BPE's "Ġword"; SentencePiece's are the same)."""
+    sequences = []
+    for word in words:
+        bare, spaced = (tokenizer(text_target=text, add_special_tokens=False)["input_ids"]
+                        for text in (word.lstrip(), " " + word.lstrip()))
+        if not bare:
+            raise ValueError(f"bad_words: {word!r} has no tokens")
+        sequences.append(bare)
+        if spaced[0] != bare[0] and len(spaced) == len(bare):
+            sequences.append(spaced)
+    return sequences
 
 
 def _first_free_step(data: SequenceData, params: SamplingParams) -> int:

@@ -94,7 +94,8 @@ class SamplingParams:
     `forced_bos_token_id` is forced as the first generated token (the default decoder prompt is
     then just <DEC>), `forced_eos_token_id` as the last one allowed by `max_tokens`. As in
     Hugging Face's generation config: `bad_words_ids` (token sequences that are never completed;
-    EOS alone is never banned), `suppress_tokens` (never sampled) and `begin_suppress_tokens` (not
+    EOS alone is never banned; vLLM's `bad_words` strings add theirs, each word's tokens at the
+    start of a text and after a space, see `encdec.sampling.logits_processors.bad_words_token_ids`), `suppress_tokens` (never sampled) and `begin_suppress_tokens` (not
     sampled first; after a forced BOS: not second). As in vLLM: `logit_bias` (token id -> a
     number added to its logit) and `allowed_token_ids` (no other token is sampled), applied
     after those, before `logits_processors`; `truncate_prompt_tokens=k` keeps the last k tokens
@@ -134,6 +135,7 @@ class SamplingParams:
     forced_bos_token_id: Optional[int] = None
     forced_eos_token_id: Optional[int] = None
     bad_words_ids: Optional[list[list[int]]] = None
+    bad_words: Union[str, list[str], None] = None
     suppress_tokens: Optional[list[int]] = None
     begin_suppress_tokens: Optional[list[int]] = None
     renormalize_logits: Optional[bool] = None
@@ -173,6 +175,7 @@ class SamplingParams:
         stop = self.stop_token_ids if self.stop_token_ids is not None else []
         self.stop_token_ids = _token_ids("stop_token_ids", stop)
         self.stop = _strings("stop", self.stop)
+        self.bad_words = _strings("bad_words", self.bad_words)
         _check(self.config_task is None or isinstance(self.config_task, str),
                f"config_task must be a task name or None, got {self.config_task!r}")
         for name in ("suppress_tokens", "begin_suppress_tokens", "allowed_token_ids"):

@@ -268,6 +268,20 @@ def test_completions_logit_bias_and_vllms_extras(server, bart):
     assert (result.choices[0].finish_reason, result.usage.completion_tokens) == ("length", 8)
 
 
+def test_completions_bad_words(server, bart):
+    """vLLM's `bad_words` over HTTP ban what they ban offline; a word with no tokens is a 400."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    [free] = offline_texts(bart, [ARTICLES[0]], params)
+    word = bart.get_tokenizer().tokenize(free)[0].lstrip("\u0120")
+    result = server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=8, temperature=0.0,
+                                                extra_body=dict(ignore_eos=True, bad_words=[word]))
+    assert [result.choices[0].text] == offline_texts(bart, [ARTICLES[0]], dataclasses.replace(params, bad_words=word))
+    assert result.choices[0].text != free
+    with server.http() as http:
+        response = http.post("/v1/completions", json=dict(model="bart", prompt="x", bad_words=[" "]))
+    assert response.status_code == 400 and response.json()["error"]["param"] == "bad_words"
+
+
 def test_completions_prompt_logprobs_equal_the_offline_ones(server, bart):
     """vLLM's extra `prompt_logprobs` scores the decoder prompt given each article: every choice
     of a prompt carries them, with vLLM's ranks and decoded tokens, as the offline LLM gives them."""

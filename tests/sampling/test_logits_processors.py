@@ -1,6 +1,8 @@
 """Built-in logits processors, batched over rows, equal Hugging Face's processors row by row."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import BartForConditionalGeneration
@@ -10,7 +12,7 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor)
 
 from encdec import LLM, SamplingParams
-from encdec.sampling.logits_processors import apply_logits_processors
+from encdec.sampling.logits_processors import apply_logits_processors, bad_words_token_ids
 from encdec.sequence import SequenceData
 from tests.bart_parity import mixed_prompts
 from tests.conftest import assert_all_blocks_free
@@ -122,3 +124,38 @@ def test_greedy_with_processors_matches_hugging_face(tiny_bart_dir):
     assert outputs[2].outputs[0].token_ids[-1] == EOS
     assert len(set(outputs[0].outputs[0].token_ids)) > 2
     assert_all_blocks_free(llm)
+
+
+def test_bad_words_ban_a_word_at_the_start_and_after_a_space(tiny_bart_dir):
+    """vLLM's `bad_words`: a word is banned as its own tokens and, for byte-level BPE, as its
+    tokens after a space ("Ġword"), as `bad_words_ids` holding both would ban them."""
+    llm = LLM(model=str(tiny_bart_dir), num_gpu_blocks=128)
+    tokenizer = llm.get_tokenizer()
+    vocab = tokenizer.get_vocab()
+    word = next(w for w in sorted(vocab) if w.isalpha() and len(w) > 3 and f"\u0120{w}" in vocab)
+    bare, spaced = vocab[word], vocab[f"\u0120{word}"]
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logit_bias={spaced: 40, bare: 30})
+    prompt = "The rain in spain falls mainly on the plain."
+
+    def generate(**changes) -> list[int]:
+        [out] = llm.generate(prompt, dataclasses.replace(params, **changes), use_tqdm=False)
+        return out.outputs[0].token_ids
+
+    assert generate() == [spaced] * 6 and generate(bad_words_ids=[[spaced]]) == [bare] * 6
+    banned = generate(bad_words=[f"  {word}"])
+    assert banned == generate(bad_words_ids=[[bare], [spaced]])
+    assert not {bare, spaced} & set(banned)
+    assert_all_blocks_free(llm)
+
+
+def test_bad_words_take_the_output_vocabulary(tmp_path):
+    """A Marian tokenizer with a target vocabulary of its own bans the target side's pieces;
+    SentencePiece gives a word one sequence, with or without a space before it."""
+    from tests.family_checkpoints import marian_tokenizer
+
+    tokenizer = marian_tokenizer(tmp_path, separate_vocabs=True)
+    [sequence] = bad_words_token_ids(tokenizer, ["façade"])
+    assert tokenizer.decode(sequence) == "façade"  # decoded with the target vocabulary
+    assert sequence != tokenizer("façade", add_special_tokens=False)["input_ids"]  # the source's
+    with pytest.raises(ValueError, match="bad_words: ' ' has no tokens"):
+        bad_words_token_ids(tokenizer, [" "])

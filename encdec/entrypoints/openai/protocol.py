@@ -86,7 +86,7 @@ MAX_PROMPT_LOGPROBS = 20  # vLLM's default --max-logprobs: each scored position'
 class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
     `decoder_prompt`, `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
-    `include_stop_str_in_output`, `ignore_eos`, `skip_special_tokens`, `truncate_prompt_tokens`,
+    `bad_words`, `include_stop_str_in_output`, `ignore_eos`, `skip_special_tokens`, `truncate_prompt_tokens`,
     `prompt_logprobs` (of the decoder prompt), `return_tokens_as_token_ids`, `use_beam_search`
     (unset: the checkpoint's `num_beams` decides) and `length_penalty` (of a beam search)."""
 
@@ -114,6 +114,7 @@ class CompletionRequest(JSONRequest):
     min_tokens: Optional[int] = Field(None, ge=0)
     repetition_penalty: Optional[float] = Field(None, gt=0.0)
     stop_token_ids: list[int] = Field(default_factory=list)
+    bad_words: list[str] = Field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True
