@@ -218,7 +218,6 @@ class TranscriptionJob:
         self.unaligned: list[tuple[Window, Decode]] = []  # decoded windows waiting for `align`
         self.last_speech = [0.0] * len(audios)  # per input: where its aligned speech ended
         self.seconds_done = 0.0
-        self.requests_made: list[WindowRequest] = []
         self._ids = (f"whisper-{uuid.uuid4().hex[:8]}-{i}" for i in itertools.count())
         # every request's arrival for the engine: a window's fallback or next window waits behind
         # the jobs that came before this one, not behind every window queued meanwhile
@@ -264,7 +263,6 @@ class TranscriptionJob:
         queue = self.queued[index]
         reuse = "always" if queue and self._frames(queue[0]) == self._frames(window) else "never"
         request = WindowRequest(next(self._ids), prompt, params, window, 1, reuse, detects=True)
-        self.requests_made.append(request)
         return request
 
     def _release(self, index: int) -> list[WindowRequest]:
@@ -600,7 +598,6 @@ class TranscriptionJob:
             request.return_cross_kv = "always"
         elif window.cross_kv is None and len(window.decodes) + 1 < len(self.options.temperature):
             request.return_cross_kv = "if it fails"
-        self.requests_made.append(request)
         return request
 
     def _encoder_prompt(self, window: Window) -> dict:

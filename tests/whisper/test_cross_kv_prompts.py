@@ -7,9 +7,9 @@ import torch
 
 from encdec import LLM, SamplingParams
 from encdec.whisper.options import TranscribeOptions
-from encdec.whisper.pipeline import TranscriptionJob
 from encdec.whisper.transcribe import run_job
 from tests.conftest import assert_all_blocks_free
+from tests.whisper.recording_job import RecordingJob
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=30)
 SAMPLED = SamplingParams(temperature=0.8, n=3, seed=11, max_tokens=30)
@@ -143,7 +143,7 @@ def test_fallbacks_reuse_their_windows_cross_kv(tiny_en, corpus):
     for clip in corpus[:2]:  # one window a job: the same encoder batches with and without reuse
         results = []
         for driver, encoder_runs in ((engine, 1), (WithoutCrossKV(engine), 3)):
-            job = TranscriptionJob(engine.model_config.special_tokens, engine.tokenizer,
+            job = RecordingJob(engine.model_config.special_tokens, engine.tokenizer,
                                    engine.model_config.max_decoder_len, [clip.audio], options)
             runs = engine.stats.num_encoder_runs
             run_job(driver, job)

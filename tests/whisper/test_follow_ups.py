@@ -15,11 +15,11 @@ from encdec.audio import SAMPLE_RATE
 from encdec.outputs import CompletionOutput, RequestOutput
 from encdec.whisper.coverage import MIN_REMAINDER, plan_seek, plan_window, repeated_words
 from encdec.whisper.options import TranscribeOptions
-from encdec.whisper.pipeline import TranscriptionJob
 from encdec.whisper.segments import split_spans
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcribe import run_job
 from encdec.whisper.vad import VadOptions
+from tests.whisper.recording_job import RecordingJob
 
 EOT, SOT, SOT_PREV, NO_TS = 10, 11, 12, 17
 TOKENS = WhisperTokens(eot=EOT, sot=SOT, no_timestamps=NO_TS, multilingual=False, sot_prev=SOT_PREV)
@@ -94,7 +94,7 @@ def run(script, seconds=40.0, **options):
     audio = clock_audio(seconds)
     engine = ScriptedEngine(script)
     options.setdefault("windows_at_once", True)
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio], TranscribeOptions(**options))
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [audio], TranscribeOptions(**options))
     engine.run(job)
     return engine.requests, job.results([None])[0]
 
@@ -195,7 +195,7 @@ def test_beams_at_temperature_0_and_best_of_samples_above_it():
 
     engine = ScriptedEngine(script)
     options = TranscribeOptions(beam_size=2, best_of=3, temperature=(0.0, 0.2, 0.4), seed=7)
-    engine.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(20.0)], options))
+    engine.run(RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(20.0)], options))
     assert [(p.temperature, bool(p.use_beam_search), p.n, p.seed) for p in engine.params] == [
         (0.0, True, 2, None), (0.2, False, 3, 8), (0.4, False, 3, 9)]
 
@@ -228,7 +228,7 @@ def test_when_every_temperature_fails_the_kept_decode_has_the_last_temperature()
         return [ts(0.0), 1 + int(temperature * 5), ts(duration), EOT], (-1.5 - temperature if start == 0.0 else -0.2)
 
     engine = ScriptedEngine(script)
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions())
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions())
     engine.run(job)
     first = job.results([None])[0].segments[0]
     assert (first.text, first.temperature) == (" w1", 1.0)
@@ -263,7 +263,7 @@ def test_when_every_temperature_fails_a_repetitive_decode_is_kept_last():
 def test_the_context_resets_only_above_prompt_reset_on_temperature(temperature, reset):
     """openai-whisper resets the prompt after a decode sampled at more than 0.5, not at 0.5."""
     engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
-    engine.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)],
+    engine.run(RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)],
                                 TranscribeOptions(temperature=temperature)))
     assert engine.prompts[1] == ([SOT] if reset else [SOT_PREV, ts(0.0), 1, ts(30.0), SOT])
 
@@ -271,7 +271,7 @@ def test_the_context_resets_only_above_prompt_reset_on_temperature(temperature, 
 def test_without_timestamps_the_text_still_conditions_the_next_window():
     """openai-whisper conditions on the text before a window whether or not it keeps timestamps."""
     engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, 2, ts(duration), EOT], -0.2))
-    engine.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)],
+    engine.run(RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)],
                                 TranscribeOptions(timestamps=False, temperature=0.0)))
     assert engine.prompts[1][0] == SOT_PREV and engine.prompts[1][-4:] == [1, 2, ts(30.0), SOT]
 
@@ -349,7 +349,7 @@ def test_seek_windows_pass_over_silence():
     audio[25 * SAMPLE_RATE:65 * SAMPLE_RATE] = 0.0
     progress = []
     engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio, np.zeros(35 * SAMPLE_RATE, np.float32)],
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [audio, np.zeros(35 * SAMPLE_RATE, np.float32)],
                            TranscribeOptions(clip_timestamps=[0, 40, 50]), on_progress=progress.append)
     engine.run(job)
     # input 0: clip [0, 40): [0, 30) decoded, [30, 40) silent; clip [50, 100): sound from 65 s;
@@ -375,7 +375,7 @@ def test_segments_are_reported_in_time_order_as_soon_as_what_precedes_them_is_de
         return [ts(0.0), 2, ts(duration), EOT], -0.2
 
     reported = []
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
                            TranscribeOptions(windows_at_once=True),
                            on_segments=lambda index, segments: reported.append(
                                [(s.id, round(s.start, 2), s.text) for s in segments]))
@@ -401,7 +401,7 @@ def test_conditioned_windows_follow_the_decodes_prompted_with_the_text_before_th
 
     audio = clock_audio(60.0)
     engine = ScriptedEngine(script)
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [audio, audio[:10 * SAMPLE_RATE]],
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [audio, audio[:10 * SAMPLE_RATE]],
                            TranscribeOptions())
     engine.run(job)
     # both inputs' first windows at once, then each input's next one when its last is decoded
@@ -429,7 +429,7 @@ def test_unconditioned_windows_after_the_first_get_no_initial_prompt(carry, opti
         return [ts(0.0), 2, ts(duration), EOT], -0.2
 
     engine = ScriptedEngine(script)
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)], TranscribeOptions(
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)], TranscribeOptions(
         initial_prompt="w7 w8", carry_initial_prompt=carry, **options))
     engine.run(job)
     starts = [r[0] for r in engine.requests]
@@ -443,7 +443,7 @@ def test_a_hot_decode_is_not_passed_on():
         return [ts(0.0), 1, ts(duration), EOT], (-2.0 if start == 0.0 and temperature < 0.6 else -0.2)
 
     engine = ScriptedEngine(script)
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions())
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions())
     engine.run(job)
     assert [r[2] for r in engine.requests] == [0.0, 0.2, 0.4, 0.6, 0.0]
     assert engine.prompts[-1] == [SOT]
@@ -491,7 +491,7 @@ def test_vad_parameters_of_faster_whisper():
 
 def test_callbacks_are_checked_first():
     with pytest.raises(ValueError, match="on_progress must be a function or None, got 5"):
-        TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(5.0)], TranscribeOptions(), on_progress=5)
+        RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(5.0)], TranscribeOptions(), on_progress=5)
 
 
 def test_optional_forms_of_options():
@@ -499,7 +499,7 @@ def test_optional_forms_of_options():
     from the engine's generator."""
     options = TranscribeOptions(clip_timestamps=1.5, suppress_tokens=None, temperature=0.5, seed=None)
     assert (options.clip_timestamps, options.suppress_tokens, options.temperature) == ([1.5], [], (0.5,))
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(5.0)], options)
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(5.0)], options)
     assert job._decoding(job.windows[0])["seed"] is None
 
 
@@ -508,7 +508,7 @@ def test_text_with_no_opening_timestamp_joins_the_context_from_the_window_start(
     gives one) is kept, conditioned on, from the window's start."""
     engine = ScriptedEngine(lambda start, duration, t: (
         [1, 2, EOT] if start == 0.0 else [ts(0.0), 3, ts(1.0), EOT], -0.2))
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions(temperature=0.0))
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(40.0)], TranscribeOptions(temperature=0.0))
     engine.run(job)
     assert engine.prompts[1] == [SOT_PREV, ts(0.0), 1, 2, SOT]
     assert job.results([None])[0].text.startswith("w1 w2")
@@ -519,7 +519,7 @@ def test_hotwords_open_every_prompt_and_a_carried_initial_prompt_stays():
         return [ts(0.0), *([5] * 150), ts(duration), EOT], -0.2
 
     engine = ScriptedEngine(script)
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(90.0)],
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(90.0)],
                            TranscribeOptions(initial_prompt="w7 w8", hotwords="w9", carry_initial_prompt=True,
                                              compression_ratio_threshold=None))
     engine.run(job)
@@ -532,14 +532,14 @@ def test_hotwords_open_every_prompt_and_a_carried_initial_prompt_stays():
     # one more, which is never fed back: openai-whisper's 224
     assert [r.params.max_tokens for r in job.requests_made] == [224, 224, 448 + 1 - len(third)] == [224] * 3
     plain = ScriptedEngine(script)
-    plain.run(TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(90.0)],
+    plain.run(RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(90.0)],
                                     TranscribeOptions(initial_prompt="w7 w8", compression_ratio_threshold=None)))
     assert plain.prompts[0] == [SOT_PREV, 7, 8, SOT] and plain.prompts[2][1:3] != [7, 8]
 
 
 def test_clip_timestamps_limit_the_audio_decoded():
     engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(60.0)],
                            TranscribeOptions(clip_timestamps="2,5,40", windows_at_once=True))
     engine.run(job)
     assert [(r[0], r[1]) for r in engine.requests] == [(2.0, 3.0), (40.0, 20.0)]
@@ -547,7 +547,7 @@ def test_clip_timestamps_limit_the_audio_decoded():
     assert [(round(s.start, 2), round(s.end, 2)) for s in result.segments] == [(2.0, 5.0), (40.0, 60.0)]
     # times between frames start and end on a frame, as openai-whisper's seek points
     engine = ScriptedEngine(lambda start, duration, t: ([ts(0.0), 1, ts(duration), EOT], -0.2))
-    job = TranscriptionJob(TOKENS, Tokenizer(), 448, [clock_audio(10.0)],
+    job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(10.0)],
                            TranscribeOptions(clip_timestamps="1.237,5.004", windows_at_once=True))
     engine.run(job)
     (result,) = job.results([None])

@@ -6,11 +6,11 @@ import pytest
 
 from encdec.audio import SAMPLE_RATE
 from encdec.whisper.options import TranscribeOptions
-from encdec.whisper.pipeline import TranscriptionJob
 from encdec.whisper.transcribe import run_job
 from tests.conftest import assert_all_blocks_free
 from tests.openai_whisper_ref import assert_words_equal, openai_whisper_model
 from tests.speech_corpus import wer
+from tests.whisper.recording_job import RecordingJob
 
 PROMPTS = {  # an initial prompt in a language other than the speech's
     "fr": "Voici une longue introduction en français sur la réunion, la météo, la plage et la ville.",
@@ -121,7 +121,7 @@ def test_an_input_has_the_language_of_its_first_30_seconds(base, language_clips,
     # 26 s of Spanish, a 2 s pause, then English: windows at once are cut at the pause
     audio = np.concatenate([*spanish, np.zeros(2 * SAMPLE_RATE, np.float32), *english])
     engine = base.llm_engine
-    job = TranscriptionJob(engine.model_config.special_tokens, engine.tokenizer, engine.model_config.max_decoder_len,
+    job = RecordingJob(engine.model_config.special_tokens, engine.tokenizer, engine.model_config.max_decoder_len,
                            [audio], TranscribeOptions(windows_at_once=at_once, temperature=0.0))
     run_job(engine, job)
     tokens = engine.model_config.special_tokens

@@ -13,19 +13,19 @@ import pytest
 
 from encdec.audio import SAMPLE_RATE
 from encdec.whisper.options import TranscribeOptions
-from encdec.whisper.pipeline import TranscriptionJob
 from encdec.whisper.transcribe import run_job
 from encdec.whisper.windows import split_windows
 from tests.conftest import assert_all_blocks_free
 from tests.speech_corpus import CORPUS, sentence_coverage, speak, wer
+from tests.whisper.recording_job import RecordingJob
 
 faster_whisper = pytest.importorskip("faster_whisper")
 
 
-def transcribe_job(llm, clips, **options) -> TranscriptionJob:
+def transcribe_job(llm, clips, **options) -> RecordingJob:
     """The job `LLM.transcribe` runs, kept so its requests can be read."""
     engine = llm.llm_engine
-    job = TranscriptionJob(engine.model_config.special_tokens, engine.tokenizer, engine.model_config.max_decoder_len,
+    job = RecordingJob(engine.model_config.special_tokens, engine.tokenizer, engine.model_config.max_decoder_len,
                            [clip.audio for clip in clips], TranscribeOptions(language="en", **options))
     runs = engine.stats.num_encoder_runs
     run_job(engine, job)
