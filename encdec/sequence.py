@@ -48,6 +48,7 @@ class SequenceData:
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     cumulative_logprob: float = 0.0
+    sample_index: int = 0  # which of the request's n samples (its generator when seeded)
 
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
@@ -64,7 +65,7 @@ class SequenceData:
 
     def copy(self) -> "SequenceData":
         return SequenceData(list(self.prompt_token_ids), list(self.output_token_ids),
-                            self.num_computed_tokens, self.cumulative_logprob)
+                            self.num_computed_tokens, self.cumulative_logprob, self.sample_index)
 
 
 class Sequence:
@@ -147,7 +148,7 @@ class SequenceGroup:
 
     def __init__(self, request_id: str, seqs: list[Sequence], sampling_params: SamplingParams,
                  arrival_time: float, encoder_seq: Sequence, encoder_features: Any = None,
-                 generator: Any = None, beam_search: Any = None, return_cross_kv: Any = False,
+                 generators: Any = None, beam_search: Any = None, return_cross_kv: Any = False,
                  prompt_cross_kv: Any = None):
         self.request_id = request_id
         self.seqs = {seq.seq_id: seq for seq in seqs}
@@ -158,7 +159,7 @@ class SequenceGroup:
         self.encoder_seq = encoder_seq
         self.encoder_features = encoder_features
         self.prompt_cross_kv = prompt_cross_kv  # given in place of the encoder's work (kept for recompute)
-        self.generator = generator  # torch.Generator the group samples from
+        self.generators = generators  # torch.Generator of each of the n samples (one shared if unseeded)
         self.beam_search = beam_search  # the request's BeamSearch state, for beam search
         self.return_cross_kv = return_cross_kv  # True, or a test of the final output (LLMEngine.add_request)
 
@@ -213,4 +214,4 @@ class SequenceGroupMetadata:
     cross_block_table: Optional[list[int]] = None
     encoder_features: Any = None
     prompt_cross_kv: Any = None
-    generator: Any = None
+    generators: Any = None

@@ -237,5 +237,5 @@ class Scheduler:
             cross_block_table=self.block_manager.get_cross_block_table(group),
             encoder_features=group.encoder_features if is_prompt else None,
             prompt_cross_kv=group.prompt_cross_kv if is_prompt else None,
-            generator=group.generator,
+            generators=group.generators,
         )

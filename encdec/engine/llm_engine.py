@@ -187,10 +187,11 @@ class LLMEngine:
         block_size = self.cache_config.block_size
         seq = Sequence.from_inputs(next(self.seq_ids), inputs, block_size, True)
         encoder_seq = Sequence.from_inputs(next(self.seq_ids), inputs, block_size, False)
-        generator = (torch.Generator(device=self.device).manual_seed(params.seed)
-                     if params.seed is not None else self.generator)
+        # vLLM's seeds: the i-th of n samples draws from seed + i, so each is reproducible alone
+        generators = ([torch.Generator(device=self.device).manual_seed((params.seed + i) % 2**64)
+                       for i in range(params.n)] if params.seed is not None else [self.generator] * params.n)
         group = SequenceGroup(request_id, [seq], params, time.monotonic() if arrival_time is None else arrival_time,
-                              encoder_seq, inputs.encoder_features, generator,
+                              encoder_seq, inputs.encoder_features, generators,
                               BeamSearch(params) if params.use_beam_search else None, return_cross_kv,
                               inputs.cross_kv)
         self.groups[request_id] = group
@@ -385,8 +386,10 @@ class LLMEngine:
                 continue
             seqs = group.seqs
             parent_samples = [(seqs[s.parent_seq_id], s) for s in samples]
-            if len(samples) > len(group.get_seqs(SequenceStatus.RUNNING)):
+            if len(samples) > len(group.get_seqs(SequenceStatus.RUNNING)):  # the first step's n samples
                 parent_samples = self._fork_children(group, parent_samples)
+                for index, (seq, _) in enumerate(parent_samples):
+                    seq.data.sample_index = index
             for seq, sample in parent_samples:
                 if sample.top_logprobs is not None:
                     self.output_processor.name_tokens([sample.top_logprobs], group.sampling_params)

@@ -3,8 +3,9 @@
 Beam rows first become log-probabilities, as Hugging Face's beam search processes them; then
 the logits processors run over the whole batch (`logits_processors.py`). Greedy rows take the
 argmax, sampled rows draw with temperature / top-k / top-p / min-p, both with log-probabilities
-of the processed logits. Seeded requests draw from their own generator, so their samples do not
-depend on the rest of the batch. A group in its first step with n > 1 draws n samples from its one
+of the processed logits. Each sample of a seeded request draws from its own generator (the
+i-th of n from seed + i, as vLLM's), so it depends neither on the rest of the batch nor on its
+siblings (one that stops early changes no other). A group in its first step with n > 1 draws n samples from its one
 prompt row (the engine forks them); a group prefilled again after preemption by recompute
 draws one per row. A beam group returns its ranked candidates
 (`beam_search.top_candidates`), each with its running score, for the engine's `BeamSearch`.
@@ -108,7 +109,7 @@ class Sampler:
             if params.is_greedy:
                 tokens = greedy[rows]
             else:
-                tokens = _sample(scores[rows], params, _num_samples(g), g.generator)
+                tokens = _sample(scores[rows], params, _sample_generators(g))
             outputs.append(_group_output(g, tokens, scores[rows], log_normalizer[rows], params))
         return outputs
 
@@ -198,13 +199,26 @@ def _num_samples(g: SequenceGroupMetadata) -> int:
     return g.sampling_params.n if first_step else 1
 
 
-def _sample(logits: torch.Tensor, params: SamplingParams, num_samples: int,
-            generator: Optional[torch.Generator]) -> torch.Tensor:
-    """[rows, num_samples] token ids drawn from the `sampling_logits`."""
+def _sample_generators(g: SequenceGroupMetadata) -> list[torch.Generator]:
+    """The generator of each sample the group draws this step: its n at the first step, from
+    its one row, then each row's own."""
+    if _num_samples(g) > 1:
+        return g.generators
+    return [g.generators[data.sample_index] for data in g.seq_data.values()]
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, generators: list[torch.Generator]) -> torch.Tensor:
+    """[rows, samples a row] token ids drawn from the `sampling_logits`, sample i with
+    `generators[i]` (rows draw their samples in turn)."""
     probs = sampling_logits(logits, params).softmax(dim=-1)
+    num_samples = len(generators) // len(probs)
     probs = probs.repeat_interleave(num_samples, dim=0)
+    if all(generator is generators[0] for generator in generators):
+        noise = exponential_like(probs, generators[0])
+    else:
+        noise = torch.cat([exponential_like(row, generator) for row, generator in zip(probs.split(1), generators)])
     # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p.
-    return (probs / exponential_like(probs, generator)).argmax(dim=-1).view(-1, num_samples)
+    return (probs / noise).argmax(dim=-1).view(-1, num_samples)
 
 
 def sampling_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

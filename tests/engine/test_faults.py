@@ -17,7 +17,7 @@ def test_fault1_n2_preempted_by_recompute_keeps_two_seeded_completions(tiny_bart
     """When one of two siblings has stopped, the other alone may be preempted by recompute;
     its prefill again used to draw n=2 samples from its row (3 completions, other tokens)."""
     def params(stop: list[int]) -> SamplingParams:
-        return SamplingParams(temperature=1.0, seed=3, n=2, max_tokens=30, ignore_eos=True,
+        return SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=30, ignore_eos=True,
                               stop_token_ids=stop)
 
     roomy = LLM(model=str(tiny_bart_dir), num_gpu_blocks=400, block_size=4)

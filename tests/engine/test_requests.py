@@ -304,6 +304,22 @@ def test_seeded_request_ignores_the_rest_of_the_batch(llm):
     assert len(set(alone)) > 1
 
 
+def test_each_sample_of_a_seeded_request_draws_from_its_own_seed(llm):
+    """As vLLM's: the i-th of n samples is the one n=1 gives with seed + i, so a sample that
+    stops early (here at a stop token) changes none of the others."""
+    params = SamplingParams(temperature=1.0, seed=41, max_tokens=12, ignore_eos=True)
+    alone = [llm.generate(TEXT, dataclasses.replace(params, seed=41 + i), use_tqdm=False)[0].outputs[0].token_ids
+             for i in range(3)]
+    together = [c.token_ids for c in llm.generate(TEXT, dataclasses.replace(params, n=3), use_tqdm=False)[0].outputs]
+    assert together == alone and len(set(map(tuple, alone))) == 3
+    stop = alone[0][4]
+    ended = [c.token_ids for c in llm.generate(TEXT, dataclasses.replace(params, n=3, stop_token_ids=[stop]),
+                                               use_tqdm=False)[0].outputs]
+    assert ended == [ids[:ids.index(stop) + 1] if stop in ids else ids for ids in alone]
+    assert len(ended[0]) < len(alone[0])
+    assert_all_blocks_free(llm)
+
+
 def test_unseeded_requests_follow_the_engine_seed(tiny_bart_dir):
     params = SamplingParams(temperature=1.0, max_tokens=12)
     runs = [LLM(model=str(tiny_bart_dir), num_gpu_blocks=64, seed=s).generate(TEXT, params, use_tqdm=False)
