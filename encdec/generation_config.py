@@ -168,7 +168,8 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
     A request asking for beam search gets no sampling settings from the config, one refusing it
     (`use_beam_search=False`) no beams. A default `max_tokens` (the config's or the built-in
     one) is capped by the room the decoder has after the prompt; a request's own beyond it is
-    refused, as vLLM refuses it. Raises ValueError for combinations that are invalid once the
+    refused, as vLLM refuses it. `ignore_eos` also drops the config's `forced_eos_token_id`
+    (a request's own stays). Raises ValueError for combinations that are invalid once the
     defaults are in.
     """
     config = {}
@@ -195,6 +196,8 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
     values["max_tokens"] = min(values["max_tokens"], room)
     if params.min_tokens is None:  # a config's min_length never outlasts the length limit
         values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
+    if params.ignore_eos and params.forced_eos_token_id is None:  # no EOS the request did not ask for
+        values["forced_eos_token_id"] = None
     if not params.ignore_eos:
         values["stop_token_ids"] = params.stop_token_ids + [
             t for t in defaults.eos_token_ids if t not in params.stop_token_ids]

@@ -263,9 +263,15 @@ def test_completions_logit_bias_and_vllms_extras(server, bart):
                             skip_special_tokens=False)
     [expected] = bart.generate(TokensPrompt(prompt_token_ids=ids[-5:]), dataclasses.replace(params, config_per_field=True),
                                use_tqdm=False)
-    assert result.choices[0].text == expected.outputs[0].text and "</s>" in result.choices[0].text
+    assert result.choices[0].text == expected.outputs[0].text
     assert result.usage.prompt_tokens == 5 + len(expected.prompt_token_ids)  # encoder and decoder prompts
     assert (result.choices[0].finish_reason, result.usage.completion_tokens) == ("length", 8)
+    # ignore_eos drops the config's forced_eos_token_id too: 8 tokens of text, no </s> forced last
+    assert expected.outputs[0].token_ids[-1] != 2
+    forced = server.client().completions.create(
+        model="bart", prompt=ids, max_tokens=8, temperature=0.0, logit_bias={"7": 30},
+        extra_body=dict(skip_special_tokens=False, truncate_prompt_tokens=5))
+    assert forced.choices[0].text.endswith("</s>")
 
 
 def test_completions_bad_words(server, bart):

@@ -48,6 +48,14 @@ def test_request_settings_override_the_config():
     assert (greedy.use_beam_search, greedy.temperature, greedy.no_repeat_ngram_size) == (False, 0.0, 3)
 
 
+def test_ignore_eos_drops_the_configs_forced_eos():
+    """vLLM's `ignore_eos` asks for no end of sequence: not even the config's forced one at
+    max_tokens (a request's own `forced_eos_token_id` stays)."""
+    assert resolve(SamplingParams(max_tokens=1)).forced_eos_token_id == 2
+    assert resolve(SamplingParams(max_tokens=1, ignore_eos=True)).forced_eos_token_id is None
+    assert resolve(SamplingParams(ignore_eos=True, forced_eos_token_id=5)).forced_eos_token_id == 5
+
+
 def test_setting_temperature_asks_for_plain_vllm_decoding():
     p = resolve(SamplingParams(temperature=0.0))
     assert (p.use_beam_search, p.max_tokens, p.min_tokens, p.no_repeat_ngram_size) == (False, 16, 0, 0)
