@@ -125,6 +125,9 @@ def test_completions_n2_seeded(server, bart):
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) > 0
     assert all(len(top) <= 3 for top in logprobs.top_logprobs)  # the top 2 and the sampled token
     assert all(token in top for token, top in zip(logprobs.tokens, logprobs.top_logprobs))
+    wide = server.client().completions.create(model="bart", prompt=ARTICLES[1], seed=7, temperature=1.0,
+                                              max_tokens=4, logprobs=20)  # vLLM's limit, not OpenAI's 5
+    assert max(map(len, wide.choices[0].logprobs.top_logprobs)) > 6
     sampled_only = server.client().completions.create(model="bart", prompt=ARTICLES[1], seed=7,
                                                       temperature=1.0, max_tokens=4, logprobs=0)
     tops = sampled_only.choices[0].logprobs.top_logprobs

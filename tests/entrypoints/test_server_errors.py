@@ -104,6 +104,7 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": -1}, 400, "prompt_logprobs"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": 1001}, 400, "prompt_logprobs"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": 21}, 400, "prompt_logprobs"),  # vLLM's
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "logprobs": 21}, 400, "logprobs"),  # vLLM's --max-logprobs
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "truncate_prompt_tokens": 257}, 400,
      "truncate_prompt_tokens"),  # past the encoder's 256, as vLLM refuses one past the model's length
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": 1, "stream": True}, 400,

@@ -80,7 +80,7 @@ class StreamOptions(JSONRequest):
 # ----------------------------------------------------------------------------- completions
 
 
-MAX_PROMPT_LOGPROBS = 20  # vLLM's default --max-logprobs: each scored position's alternatives
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs: alternatives per generated or scored token
 
 
 class CompletionRequest(JSONRequest):
@@ -100,7 +100,7 @@ class CompletionRequest(JSONRequest):
     best_of: Optional[int] = Field(None, ge=1, le=20)
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[int] = None
-    logprobs: Optional[int] = Field(None, ge=0, le=5)
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     logit_bias: Optional[dict[str, float]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
@@ -119,7 +119,7 @@ class CompletionRequest(JSONRequest):
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: Optional[int] = Field(None, ge=-1)
-    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_PROMPT_LOGPROBS)
+    prompt_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
     return_tokens_as_token_ids: bool = False
     use_beam_search: Optional[bool] = None
     length_penalty: Optional[float] = None
