@@ -91,11 +91,6 @@ class Sequence:
     def __len__(self) -> int:
         return len(self.data)
 
-    @property
-    def n_blocks(self) -> int:
-        """Blocks needed to hold every token of this sequence."""
-        return -(-len(self.data) // self.block_size)
-
     def is_finished(self) -> bool:
         return self.status.is_finished
 

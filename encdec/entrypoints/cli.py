@@ -27,8 +27,8 @@ from encdec.audio import SAMPLE_RATE, load_audio
 from encdec.config import resolve_dtype
 from encdec.entrypoints.ray.batch_cli import add_batch
 from encdec.entrypoints.ray.serve import add_ray_options, ray_options_without_ray
-from encdec.entrypoints.cli_messages import (PROG, UsageError, error, file_error, input_error, option_wording,
-                                             warn)
+from encdec.entrypoints.cli_messages import (INSTALL_RAY, PROG, UsageError, error, file_error, input_error,
+                                             option_wording, os_reason, warn)
 from encdec.entrypoints.summarize_cli import add_summarize
 from encdec.entrypoints.translate_cli import add_translate
 from encdec.entrypoints.whisper_console import language_lines
@@ -158,7 +158,7 @@ def report(result: Transcription, args: argparse.Namespace, with_header: bool) -
     try:
         write_result(result, args.output_dir, args.output_format, options=args.writer_options)
     except OSError as err:  # an output file: named, as the input was read
-        reason = err.strerror.lower() if err.strerror else str(err)
+        reason = os_reason(err)
         input_error(result.source, f"cannot write {err.filename}: {reason}" if err.filename else reason)
         return False
     return True
@@ -183,7 +183,7 @@ def make_output_dir(name: str, option: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"{option} {name}: {(err.strerror or str(err)).lower()}")
+        raise UsageError(f"{option} {name}: {os_reason(err)}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise UsageError(f"{option} {name}: permission denied")
 
@@ -348,8 +348,7 @@ def run_serve(args: argparse.Namespace) -> int:
         try:
             return run_ray_server(args)
         except ImportError as err:
-            error(f"serve --ray needs Ray ({err}): pip install 'ray[data,serve]' (or, in the "
-                  f"encdec checkout: pip install -e '.[ray]')")
+            error(f"serve --ray needs Ray ({err}): {INSTALL_RAY}")
             return 1
         except ListenError as err:
             error(str(err))

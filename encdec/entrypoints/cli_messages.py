@@ -8,6 +8,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 PROG = "encdec"
+INSTALL_RAY = "pip install 'ray[data,serve]' (or, in the encdec checkout: pip install -e '.[ray]')"
 
 
 class UsageError(ValueError):
@@ -24,8 +25,14 @@ def file_error(name: str, err: BaseException) -> None:
     """`encdec: error: FILE: reason`, without the file name repeated inside the reason (an OS
     error, also one behind a decoding error, as its bare description: "permission denied")."""
     cause = err if isinstance(err, OSError) else err.__cause__
-    input_error(name, cause.strerror.lower() if isinstance(cause, OSError) and cause.strerror
+    input_error(name, os_reason(cause) if isinstance(cause, OSError) and cause.strerror
                 else str(err) or type(err).__name__)
+
+
+def os_reason(err: OSError) -> str:
+    """The OS's description of `err` alone, lower-cased ("permission denied"): no error
+    number, no file name (the message names the file its own way)."""
+    return err.strerror.lower() if err.strerror else str(err)
 
 
 def input_error(name: str, reason: str) -> None:

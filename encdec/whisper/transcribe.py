@@ -2,7 +2,8 @@
 
 The work is a `TranscriptionJob` (`encdec.whisper.pipeline`: windows, requests, follow-ups,
 segments); this module checks the options and drives the job through an engine, written
-against what both engines offer in public: `model_config` and `tokenizer`, and either
+against what both engines offer in public: `model_config`, `tokenizer`, the model for word
+alignment (`model_runner.model`; the async engine's through its `engine`), and either
 `add_request` / `step` / `abort_request` (`LLMEngine`, for `LLM.transcribe`) or
 `generate` (`AsyncLLMEngine`, for `AsyncLLMEngine.transcribe`). Both give the same transcript.
 """

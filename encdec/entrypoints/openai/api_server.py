@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from encdec import __version__
+from encdec.entrypoints.cli_messages import os_reason
 from encdec.entrypoints.openai.errors import OpenAIError, add_error_handlers, bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.middleware import BODY_TIMEOUT_SECONDS, ServerState, ServingMiddleware
@@ -184,8 +185,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     except OSError as err:
         if sock is not None:
             sock.close()
-        reason = (err.strerror or str(err)).lower()
-        raise ListenError(f"--host {host} --port {port}: cannot listen there: {reason}") from None
+        raise ListenError(f"--host {host} --port {port}: cannot listen there: {os_reason(err)}") from None
     return sock
 
 

@@ -27,6 +27,7 @@ import ray
 import torch
 
 from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.entrypoints.cli_messages import os_reason
 from encdec.entrypoints.summaries import prepare_article, summary_params
 from encdec.llm import LLM
 
@@ -91,7 +92,7 @@ def text_file_row(path: str) -> dict[str, str]:
     except UnicodeDecodeError:
         return {"id": path, "text": "", "error": NOT_UTF8}
     except OSError as err:
-        return {"id": path, "text": "", "error": err.strerror or str(err)}
+        return {"id": path, "text": "", "error": os_reason(err)}
 
 
 def rows_dataset(rows: list[dict[str, Any]]) -> ray.data.Dataset:

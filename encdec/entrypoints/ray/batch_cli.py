@@ -163,7 +163,7 @@ def write_transcript_files(record: dict[str, Any], output: Path, fmt: str) -> No
 def write_results(rows, args: argparse.Namespace, done: set[str], total: int) -> int:
     """Append each new row to OUTPUT/results.jsonl (and its transcript files, first: a row whose
     files cannot be written carries why in its `error`); returns failures."""
-    from encdec.entrypoints.cli_messages import input_error
+    from encdec.entrypoints.cli_messages import input_error, os_reason
     from encdec.entrypoints.summarize_cli import cut_note
     from encdec.whisper.writers import source_basename
 
@@ -185,7 +185,7 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
                     try:
                         write_transcript_files(record, output, output_format)
                     except OSError as err:
-                        record["error"] = f"its transcript files: {err.strerror.lower() if err.strerror else err}"
+                        record["error"] = f"its transcript files: {os_reason(err)}"
             file.write(json.dumps(record, ensure_ascii=False) + "\n")
             file.flush()
             bar.update(1)
@@ -231,7 +231,7 @@ def check_job(args: argparse.Namespace) -> None:
 
 def run_batch(args: argparse.Namespace) -> int:
     from encdec.entrypoints.cli import make_output_dir
-    from encdec.entrypoints.cli_messages import error, warn
+    from encdec.entrypoints.cli_messages import INSTALL_RAY, error, warn
 
     try:
         check_job(args)
@@ -244,8 +244,7 @@ def run_batch(args: argparse.Namespace) -> int:
 
         from encdec.entrypoints.ray.batch import rows_dataset
     except ImportError:
-        error("batch jobs need Ray: pip install 'ray[data,serve]' (or, in the encdec checkout: "
-              "pip install -e '.[ray]')")
+        error(f"batch jobs need Ray: {INSTALL_RAY}")
         return 1
     try:
         rows = input_rows(args, frozenset(done))
