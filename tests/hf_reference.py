@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 
 class HFReference:
@@ -87,3 +87,18 @@ def divergence_margin(model, encoder_ids: list[int], decoder_ids: list[int],
                    decoder_input_ids=torch.tensor([decoder_ids + expected[:step]],
                                                   device=model.device)).logits[0, -1]
     return (logits.max() - logits[engine_ids[step]]).item()
+
+
+def hf_texts(model_dir, texts: list[str], src_lang=None, **generate_kwargs) -> list[str]:
+    """What `generate()` makes of each text alone, decoded without special tokens, the
+    checkpoint's tokenizer reading it (in `src_lang`, for mBART-50)."""
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    if src_lang:
+        tokenizer.src_lang = src_lang
+    model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).eval()
+    out = []
+    for text in texts:
+        with torch.no_grad():
+            ids = model.generate(**tokenizer([text], return_tensors="pt"), **generate_kwargs)[0]
+        out.append(tokenizer.decode(ids, skip_special_tokens=True))
+    return out

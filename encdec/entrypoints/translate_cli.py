@@ -21,7 +21,7 @@ from encdec.entrypoints.cli_messages import UsageError, error, warn
 from encdec.entrypoints.summaries import ArticleTooLong, fit_article
 from encdec.entrypoints.summarize_cli import (add_decoding_options, cut_note, decoding_params,
                                               load_text_model, print_outputs, too_long)
-from encdec.models.registry import get_model_family, translation_inputs
+from encdec.models.registry import LanguageError, get_model_family, translation_inputs
 from encdec.models.t5 import t5_translation_pairs
 
 TRANSLATORS = "Marian, mBART-50 or T5"
@@ -86,8 +86,12 @@ def run_translate(args: argparse.Namespace) -> int:
             try:
                 inputs = translation_inputs(engine.tokenizer, hf_config, text, args.source_lang,
                                             args.target_lang)
-            except ValueError as err:  # the languages: the same for every text
-                raise UsageError(f"--source-lang / --target-lang: {err}") from None
+            except LanguageError as err:  # the languages: the same for every text
+                given = getattr(args, err.field)
+                option = f"--{err.field.replace('_', '-')}" + (f" {given}" if given else "")
+                raise UsageError(f"{option}: {err}") from None
+            except ValueError as err:
+                raise UsageError(f"--model {args.model}: {err}") from None
             unused.update(inputs.unused)
             try:
                 article = fit_article(inputs.prompt_token_ids, engine.tokenizer, limit, args.truncate)

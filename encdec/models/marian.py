@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from encdec.models.bart import BartForConditionalGeneration, BartVariant
-from encdec.models.registry import TranslationInputs
+from encdec.models.registry import LanguageError, TranslationInputs
 
 
 class MarianMTModel(BartForConditionalGeneration):
@@ -27,10 +27,10 @@ def marian_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: O
         token = f">>{target_lang}<<"
         if token not in codes:
             known = sorted(c[2:-2] for c in codes)
-            raise ValueError(f"this Marian model translates into several languages: give the "
-                             f"target language, one of {known}" if not target_lang else
-                             f"unknown target language {target_lang!r} for this Marian model; "
-                             f"it translates into {known}")
+            raise LanguageError("target_lang", f"this Marian model translates into several languages: "
+                                               f"give the target language, one of {known}" if not target_lang else
+                                               f"unknown target language {target_lang!r} for this Marian model; "
+                                               f"it translates into {known}")
         text = f"{token} {text}"
     elif target_lang:
         unused.append(("target_lang", "this Marian model translates into the one language it "

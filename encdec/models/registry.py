@@ -46,6 +46,15 @@ class TranslationInputs:
     unused: tuple[tuple[str, str], ...] = ()
 
 
+class LanguageError(ValueError):
+    """A language the checkpoint cannot translate from or into; `field` is "source_lang" or
+    "target_lang", the argument to change."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
 def decoder_start_token_id(hf_config: Any, generation_config: Optional[dict] = None) -> int:
     """<DEC>: the decoder_start_token_id, else the bos token (as Hugging Face's generate()),
     else the pad token (T5); each from the generation config first, then the model config."""
@@ -147,7 +156,7 @@ def translation_inputs(tokenizer: Any, hf_config: Any, text: str, source_lang: O
                        target_lang: Optional[str] = None) -> TranslationInputs:
     """How this checkpoint takes `text` to translate: mBART-50 language codes ("en_XX", or "en"),
     a Marian multilingual model's target token (">>fr<<"), T5's task prefix. Raises ValueError
-    for a family that does not translate or languages the checkpoint does not know."""
+    for a family that does not translate, LanguageError for a language it does not know."""
     family = get_model_family(hf_config)
     if family.translation is None:
         translators = sorted({f.model_type for f in _FAMILIES.values() if f.translation})

@@ -22,7 +22,7 @@ from encdec.attention import AttentionMetadata, RelativePositionBias
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.generation_config import task_prefix
 from encdec.models.layers import DecoderLayer, EncoderLayer, LayerSpec, embedding, load_hf_weights
-from encdec.models.registry import InputHooks, TranslationInputs, text_input_hooks
+from encdec.models.registry import InputHooks, LanguageError, TranslationInputs, text_input_hooks
 
 T5_MAX_LENGTH = 512  # T5's training length, for configs without n_positions
 
@@ -190,6 +190,8 @@ def t5_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: Optio
     task = f"translation_{source_lang}_to_{target_lang}"
     prefix = task_prefix(hf_config, task)
     if not prefix:
-        known = sorted(f"translation_{source}_to_{target}" for source, target in t5_translation_pairs(hf_config))
-        raise ValueError(f"this T5 checkpoint has no {task} task; it has {known or 'none'}")
+        pairs = t5_translation_pairs(hf_config)
+        known = sorted(f"translation_{source}_to_{target}" for source, target in pairs)
+        field = "target_lang" if source_lang in {source for source, _ in pairs} else "source_lang"
+        raise LanguageError(field, f"this T5 checkpoint has no {task} task; it has {known or 'none'}")
     return TranslationInputs(tokenizer(prefix + text, verbose=False)["input_ids"])

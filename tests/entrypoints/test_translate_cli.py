@@ -7,30 +7,21 @@ from __future__ import annotations
 import re
 
 import pytest
-import torch
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from encdec.entrypoints.cli import main
 from encdec.entrypoints.summaries import fit_article
 from tests.family_checkpoints import make_family_checkpoint
+from tests.hf_reference import hf_texts
 
 TEXTS = ["The rain in spain falls mainly on the plain.", "We need more chairs for the meeting room."]
 MAX_TOKENS = 8
 
 
 def hf_translations(model_dir, texts, src_lang=None, forced_bos=None, prefix="") -> list[str]:
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    if src_lang:
-        tokenizer.src_lang = src_lang
-    model = AutoModelForSeq2SeqLM.from_pretrained(str(model_dir)).eval()
-    out = []
-    for text in texts:
-        with torch.no_grad():
-            ids = model.generate(**tokenizer([prefix + text], return_tensors="pt"), do_sample=False,
-                                 num_beams=1, max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS,
-                                 forced_bos_token_id=forced_bos)
-        out.append(tokenizer.decode(ids[0], skip_special_tokens=True).strip())
-    return out
+    return [text.strip() for text in hf_texts(
+        model_dir, [prefix + text for text in texts], src_lang, do_sample=False, num_beams=1,
+        max_new_tokens=MAX_TOKENS, min_new_tokens=MAX_TOKENS, forced_bos_token_id=forced_bos)]
 
 
 def translate(capsys, model_dir, *options) -> tuple[int, list[str], str]:
@@ -84,7 +75,28 @@ def test_mbart50_target_language(tmp_path, capsys):
 
     status, lines, err = translate(capsys, model_dir, "--source-lang", "en_XX", "--target-lang", "xx")
     assert status == 2 and not lines
-    assert "--target-lang" in err and "unknown language 'xx'" in err
+    assert "encdec translate: error: --target-lang xx: unknown language 'xx'" in err
+    status, lines, err = translate(capsys, model_dir, "--source-lang", "zz", "--target-lang", "fr")
+    [line] = [line for line in err.splitlines() if "error:" in line]
+    assert line.startswith("encdec translate: error: --source-lang zz: unknown language 'zz'")
+
+
+def test_an_mbart_cc25_tokenizer_is_refused(tmp_path, capsys):
+    """mBART-cc25's tokenizer reads `text </s> en_XX`, not mBART-50's `[en_XX] text </s>`:
+    translating it as mBART-50 would be wrong without a word, so it is refused."""
+    from transformers import MBartTokenizer
+
+    from tests.family_checkpoints import train_sentencepiece
+
+    (tmp_path / "spm").mkdir()
+    (tmp_path / "spm" / "sentencepiece.bpe.model").write_bytes(
+        train_sentencepiece(400, unk_id=0, bos_id=1, eos_id=2, pad_id=-1))
+    tokenizer = MBartTokenizer.from_pretrained(str(tmp_path / "spm"), src_lang="en_XX", tgt_lang="ro_RO")
+    model_dir = make_family_checkpoint("mbart-50", tmp_path / "cc25", seed=2, tokenizer=tokenizer,
+                                       decoder_start_token_id=tokenizer.convert_tokens_to_ids("ro_RO"))
+    status, lines, err = translate(capsys, model_dir, "--source-lang", "en_XX", "--target-lang", "ro_RO")
+    assert status == 2 and not lines
+    assert "translation takes mBART-50 checkpoints (MBart50Tokenizer); this one's tokenizer is MBartTokenizer" in err
 
 
 @pytest.fixture(scope="module")

@@ -84,15 +84,19 @@ MAX_LOGPROBS = 20  # vLLM's default --max-logprobs: alternatives per generated o
 
 
 class CompletionRequest(JSONRequest):
-    """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. Extras (as in vLLM):
-    `decoder_prompt`, `top_k`, `min_p`, `min_tokens`, `repetition_penalty`, `stop_token_ids`,
-    `bad_words`, `include_stop_str_in_output`, `ignore_eos`, `skip_special_tokens`, `truncate_prompt_tokens`,
-    `prompt_logprobs` (of the decoder prompt), `return_tokens_as_token_ids`, `use_beam_search`
-    (unset: the checkpoint's `num_beams` decides) and `length_penalty` (of a beam search)."""
+    """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. encdec's extras:
+    `decoder_prompt`, and `source_lang` / `target_lang`, which make text prompts translations
+    as `encdec translate` makes them. Extras as in vLLM: `top_k`, `min_p`, `min_tokens`,
+    `repetition_penalty`, `stop_token_ids`, `bad_words`, `include_stop_str_in_output`, `ignore_eos`,
+    `skip_special_tokens`, `truncate_prompt_tokens`, `prompt_logprobs` (of the decoder prompt),
+    `return_tokens_as_token_ids`, `use_beam_search` (unset: the checkpoint's `num_beams` decides)
+    and `length_penalty` (of a beam search)."""
 
     model: str
     prompt: Union[list[int], list[list[int]], str, list[str]]
     decoder_prompt: Optional[Union[str, list[int]]] = None
+    source_lang: Optional[str] = None
+    target_lang: Optional[str] = None
     max_tokens: Optional[int] = Field(None, ge=1)
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)

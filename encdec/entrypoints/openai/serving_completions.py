@@ -1,7 +1,9 @@
 """`POST /v1/completions`: OpenAI's completions API on an encoder/decoder model.
 
 `prompt` (text, texts, token ids or lists of them) goes to the encoder, one engine request per
-prompt, all in the engine's one batch; the extra field `decoder_prompt` starts the decoder.
+prompt, all in the engine's one batch; the extra field `decoder_prompt` starts the decoder, and
+`source_lang` / `target_lang` make text prompts translations as `encdec translate` makes them
+(`encdec.models.registry.translation_inputs`, T5's task parameters, mBART-50's forced target code).
 Choice `i * n + k` is completion k of prompt i. `best_of` > n samples best_of completions and
 returns the n likeliest. A beam search (`use_beam_search`, or a checkpoint's num_beams when the
 request does not sample) returns its n best beams; `best_of` is then the beam width (vLLM's),
@@ -17,6 +19,7 @@ as in vLLM, they are not streamed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import Request
@@ -37,6 +40,7 @@ from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, eve
 from encdec.generation_config import GenerationDefaults
 from encdec.inputs.long_texts import encode_long
 from encdec.inputs.preprocess import truncate_prompt
+from encdec.models.registry import LanguageError, TranslationInputs, translation_inputs
 from encdec.outputs import PromptLogprobs, SampleLogprobs
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
@@ -55,6 +59,8 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
         raise bad_request("stream_options is only for stream=true", "stream_options")
     if body.stream and body.prompt_logprobs is not None:
         raise bad_request("prompt_logprobs are not available with stream=true", "prompt_logprobs")
+    task = translation_task(body)
+    defaults = defaults.for_task(task)
     best_of = body.best_of or body.n
     field = "best_of" if body.best_of else "n"
     if best_of < body.n:
@@ -94,7 +100,13 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
             truncate_prompt_tokens=body.truncate_prompt_tokens, use_beam_search=body.use_beam_search,
             length_penalty=body.length_penalty,
             logit_bias=logit_bias(body.logit_bias, vocab_size) if body.logit_bias else None,
-            output_kind=RequestOutputKind.DELTA, config_per_field=True)
+            output_kind=RequestOutputKind.DELTA, config_per_field=True, config_task=task)
+
+
+def translation_task(body: CompletionRequest) -> Optional[str]:
+    """The checkpoint's task parameters a translation request takes ("translation_en_to_de":
+    T5's, as Hugging Face's translation pipeline and `encdec translate` take them)."""
+    return f"translation_{body.source_lang}_to_{body.target_lang}" if body.source_lang and body.target_lang else None
 
 
 def searches_beams(body: CompletionRequest, defaults: GenerationDefaults) -> bool:
@@ -127,7 +139,9 @@ class OpenAIServingCompletion:
         engine = served.engine.engine
         params = sampling_params(body, engine.model_config.vocab_size, engine.generation_defaults,
                                  engine.scheduler_config.max_num_seqs)
-        prompts = await encoder_prompts(served, body)
+        prompts, forced_bos = await encoder_prompts(served, body)
+        if forced_bos is not None:  # mBART-50's target language, generated first
+            params = dataclasses.replace(params, forced_bos_token_id=forced_bos)
         response_id = random_id("cmpl")
         counter = OutputCounter(self.metrics, served.name, request)
         admission = Admission(len(prompts))  # the prompts are taken or refused (429) together
@@ -191,9 +205,10 @@ class OpenAIServingCompletion:
         yield DONE
 
 
-async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[Any]:
-    """The engine prompts of `body`: text tokenized here (off the event loop), every prompt
-    checked against the encoder's limit and the vocabulary before it reaches the engine."""
+async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> tuple[list[Any], Optional[int]]:
+    """The engine prompts of `body`, and the token a translation forces first (mBART-50's
+    target language) if any: text tokenized here (off the event loop), every prompt checked
+    against the encoder's limit and the vocabulary before it reaches the engine."""
     prompt = body.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompt = [prompt]
@@ -208,8 +223,14 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
     limit, vocab = engine.model_config.max_encoder_len, engine.model_config.encoder_vocab_size
     truncated = body.truncate_prompt_tokens is not None
     keep = limit if body.truncate_prompt_tokens in (None, -1) else body.truncate_prompt_tokens
-    encoded = iter(await tokenize_off_loop(
-        lambda: [encode_long(engine.tokenizer, t, keep, from_end=truncated) for t in texts]))
+    forced_bos = None
+    if body.source_lang is not None or body.target_lang is not None:
+        translations = await translations_of(served, body, prompt)
+        encoded = iter((t.prompt_token_ids, len(t.prompt_token_ids)) for t in translations)
+        forced_bos = translations[0].forced_bos_token_id
+    else:
+        encoded = iter(await tokenize_off_loop(
+            lambda: [encode_long(engine.tokenizer, t, keep, from_end=truncated) for t in texts]))
     prompts = []
     for i, given in enumerate(prompt):
         ids, count = next(encoded) if isinstance(given, str) else (given, len(given))
@@ -226,7 +247,38 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> list[
         tokens = {"prompt_token_ids": list(ids)}
         prompts.append(tokens if body.decoder_prompt is None else
                        {"encoder_prompt": tokens, "decoder_prompt": decoder_prompt(body.decoder_prompt)})
-    return prompts
+    return prompts, forced_bos
+
+
+async def translations_of(served: ServedModel, body: CompletionRequest, prompts: list[Any]) -> list[TranslationInputs]:
+    """The text `prompts` as the checkpoint translates them from `source_lang` into
+    `target_lang` (`encdec.models.registry.translation_inputs`); a language it cannot take, or
+    a target it does not use, is a 400 naming the field."""
+    named = "target_lang" if body.target_lang is not None else "source_lang"
+    if not all(isinstance(p, str) for p in prompts):
+        raise bad_request(f"{named} translates text prompts; token ids are the model's input as they are", named)
+    if body.decoder_prompt is not None:
+        raise bad_request(f"decoder_prompt cannot be combined with {named}: the translation sets the "
+                          f"decoder's start", "decoder_prompt")
+    if body.truncate_prompt_tokens is not None:
+        raise bad_request(f"truncate_prompt_tokens cannot be combined with {named}: it keeps a prompt's "
+                          f"last tokens, which would drop the translation's own", "truncate_prompt_tokens")
+    engine = served.engine
+
+    def translate(text: str) -> TranslationInputs:
+        return translation_inputs(engine.tokenizer, engine.model_config.hf_config, text, body.source_lang,
+                                  body.target_lang)
+
+    try:
+        translations = await tokenize_off_loop(lambda: [translate(text) for text in prompts])
+    except LanguageError as err:
+        raise bad_request(str(err), err.field) from None
+    except ValueError as err:
+        raise bad_request(str(err), named) from None
+    unused = dict(translations[0].unused)
+    if "target_lang" in unused:  # the one language the checkpoint translates into is not the one asked for
+        raise bad_request(f"target_lang {body.target_lang!r}: {unused['target_lang']}", "target_lang")
+    return translations
 
 
 def json_prompt_logprobs(scored: PromptLogprobs) -> list[Optional[dict[int, PromptLogprob]]]:
