@@ -14,7 +14,7 @@ from encdec.whisper.silence import COMPRESSION_RATIO_THRESHOLD, LOGPROB_THRESHOL
 from encdec.whisper.timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from encdec.whisper.vad import VadOptions
 
-MAX_SEED = 2**32 - 1  # seeds are numpy's legacy range: a window's seed adds its offset to it
+MAX_SEED = 2**32 - 1  # numpy's legacy range
 FLAGS = ("timestamps", "carry_initial_prompt", "suppress_blank", "condition_on_previous_text",
          "windows_at_once", "vad_filter", "word_timestamps")  # the options that are True or False
 
@@ -43,8 +43,8 @@ class TranscribeOptions:
     looks like a hallucination between silences and the rest of its window, and (unless
     `windows_at_once`) decodes again from there and skips the silence before one, by
     openai-whisper's rules.
-    Sampling is seeded per window from `seed` (in [0, `MAX_SEED`]), so a transcript does not
-    depend on what else shares the batch; `seed=None` samples from the engine's generator, as
+    Sampling is seeded per window and fallback from `seed` (in [0, `MAX_SEED`]), so a transcript
+    does not depend on what else shares the batch; `seed=None` samples from the engine's generator, as
     `SamplingParams(seed=None)`. `vad_filter`
     transcribes only the speech regions Silero VAD finds (`vad_parameters`: `VadOptions` or
     a dict of its fields; `encdec.whisper.vad`).

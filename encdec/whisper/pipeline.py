@@ -626,7 +626,7 @@ class TranscriptionJob:
         o = self.options
         temperature = o.temperature[len(window.decodes)]
         if temperature > 0.0:
-            seed = None if o.seed is None else o.seed + window.start + len(window.decodes)
+            seed = None if o.seed is None else decode_seed(o.seed, window.start, len(window.decodes))
             return dict(temperature=temperature, n=o.best_of, seed=seed)
         if o.beam_size and (o.beam_size > 1 or o.patience):  # every kept hypothesis, ranked by `_best_decode`
             return dict(temperature=0.0, use_beam_search=True, beam_width=o.beam_size,
@@ -697,6 +697,13 @@ class TranscriptionJob:
                              language_probability=self.language_probabilities[index],
                              segments=segments, duration=self.durations[index],
                              source=source if isinstance(source, str) else None)
+
+
+def decode_seed(seed: int, start: int, attempt: int) -> int:
+    """The seed of the `attempt`-th decode of the window at sample `start`: mixed from the
+    three, so that no two windows or fallbacks share a random stream (the engine draws sample i
+    of the request from this seed + i)."""
+    return int(np.random.SeedSequence([seed, start, attempt]).generate_state(1, np.uint64)[0]) >> 1
 
 
 def prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Union[str, list[int], None], name: str) -> list[int]:

@@ -15,6 +15,7 @@ from encdec.audio import SAMPLE_RATE
 from encdec.outputs import CompletionOutput, RequestOutput
 from encdec.whisper.coverage import MIN_REMAINDER, plan_seek, plan_window, repeated_words
 from encdec.whisper.options import TranscribeOptions
+from encdec.whisper.pipeline import decode_seed
 from encdec.whisper.segments import split_spans
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcribe import run_job
@@ -197,7 +198,7 @@ def test_beams_at_temperature_0_and_best_of_samples_above_it():
     options = TranscribeOptions(beam_size=2, best_of=3, temperature=(0.0, 0.2, 0.4), seed=7)
     engine.run(RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(20.0)], options))
     assert [(p.temperature, bool(p.use_beam_search), p.n, p.seed) for p in engine.params] == [
-        (0.0, True, 2, None), (0.2, False, 3, 8), (0.4, False, 3, 9)]
+        (0.0, True, 2, None), (0.2, False, 3, decode_seed(7, 0, 1)), (0.4, False, 3, decode_seed(7, 0, 2))]
 
 
 @pytest.mark.parametrize("threshold, text", [(0.6, "w1"), (0.4, ""), (None, "w1")])
@@ -501,6 +502,15 @@ def test_optional_forms_of_options():
     assert (options.clip_timestamps, options.suppress_tokens, options.temperature) == ([1.5], [], (0.5,))
     job = RecordingJob(TOKENS, Tokenizer(), 448, [clock_audio(5.0)], options)
     assert job._decoding(job.windows[0])["seed"] is None
+
+
+def test_windows_and_fallbacks_sample_from_streams_of_their_own():
+    """Each decode's samples draw from seed + i (i < best_of): no two windows, fallbacks or
+    user seeds share one, where seed + start + attempt made a fallback reuse the streams of
+    the one before it at another temperature."""
+    seeds = sorted(decode_seed(seed, start, attempt) for seed in (0, 1) for start in (0, 1, 160, 480_000)
+                   for attempt in range(6))
+    assert min(b - a for a, b in zip(seeds, seeds[1:])) > 1000 and seeds[-1] + 1000 < 2**64
 
 
 def test_text_with_no_opening_timestamp_joins_the_context_from_the_window_start():
