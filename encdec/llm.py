@@ -11,6 +11,7 @@ from encdec.beam_search import BeamSearchOutput, BeamSearchParams
 from encdec.engine.llm_engine import LLMEngine
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
+from encdec.worker.cpu_memory import release_free_memory
 
 if TYPE_CHECKING:
     from encdec.whisper.options import InitialPrompt
@@ -25,7 +26,8 @@ class LLM:
     swap pool used when requests are preempted by swapping. `tune_malloc=True` (CPU) lets
     the engine keep freed activation memory in the C heap for reuse, a process-wide setting
     (`encdec.worker.cpu_memory`; ENCDEC_KEEP_FREED_MEMORY=0 vetoes it): up to 5% faster, 150-400 MB
-    more peak memory (benchmarks/RESULTS.md), hence off by default. `quantization="int8"`
+    more peak memory (benchmarks/RESULTS.md), hence off by default; without it, each `generate` and
+    `transcribe` call gives the C heap's free pages back to the system when it ends. `quantization="int8"`
     (CPU, float32) runs the layers' linears on int8 weights, as faster-whisper's
     `compute_type="int8"` (`encdec.models.quantization`); `dtype="bfloat16"` runs weights,
     activations and the KV cache in bfloat16. `compute_type` takes faster-whisper's names for
@@ -127,9 +129,12 @@ class LLM:
         from encdec.whisper.transcribe import transcribe
 
         check_fp16(fp16, self.llm_engine.model_config.dtype)
-        return transcribe(self, inputs, language=language, task=task, timestamps=timestamps,
-                          initial_prompt=initial_prompt, on_progress=on_progress,
-                          report=reporter(verbose), **options)
+        try:
+            return transcribe(self, inputs, language=language, task=task, timestamps=timestamps,
+                              initial_prompt=initial_prompt, on_progress=on_progress,
+                              report=reporter(verbose), **options)
+        finally:
+            release_free_memory()
 
     def _run_engine(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         """Step until every request is done; aborts them all if a step fails."""
@@ -158,4 +163,5 @@ class LLM:
         finally:
             if bar is not None:
                 bar.close()
+            release_free_memory()  # the steps' activations, unless `tune_malloc` keeps them on purpose
         return [finished[r] for r in request_ids]

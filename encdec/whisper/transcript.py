@@ -24,7 +24,7 @@ class Segment:
     start: float
     end: float
     text: str
-    tokens: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list, repr=False)
     avg_logprob: float = 0.0
     no_speech_prob: float = 0.0
     temperature: float = 0.0  # of the decode the segment comes from (temperature fallback)
