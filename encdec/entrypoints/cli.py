@@ -590,7 +590,8 @@ def add_bench(subparsers) -> None:
 def add_warmup(subparsers) -> None:
     p = subparsers.add_parser(
         "warmup", help="compile the CPU kernels once after an install (20-60 s)",
-        description="Compile the CPU decode-attention and word-alignment kernels and cache them "
+        description="Compile the CPU decode-attention, prefill-attention (C, for processors with "
+                    "AVX-512 and AVX512_BF16) and word-alignment kernels and cache them "
                     "next to the package (or in $NUMBA_CACHE_DIR), so that the first "
                     "transcription does not wait for the compiler, and so that one-sequence "
                     "decoding runs an ahead-of-time build that does not load Numba at all (needs "

@@ -242,7 +242,7 @@ def add_summarize(subparsers) -> None:
                                           "over it, as Hugging Face's pipeline) says unless "
                                           "options say otherwise; "
                                           "one summary per line on stdout, TEXTs first, then "
-                                          "--files; an input that fails gets an empty line "
+                                          "each --file; an input that fails gets an empty line "
                                           "(its error on stderr).")
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to summarize")
     p.add_argument("--file", dest="files", action="append", default=[], metavar="F",

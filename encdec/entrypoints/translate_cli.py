@@ -8,7 +8,7 @@ German: ", which goes in front of the text, and whose parameters in config.json'
 task_specific_params go over the generation config, as in Hugging Face's pipeline). Texts longer
 than the model's input limit are cut to fit, as for `encdec summarize`, unless --no-truncate.
 Decoding follows the checkpoint's generation config unless options say otherwise, as for
-`encdec summarize`. One translation per line on stdout, TEXTs first, then --files; an input that
+`encdec summarize`. One translation per line on stdout, TEXTs first, then each --file; an input that
 fails gets an empty line (its error on stderr).
 """
 from __future__ import annotations

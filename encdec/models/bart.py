@@ -9,8 +9,8 @@ The encoder runs only for requests in their first step; its keys/values go to th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Iterable, Optional
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Optional
 
 import torch
 from torch import nn
@@ -19,6 +19,7 @@ from encdec.attention import AttentionMetadata
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.models.layers import (DecoderLayer, EncoderLayer, LayerSpec, SinusoidalPositions,
                                   embedding, load_hf_weights)
+from encdec.models.registry import InputHooks, text_input_hooks
 
 _POSITION_OFFSET = 2
 
@@ -137,3 +138,14 @@ class BartForConditionalGeneration(nn.Module):
         for name, module in self.named_modules():
             if isinstance(module, SinusoidalPositions) and f"{name}.weight" not in names:
                 module.fill()
+
+
+def bart_input_hooks(hf_config: Any, tokenizer: Any = None,
+                     generation_config: Optional[dict] = None) -> InputHooks:
+    """BART: the default decoder prompt is [<DEC>, <BOS>] ([2, 0]), the start BART's summarizers
+    were fine-tuned on (vLLM's default too)."""
+    hooks = text_input_hooks(hf_config, tokenizer, generation_config)
+    bos = getattr(hf_config, "bos_token_id", None)
+    if bos is None:
+        return hooks
+    return replace(hooks, default_decoder_prompt=hooks.default_decoder_prompt + [bos])

@@ -8,7 +8,7 @@ never imports Whisper's audio front end.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from encdec.config import SpecialTokens
@@ -75,17 +75,6 @@ def text_input_hooks(hf_config: Any, tokenizer: Any = None,
     return InputHooks(TextTokens(start, hf_config.eos_token_id), [start])
 
 
-def bart_input_hooks(hf_config: Any, tokenizer: Any = None,
-                     generation_config: Optional[dict] = None) -> InputHooks:
-    """BART: the default decoder prompt is [<DEC>, <BOS>] ([2, 0]), the start BART's summarizers
-    were fine-tuned on (vLLM's default too)."""
-    hooks = text_input_hooks(hf_config, tokenizer, generation_config)
-    bos = getattr(hf_config, "bos_token_id", None)
-    if bos is None:
-        return hooks
-    return replace(hooks, default_decoder_prompt=hooks.default_decoder_prompt + [bos])
-
-
 @dataclass(frozen=True)
 class ModelFamily:
     """One family: its Hugging Face `model_type`, model class, input hooks (a function of
@@ -117,7 +106,7 @@ _T5 = ModelFamily("t5", "encdec.models.t5:T5ForConditionalGeneration",
 _FAMILIES = {
     "BartForConditionalGeneration": ModelFamily(
         "bart", "encdec.models.bart:BartForConditionalGeneration",
-        input_hooks="encdec.models.registry:bart_input_hooks"),
+        input_hooks="encdec.models.bart:bart_input_hooks"),
     "MBartForConditionalGeneration": ModelFamily(
         "mbart", "encdec.models.mbart:MBartForConditionalGeneration",
         translation="encdec.models.mbart:mbart50_translation"),

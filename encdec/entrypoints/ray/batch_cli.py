@@ -22,10 +22,11 @@ RESULTS = "results.jsonl"
 ACTOR_ENGINE_OPTIONS = ("dtype", "device", "quantization", "num_gpu_blocks", "kv_cache_space",
                         "swap_space")  # the options that go to each actor's LLM
 BATCH_EPILOG = """\
-Each input comes out once in OUTPUT/results.jsonl with its id (the path, or the JSONL/Parquet
-id as a string), the result (a summary's input_tokens and truncated_tokens too), "error" (null unless it
-failed) and the Ray node that computed it. Inputs already in that file are skipped, so an
-interrupted job resumes where it stopped. Exit status: 1 if any input failed, 0 otherwise.
+Each input comes out once in OUTPUT/results.jsonl with its id ({id}), {result}, "error" (null
+unless it failed) and the Ray node that computed it. Inputs already in that file are skipped, so
+an interrupted job resumes where it stopped. Exit status: 2 for bad options or a model that
+cannot do the job (checked before Ray starts), 1 if any input failed or the inputs could not be
+listed, 0 otherwise.
 """
 
 
@@ -40,20 +41,29 @@ def add_batch(subparsers) -> None:
                                   description="Transcribe or summarize many inputs on a Ray cluster, "
                                               "one engine per actor.")
     jobs = batch.add_subparsers(dest="job", title="jobs", required=True)
-    transcribe = jobs.add_parser("transcribe", help="transcribe audio files with Whisper",
-                                 epilog=BATCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    transcribe = jobs.add_parser(
+        "transcribe", help="transcribe audio files with Whisper",
+        description="Transcribe (or translate into English) audio files on a Ray cluster, one Whisper "
+                    "engine per actor.",
+        epilog=BATCH_EPILOG.format(id="the file's path", result='its "text", "language", "duration" and '
+                                   '"segments"'))
     transcribe.add_argument("inputs", nargs="+", metavar="INPUT",
                             help="audio files, folders of them, or globs (paths every node can read)")
     transcribe.add_argument("--model", default="tiny.en", help="Whisper alias or checkpoint directory "
                                                                "(default: tiny.en)")
     transcribe.add_argument("--language", default=None, help="language code (default: detect)")
-    transcribe.add_argument("--task", default="transcribe", choices=["transcribe", "translate"])
+    transcribe.add_argument("--task", default="transcribe", choices=["transcribe", "translate"],
+                            help="transcribe, or translate the speech into English (default: transcribe)")
     transcribe.add_argument("--timestamps", action=argparse.BooleanOptionalAction, default=True,
                             help="predict segment timestamps (default: on)")
     transcribe.add_argument("--output-format", choices=[*FORMATS, "all"], default=None,
                             help="also write each transcript as OUTPUT/BASENAME.EXT (default: none)")
-    summarize = jobs.add_parser("summarize", help="summarize documents with a BART-family checkpoint",
-                                epilog=BATCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    summarize = jobs.add_parser(
+        "summarize", help="summarize documents with a BART-family checkpoint",
+        description="Summarize documents on a Ray cluster, one engine per actor, decoding as "
+                    "`encdec summarize` does.",
+        epilog=BATCH_EPILOG.format(id="the text file's path, or the JSONL/Parquet id as a string",
+                                   result='its "summary", "input_tokens" and "truncated_tokens"'))
     summarize.add_argument("inputs", nargs="+", metavar="INPUT",
                            help="text files, folders of them or globs; or one JSONL or Parquet file "
                                 "with id and text columns")

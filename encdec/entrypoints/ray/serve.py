@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import signal
 import threading
 from typing import Any, Sequence
@@ -21,6 +22,7 @@ import torch
 
 APP_NAME = "encdec"
 REPLICAS, CPUS_PER_REPLICA = 1, 1.0  # the defaults of --replicas and --cpus-per-replica
+PROXY_CHECK_SECONDS = 30  # Serve's proxy readiness and health checks (Ray's defaults: 5 s and 10 s)
 TARGET_ONGOING_REQUESTS = 16  # per replica under --autoscale: where a CPU engine's throughput levels off
 
 
@@ -167,6 +169,11 @@ def run_ray_server(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     with listening_socket(args.host, args.port) as sock:  # a port in use fails now; 0 picks one
         args.port = sock.getsockname()[1]
+    # Serve kills a proxy that misses its 5 s readiness check three times running, which a loaded
+    # two-core machine loading the models can make it do (seen in CI); a local instance's
+    # processes inherit these
+    for name in ("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "RAY_SERVE_PROXY_HEALTH_CHECK_TIMEOUT_S"):
+        os.environ.setdefault(name, str(PROXY_CHECK_SECONDS))
     try:
         start_ray(args.ray_address)
     except RayNotStarted as err:
