@@ -28,7 +28,7 @@ import numpy as np
 from benchmarks.common import (ENCDEC_COMPUTE, POSITIVE, RESULTS, interleaved, machine,
                                markdown_table, median, names, prefix_agreement, run_isolated,
                                script_parser, synchronize, write_json)
-from encdec.entrypoints.cli import device_name
+from encdec.entrypoints.cli_args import device_name
 
 DECODER_PROMPT = [2, 0]
 HF_BATCH = 16

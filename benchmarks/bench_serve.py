@@ -46,7 +46,7 @@ from fastapi import File, Form, UploadFile  # at module level: the route's annot
 
 from benchmarks.common import (POSITIVE, RESULTS, machine, markdown_table, names, nonempty_list,
                                prefix_agreement, script_parser, write_json)
-from encdec.entrypoints.cli import positive_int_or_auto
+from encdec.entrypoints.serve_cli import positive_int_or_auto
 from encdec.entrypoints.transcribe_args import number
 from tests.entrypoints.remote_server import free_port
 from tests.speech_corpus import wer

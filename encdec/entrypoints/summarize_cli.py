@@ -15,6 +15,8 @@ from typing import Optional
 
 from tqdm import tqdm
 
+from encdec.entrypoints import cli_args
+from encdec.entrypoints.cli_args import add_model_options
 from encdec.entrypoints.cli_messages import PROG, UsageError, error, file_error, option_wording
 from encdec.entrypoints.summaries import (SUMMARIZATION, Article, ArticleTooLong, prepare_article,
                                           summary_params)
@@ -101,10 +103,8 @@ def load_text_model(args: argparse.Namespace) -> tuple[Optional[LLM], list[tuple
         raise UsageError("give at least one TEXT or --file (--file - reads standard input)")
     if failed == len(texts):
         return None, [], 1
-    from encdec.entrypoints import cli
-
     try:
-        llm = cli.load_llm(args)
+        llm = cli_args.load_llm(args)
     except (ValueError, OSError) as err:
         error(f"cannot load model {args.model!r}: {err}")
         return None, [], 1
@@ -233,8 +233,6 @@ def add_decoding_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_summarize(subparsers) -> None:
-    from encdec.entrypoints.cli import add_model_options
-
     p = subparsers.add_parser("summarize", help="summarize text with a BART, PEGASUS or T5 checkpoint",
                               description="Summarize texts with a BART, PEGASUS or T5 checkpoint, "
                                           "decoding as its generation config (with "

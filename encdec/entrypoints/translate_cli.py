@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from encdec.entrypoints.cli_args import add_model_options
 from encdec.entrypoints.cli_messages import UsageError, error, warn
 from encdec.entrypoints.summaries import ArticleTooLong, fit_article
 from encdec.entrypoints.summarize_cli import (add_decoding_options, cut_note, decoding_params,
@@ -28,8 +29,6 @@ TRANSLATORS = "Marian, mBART-50 or T5"
 
 
 def add_translate(subparsers) -> None:
-    from encdec.entrypoints.cli import add_model_options
-
     p = subparsers.add_parser("translate", help=f"translate text with a {TRANSLATORS} checkpoint",
                               description=__doc__.split("\n\n")[1].replace("\n", " "))
     p.add_argument("texts", nargs="*", metavar="TEXT", help="text to translate")

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from encdec.entrypoints import cli
+from encdec.entrypoints import cli_args
 from encdec.entrypoints.cli import main
 from encdec.weights.whisper_assets import resolve_whisper_model
 
@@ -65,8 +65,8 @@ def test_a_model_summarize_refuses_stops_the_job_before_ray_starts(tiny_bart_dir
 
 
 def test_a_local_job_needs_the_device_on_this_machine(monkeypatch, tmp_path, capsys):
-    monkeypatch.setattr(cli.torch.cuda, "device_count", lambda: 0)
-    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cli_args.torch.cuda, "device_count", lambda: 0)
+    monkeypatch.setattr(cli_args.torch.cuda, "is_available", lambda: False)
     job = ["batch", "transcribe", "x.wav", "--device", "cuda", "--output", str(tmp_path / "out")]
     assert main(job) == 2
     assert ("encdec batch transcribe: error: --device cuda: CUDA is not available on this machine"

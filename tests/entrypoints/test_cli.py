@@ -1,6 +1,6 @@
 """`encdec` end to end through `main([...])` with the bundled Whisper tiny.en (no network).
 
-tiny.en loads once per session: `cli.load_llm` is wrapped so later calls for the same model
+tiny.en loads once per session: `cli_args.load_llm` is wrapped so later calls for the same model
 get the same `LLM` (the first call goes through the real loader).
 """
 from __future__ import annotations
@@ -19,14 +19,14 @@ import numpy as np
 import pytest
 import soundfile
 
-from encdec.entrypoints import cli
+from encdec.entrypoints import cli, cli_args, transcribe_cli
 from encdec.entrypoints.summarize_cli import one_line
 from tests.bart_checkpoints import summary_prompts
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "hello.wav"
 SAMPLE_TEXT = "Thank you for calling. Please leave a message after the tone."
 SEGMENT_LINE = re.compile(r"^\[(\d\d):(\d\d)\.(\d\d\d) --> (\d\d):(\d\d)\.(\d\d\d)\] (.*)$")
-LOAD_LLM = cli.load_llm  # the real loader, before the fixture below wraps it
+LOAD_LLM = cli_args.load_llm  # the real loader, before the fixture below wraps it
 CUE = re.compile(r"(?:^|\n)(?:(\d+)\n)?(?:(\d\d):)?(\d\d):(\d\d)([.,])(\d\d\d) --> "  # vtt: no hours under one
                  r"(?:(\d\d):)?(\d\d):(\d\d)\5(\d\d\d)\n(.+)")
 
@@ -43,7 +43,7 @@ def cached_model(monkeypatch, request):
             return request.getfixturevalue("tiny_en")
         return LOAD_LLM(args)
 
-    monkeypatch.setattr(cli, "load_llm", load)
+    monkeypatch.setattr(cli_args, "load_llm", load)
 
 
 def stderr_lines(err: str) -> list[str]:
@@ -137,7 +137,7 @@ def test_each_batch_reads_its_files_when_it_comes(tmp_path, capsys, monkeypatch)
     first, replaced, removed = (tmp_path / f"{name}.wav" for name in ("first", "replaced", "removed"))
     for path in (first, replaced, removed):
         soundfile.write(str(path), np.zeros(16000, dtype=np.int16), 16000)
-    transcribe = cli.transcribe_batch
+    transcribe = transcribe_cli.transcribe_batch
 
     def after_the_first(llm, batch, args, on_progress):
         if batch[0][0] == str(first):
@@ -145,7 +145,7 @@ def test_each_batch_reads_its_files_when_it_comes(tmp_path, capsys, monkeypatch)
             removed.unlink()
         return transcribe(llm, batch, args, on_progress)
 
-    monkeypatch.setattr(cli, "transcribe_batch", after_the_first)
+    monkeypatch.setattr(transcribe_cli, "transcribe_batch", after_the_first)
     assert cli.main(["transcribe", *map(str, (first, replaced, removed)), "--batch_size", "1",
                      "--no-timestamps"]) == 1
     captured = capsys.readouterr()
@@ -154,7 +154,7 @@ def test_each_batch_reads_its_files_when_it_comes(tmp_path, capsys, monkeypatch)
 
 
 def test_only_bad_files_never_loads_the_model(tiny_bart_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(cli, "load_llm", lambda args: pytest.fail("model loaded"))
+    monkeypatch.setattr(cli_args, "load_llm", lambda args: pytest.fail("model loaded"))
     assert cli.main(["transcribe", str(tmp_path / "nope.flac")]) == 1
     assert error_lines(capsys.readouterr().err) == [
         f"encdec: error: {tmp_path / 'nope.flac'}: audio file not found"]
@@ -193,7 +193,7 @@ def test_token_ids_beyond_the_vocabulary_are_refused_once(capsys):
 
 @pytest.mark.parametrize("output", ["afile", "afile/sub"])
 def test_output_dir_is_checked_before_transcribing(tmp_path, monkeypatch, capsys, output):
-    monkeypatch.setattr(cli, "load_audio", lambda name, **_: pytest.fail("audio decoded"))
+    monkeypatch.setattr(transcribe_cli, "load_audio", lambda name, **_: pytest.fail("audio decoded"))
     (tmp_path / "afile").touch()
     target = tmp_path / output
     assert cli.main(["transcribe", str(SAMPLE), "-o", str(target)]) == 2
@@ -201,8 +201,8 @@ def test_output_dir_is_checked_before_transcribing(tmp_path, monkeypatch, capsys
 
 
 def test_unwritable_output_dir_is_found_before_transcribing(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_audio", lambda name, **_: pytest.fail("audio decoded"))
-    monkeypatch.setattr(cli.os, "access", lambda path, mode: False)  # tests may run as root
+    monkeypatch.setattr(transcribe_cli, "load_audio", lambda name, **_: pytest.fail("audio decoded"))
+    monkeypatch.setattr(cli_args.os, "access", lambda path, mode: False)  # tests may run as root
     assert cli.main(["transcribe", str(SAMPLE), "-o", str(tmp_path)]) == 2
     assert usage_error(capsys.readouterr().err, "transcribe") == f"--output_dir {tmp_path}: permission denied"
 
@@ -219,7 +219,7 @@ def test_read_errors_say_what_went_wrong_once(monkeypatch, capsys):
         cause = PermissionError(errno.EACCES, "Permission denied", f"/tmp/folder/{name}")
         raise ValueError(f"{name}: not a readable audio file ({cause})") from cause
 
-    monkeypatch.setattr(cli, "load_audio", unreadable)
+    monkeypatch.setattr(transcribe_cli, "load_audio", unreadable)
     assert cli.main(["transcribe", "unr.wav"]) == 1
     assert error_lines(capsys.readouterr().err) == ["encdec: error: unr.wav: permission denied"]
 

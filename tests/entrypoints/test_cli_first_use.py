@@ -14,7 +14,7 @@ import pytest
 
 import encdec
 from encdec import LLM
-from encdec.entrypoints import cli
+from encdec.entrypoints import cli, cli_args, transcribe_cli
 from tests.entrypoints.test_cli import SAMPLE, error_lines, stderr_lines
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +29,8 @@ def tiny_en():
 @pytest.fixture
 def nothing_loads(monkeypatch):
     """The command must stop before it loads a model or decodes any audio."""
-    monkeypatch.setattr(cli, "load_llm", lambda args: pytest.fail("the model was loaded"))
-    monkeypatch.setattr(cli, "load_audio", lambda source, **_: pytest.fail("audio was decoded"))
+    monkeypatch.setattr(cli_args, "load_llm", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(transcribe_cli, "load_audio", lambda source, **_: pytest.fail("audio was decoded"))
 
 
 def test_version(capsys):
@@ -65,7 +65,7 @@ def test_unknown_language_is_refused_before_anything_loads(nothing_loads, capsys
 
 
 def test_language_names_and_the_english_only_warning(tiny_en, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_llm", lambda args: tiny_en)
+    monkeypatch.setattr(cli_args, "load_llm", lambda args: tiny_en)
     for language in ([], ["--language", "English"], ["--language", "en"]):
         assert cli.main(["transcribe", str(SAMPLE), *language]) == 0, language
         captured = capsys.readouterr()
@@ -103,7 +103,7 @@ def test_missing_base_package_names_what_to_install(nothing_loads, monkeypatch, 
 
 
 def test_directory_given_as_audio_is_called_a_directory(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "load_llm", lambda args: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_args, "load_llm", lambda args: pytest.fail("the model was loaded"))
     assert cli.main(["transcribe", str(tmp_path)]) == 1
     assert error_lines(capsys.readouterr().err) == [
         f"encdec: error: {tmp_path}: is a directory, not an audio file"]
@@ -112,7 +112,7 @@ def test_directory_given_as_audio_is_called_a_directory(tmp_path, monkeypatch, c
 @pytest.mark.parametrize("name, problem", [("missing", "no such directory"),
                                            ("empty", "no config.json in the directory")])
 def test_summarize_model_directory_problems(tmp_path, monkeypatch, capsys, name, problem):
-    monkeypatch.setattr(cli, "LLM", lambda *a, **k: pytest.fail("the model was loaded"))
+    monkeypatch.setattr(cli_args, "LLM", lambda *a, **k: pytest.fail("the model was loaded"))
     (tmp_path / "empty").mkdir()
     model = tmp_path / name
     assert cli.main(["summarize", "--model", str(model), "some text"]) == 2

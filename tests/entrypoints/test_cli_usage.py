@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from encdec.entrypoints import cli
+from encdec.entrypoints import cli, cli_args, serve_cli, transcribe_cli
 from encdec.entrypoints.openai import api_server
 from tests.entrypoints.conftest import SAMPLE
 
 
 @pytest.fixture(autouse=True)
 def nothing_loads(monkeypatch):
-    for module, name in ((cli, "LLM"), (cli, "load_llm"), (cli, "load_audio"),
+    for module, name in ((cli_args, "LLM"), (cli_args, "load_llm"), (transcribe_cli, "load_audio"),
                          (api_server, "run_server")):
         monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail(f"{name} was called"))
 
@@ -55,7 +55,7 @@ SERVE = ["serve", "--model", "tiny.en"]
     (["--patience", "0"], "argument --patience: expected a finite number > 0 or None, got '0'"),
     (["--beam_size", "300"], "argument --beam_size: expected an integer in [1, 256] or None, got '300'"),
     (["--best_of", "300"], "argument --best_of: expected an integer in [1, 256] or None, got '300'"),
-    (["--threads", "100000"], f"argument --threads: expected an integer in [0, {cli.MAX_THREADS}], "
+    (["--threads", "100000"], f"argument --threads: expected an integer in [0, {cli_args.MAX_THREADS}], "
                               f"got '100000'"),
     (["--device", "foo"], "argument --device: expected cpu, cuda or cuda:N, got 'foo'"),
     (["--fp16", "yes"], "argument --fp16: expected True or False, got 'yes'"),
@@ -135,8 +135,8 @@ def test_options_take_dashes_or_underscores(argv, field, value):
 
 
 def test_serve_cache_budgets_fit_in_memory(capsys, monkeypatch):
-    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(cli, "memory_gib", lambda device: 16.0)
+    monkeypatch.setattr(cli_args.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(serve_cli, "memory_gib", lambda device: 16.0)
     assert usage_error(capsys, SERVE + ["--kv-cache-space", "1e6"]) == (
         "--kv-cache-space 1e+06: more than this machine's 16.0 GiB of memory")
     assert usage_error(capsys, SERVE + ["--swap-space", "17"]) == (
@@ -148,8 +148,8 @@ def test_serve_cache_budgets_fit_in_memory(capsys, monkeypatch):
     (1, ["--device", "cuda:1"], "--device cuda:1: this machine has 1 CUDA device(s)"),
 ])
 def test_devices(capsys, monkeypatch, gpus, argv, message):
-    monkeypatch.setattr(cli.torch.cuda, "device_count", lambda: gpus)
-    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(cli_args.torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(cli_args.torch.cuda, "is_available", lambda: gpus > 0)
     assert usage_error(capsys, TRANSCRIBE + argv) == message
 
 

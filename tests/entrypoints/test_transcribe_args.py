@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from encdec.entrypoints import cli
+from encdec.entrypoints import cli, cli_args
 from encdec.whisper.options import TranscribeOptions
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription, Word
@@ -47,7 +47,7 @@ class RecordingLLM:
 @pytest.fixture
 def llm(monkeypatch):
     recorder = RecordingLLM()
-    monkeypatch.setattr(cli, "load_llm", lambda args: recorder)
+    monkeypatch.setattr(cli_args, "load_llm", lambda args: recorder)
     return recorder
 
 
@@ -117,7 +117,7 @@ def test_fallback_temperatures_are_openai_whispers():
 
 def test_language_task_batch_size_and_threads(llm, monkeypatch):
     threads = []
-    monkeypatch.setattr(cli.torch, "set_num_threads", threads.append)
+    monkeypatch.setattr(cli_args.torch, "set_num_threads", threads.append)
     assert cli.main(["transcribe", str(SAMPLE), str(SAMPLE), "--language", "en", "--batch_size", "1",
                      "--threads", "2"]) == 0
     assert threads == [2]
@@ -242,7 +242,7 @@ def test_option_errors_name_the_flag(llm, capsys, argv, message):
     (["--temperature_increment_on_fallback", "-1"], "expected a finite number >= 0 or None, got '-1'"),
     (["--vad_speech_pad_ms", "-1"], "argument --vad_speech_pad_ms: expected a finite number >= 0, got '-1'"),
     (["--max_line_width", "0"], "argument --max_line_width: expected an integer >= 1"),
-    (["--threads", "-1"], f"argument --threads: expected an integer in [0, {cli.MAX_THREADS}], got '-1'"),
+    (["--threads", "-1"], f"argument --threads: expected an integer in [0, {cli_args.MAX_THREADS}], got '-1'"),
     (["-f", "doc"], "argument --output_format/-f: invalid choice: 'doc'"),
 ])
 def test_usage_errors(llm, capsys, argv, message):
@@ -286,10 +286,10 @@ def test_help_groups_the_flags(capsys):
     (True, [], "auto"),
 ])
 def test_fp16_is_float16_on_cuda_unless_a_dtype_is_given(monkeypatch, gpu, argv, dtype):
-    monkeypatch.setattr(cli.torch.cuda, "is_available", lambda: gpu)
-    monkeypatch.setattr(cli.torch.cuda, "device_count", lambda: int(gpu))
+    monkeypatch.setattr(cli_args.torch.cuda, "is_available", lambda: gpu)
+    monkeypatch.setattr(cli_args.torch.cuda, "device_count", lambda: int(gpu))
     loaded = []
-    monkeypatch.setattr(cli, "load_llm", lambda args: loaded.append(args.dtype) or RecordingLLM())
+    monkeypatch.setattr(cli_args, "load_llm", lambda args: loaded.append(args.dtype) or RecordingLLM())
     assert run(*argv) == 0
     assert loaded == [dtype]
 
@@ -298,7 +298,7 @@ def test_model_dir_is_looked_in_before_the_bundled_models(tmp_path, monkeypatch)
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "config.json").write_text("{}")
     models = []
-    monkeypatch.setattr(cli, "load_llm", lambda args: models.append(args.model) or RecordingLLM())
+    monkeypatch.setattr(cli_args, "load_llm", lambda args: models.append(args.model) or RecordingLLM())
     assert run("--model_dir", str(tmp_path), "--model", "mine") == 0
     assert run("--model_dir", str(tmp_path), "--model", "tiny.en") == 0  # not there: bundled
     assert models == [str(tmp_path / "mine"), "tiny.en"]

@@ -119,11 +119,11 @@ def test_bfloat16_and_int8_greedy_ids_agree_with_float32(agreement_bart):
 
 
 def test_cli_quantization_option_reaches_the_llm(monkeypatch):
-    from encdec.entrypoints import cli
+    from encdec.entrypoints import cli, cli_args
 
     made = {}
-    monkeypatch.setattr(cli, "LLM", lambda **options: made.update(options))
-    cli.load_llm(cli.build_parser().parse_args(["transcribe", "x.wav", "--quantization", "int8"]))
+    monkeypatch.setattr(cli_args, "LLM", lambda **options: made.update(options))
+    cli_args.load_llm(cli.build_parser().parse_args(["transcribe", "x.wav", "--quantization", "int8"]))
     assert made["quantization"] == "int8" and made["dtype"] == "auto"
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["transcribe", "x.wav", "--quantization", "int4"])
@@ -174,7 +174,7 @@ def test_llm_takes_compute_type(tiny_bart_dir):
     (["--dtype", "bfloat16"], "bfloat16", None),
 ])
 def test_cli_compute_type_becomes_dtype_and_quantization(monkeypatch, argv, dtype, quantization):
-    from encdec.entrypoints import cli
+    from encdec.entrypoints import cli, cli_args
 
     class Loaded(Exception):
         pass
@@ -182,7 +182,7 @@ def test_cli_compute_type_becomes_dtype_and_quantization(monkeypatch, argv, dtyp
     def fake_llm(**options):
         raise Loaded(options)
 
-    monkeypatch.setattr(cli, "LLM", fake_llm)
+    monkeypatch.setattr(cli_args, "LLM", fake_llm)
     with pytest.raises(Loaded) as loaded:
         cli.main(["transcribe", "samples/hello.wav", *argv])
     assert (loaded.value.args[0]["dtype"], loaded.value.args[0]["quantization"]) == (dtype, quantization)

@@ -32,7 +32,7 @@ listed, 0 otherwise.
 
 def add_batch(subparsers) -> None:
     """The `batch` command and its `transcribe` and `summarize` subcommands."""
-    from encdec.entrypoints.cli import add_model_options
+    from encdec.entrypoints.cli_args import add_model_options
     from encdec.entrypoints.summarize_cli import add_decoding_options
     from encdec.entrypoints.transcribe_args import non_negative_float, positive_float, positive_int
     from encdec.whisper.writers import FORMATS
@@ -210,7 +210,7 @@ def write_results(rows, args: argparse.Namespace, done: set[str], total: int) ->
 def check_job(args: argparse.Namespace) -> None:
     """Check the model and the options on the driver, before any actor starts (ValueError worded
     for the command line)."""
-    from encdec.entrypoints.cli import check_english_only
+    from encdec.entrypoints.transcribe_cli import check_english_only
     from encdec.entrypoints.summaries import Article
     from encdec.entrypoints.summarize_cli import check_output_lengths, check_text_model, decoding_params
     from encdec.generation_config import load_generation_defaults
@@ -240,7 +240,7 @@ def check_job(args: argparse.Namespace) -> None:
 
 
 def run_batch(args: argparse.Namespace) -> int:
-    from encdec.entrypoints.cli import make_output_dir
+    from encdec.entrypoints.cli_args import make_output_dir
     from encdec.entrypoints.cli_messages import INSTALL_RAY, error, warn
 
     try:
