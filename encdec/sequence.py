@@ -109,11 +109,15 @@ class Sequence:
         assert status.is_finished, status
         self.status = status
 
-    def fork(self, new_seq_id: int) -> "Sequence":
+    def fork(self, new_seq_id: int, sample_index: Optional[int] = None) -> "Sequence":
+        """A copy with its own id and token data; the request's `sample_index`-th sample (None:
+        the same as this one)."""
         child = Sequence.__new__(Sequence)
         child.__dict__.update(self.__dict__)
         child.seq_id = new_seq_id
         child.data = self.data.copy()
+        if sample_index is not None:
+            child.data.sample_index = sample_index
         child.output_logprobs = list(self.output_logprobs)
         return child
 

@@ -81,9 +81,10 @@ class Scheduler:
     def free_seq(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
 
-    def fork_seq(self, group: SequenceGroup, parent: Sequence, child_seq_id: int) -> Sequence:
-        """A copy of `parent` that joins its group, sharing its blocks (n > 1, beam search)."""
-        child = parent.fork(child_seq_id)
+    def fork_seq(self, group: SequenceGroup, parent: Sequence, child_seq_id: int, sample_index: int) -> Sequence:
+        """A copy of `parent` that joins its group as its `sample_index`-th sample, sharing its
+        blocks (n > 1, beam search)."""
+        child = parent.fork(child_seq_id, sample_index)
         group.add(child)
         self.block_manager.fork(parent, child)
         return child

@@ -2,8 +2,8 @@
 
 `step()` returns an output for every request that advanced (as its `output_kind` asks: see
 `encdec.engine.output_processor`). Sequences change only through their own methods, forks
-through the scheduler's block manager; each request's generator and beam-search state live
-in its `SequenceGroup`.
+through the scheduler's block manager; each request's generators (one a sample) and
+beam-search state live in its `SequenceGroup`.
 """
 from __future__ import annotations
 
@@ -288,8 +288,8 @@ class LLMEngine:
         output = None
         if final_output and group is not None:
             seqs = group.get_seqs()
-            for _ in range(group.sampling_params.n - len(seqs)):  # aborted before its first step forked it
-                group.add(seqs[0].fork(next(self.seq_ids)))
+            for index in range(len(seqs), group.sampling_params.n):  # aborted before its first step forked it
+                group.add(seqs[0].fork(next(self.seq_ids), index))
             output = self.output_processor.make_output(group)
         self.output_processor.abort(request_id)
         return output
@@ -388,8 +388,6 @@ class LLMEngine:
             parent_samples = [(seqs[s.parent_seq_id], s) for s in samples]
             if len(samples) > len(group.get_seqs(SequenceStatus.RUNNING)):  # the first step's n samples
                 parent_samples = self._fork_children(group, parent_samples)
-                for index, (seq, _) in enumerate(parent_samples):
-                    seq.data.sample_index = index
             for seq, sample in parent_samples:
                 if sample.top_logprobs is not None:
                     self.output_processor.name_tokens([sample.top_logprobs], group.sampling_params)
@@ -430,11 +428,12 @@ class LLMEngine:
             group.move_to_end(seq.seq_id)
 
     def _fork_children(self, group: SequenceGroup, parent_samples):
-        """Samples past the first of a parent (n > 1, beam search) become its forked children."""
+        """Samples past the first of a parent (n > 1, beam search) become its forked children;
+        the i-th sample's child is sample i of the request (its generator, when seeded)."""
         forked, used = [], set()
-        for parent, sample in parent_samples:
+        for index, (parent, sample) in enumerate(parent_samples):
             if parent.seq_id in used:
-                forked.append((self.scheduler.fork_seq(group, parent, next(self.seq_ids)), sample))
+                forked.append((self.scheduler.fork_seq(group, parent, next(self.seq_ids), index), sample))
             else:
                 used.add(parent.seq_id)
                 forked.append((parent, sample))

@@ -13,6 +13,7 @@ from typing import Any, ClassVar, Optional
 
 from encdec.generation_config import GenerationDefaults, task_prefix
 from encdec.inputs.long_texts import encode_long
+from encdec.inputs.tokenizing import encode
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
 DEFAULT_MAX_TOKENS = 128  # summaries of a checkpoint without any generation config
@@ -67,8 +68,8 @@ def fit_article(ids: list[int], tokenizer: Any, max_tokens: int, truncate: bool 
 
 def closing_tokens(tokenizer: Any) -> int:
     """How many special tokens the tokenizer puts after a text's own (BART's, T5's </s>: 1)."""
-    own = tokenizer("a", add_special_tokens=False, verbose=False)["input_ids"]
-    whole = tokenizer("a", verbose=False)["input_ids"]
+    own = encode(tokenizer, text="a", add_special_tokens=False, verbose=False)
+    whole = encode(tokenizer, text="a", verbose=False)
     starts = [i for i in range(len(whole) - len(own) + 1) if whole[i:i + len(own)] == own]
     return len(whole) - len(own) - starts[0] if starts else 0
 

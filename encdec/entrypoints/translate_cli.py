@@ -22,7 +22,7 @@ from encdec.entrypoints.cli_messages import UsageError, error, warn
 from encdec.entrypoints.summaries import ArticleTooLong, fit_article
 from encdec.entrypoints.summarize_cli import (add_decoding_options, cut_note, decoding_params,
                                               load_text_model, print_outputs, too_long)
-from encdec.models.registry import LanguageError, get_model_family, translation_inputs
+from encdec.models.registry import LanguageError, get_model_family, translation_inputs, translation_task
 from encdec.models.t5 import t5_translation_pairs
 
 TRANSLATORS = "Marian, mBART-50 or T5"
@@ -72,8 +72,7 @@ def run_translate(args: argparse.Namespace) -> int:
     engine = llm.llm_engine
     hf_config, limit = engine.model_config.hf_config, engine.model_config.max_encoder_len
     check_languages(args, hf_config)
-    task = (f"translation_{args.source_lang}_to_{args.target_lang}"
-            if args.source_lang and args.target_lang else None)
+    task = translation_task(args.source_lang, args.target_lang)
     params = decoding_params(engine.generation_defaults, args, task)
     prompts, request_params, unused = [], [], {}
     for label, text in texts:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+from encdec.inputs.tokenizing import encode
+
 PIECE_CHARS = 100_000
 SEAM_CHARS = 1000
 WHITESPACE = (" ", "\n", "\t", "\r")
@@ -30,7 +32,7 @@ def cuts(text: str, size: int) -> Iterator[int]:
 
 
 def count_tokens(tokenizer: Any, text: str) -> int:
-    return len(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+    return len(encode(tokenizer, text=text, add_special_tokens=False, verbose=False))
 
 
 def seam_tokens(tokenizer: Any, text: str, cut: int) -> int:
@@ -45,16 +47,16 @@ def encode_long(tokenizer: Any, text: str, keep: int, from_end: bool = False) ->
     more than `keep` tokens, as the whole text's head (tail) has them, with the special tokens
     the tokenizer puts around a text; the count sums the other pieces' tokens and the seams'."""
     if len(text) <= PIECE_CHARS:
-        ids = list(tokenizer(text, verbose=False)["input_ids"])
+        ids = encode(tokenizer, text=text, verbose=False)
         return ids, len(ids)
     bounds = [0, *cuts(text, PIECE_CHARS), len(text)]
     if from_end:
         while len(bounds) > 2 and bounds[-1] - bounds[-2] < PIECE_CHARS // 2:  # a short last piece: one more
             del bounds[-2]
     kept = bounds[-2:] if from_end else bounds[:2]
-    ids = list(tokenizer(text[kept[0]:kept[1]], verbose=False)["input_ids"])
+    ids = encode(tokenizer, text=text[kept[0]:kept[1]], verbose=False)
     if len(ids) <= keep + tokenizer.num_special_tokens_to_add():  # a piece of very long tokens
-        ids = list(tokenizer(text, verbose=False)["input_ids"])
+        ids = encode(tokenizer, text=text, verbose=False)
         return ids, len(ids)
     others = sum(count_tokens(tokenizer, text[start:end]) for start, end in zip(bounds, bounds[1:])
                  if start != kept[0])

@@ -24,6 +24,7 @@ import torch
 
 from encdec.config import ModelConfig
 from encdec.inputs.data import is_explicit_encoder_decoder_prompt
+from encdec.inputs.tokenizing import encode
 from encdec.sequence import EncoderDecoderInputs
 
 # audio source -> (encoder features, encoder sequence length); its `features(frames)` takes
@@ -150,7 +151,7 @@ class InputPreprocessor:
         if self.tokenizer is None:
             raise ValueError("the model directory has no tokenizer: pass token ids "
                              "({'prompt_token_ids': [...]}) instead of text")
-        return list(self.tokenizer(**text_and_options, verbose=False)["input_ids"])
+        return encode(self.tokenizer, **text_and_options, verbose=False)
 
     def _check_vocab(self, ids: list[int], field: str, vocab: int) -> None:
         bad = [t for t in ids if not isinstance(t, int) or t < 0 or t >= vocab]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from encdec.inputs.tokenizing import encode
 from encdec.models.bart import BartForConditionalGeneration, BartVariant
 from encdec.models.registry import LanguageError, TranslationInputs
 
@@ -32,7 +33,8 @@ def marian_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: O
                                                f"unknown target language {target_lang!r} for this Marian model; "
                                                f"it translates into {known}")
         text = f"{token} {text}"
-    elif target_lang:
-        unused.append(("target_lang", "this Marian model translates into the one language it "
-                                      "was trained on"))
-    return TranslationInputs(tokenizer(text, verbose=False)["input_ids"], unused=tuple(unused))
+    elif target_lang and target_lang != getattr(tokenizer, "target_lang", None):
+        own = getattr(tokenizer, "target_lang", None)
+        unused.append(("target_lang", f"this Marian model translates into the one language it was "
+                                      f"trained on{f' ({own})' if own else ''}"))
+    return TranslationInputs(encode(tokenizer, text=text, verbose=False), unused=tuple(unused))

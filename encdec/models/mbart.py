@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from encdec.inputs.tokenizing import encode
 from encdec.models.bart import BartForConditionalGeneration, BartVariant
 from encdec.models.registry import LanguageError, TranslationInputs
 
@@ -38,6 +39,6 @@ def mbart50_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: 
         raise LanguageError(f"{missing[0]}_lang", f"mBART-50 translates with a source and a target language "
                             f"(e.g. en_XX, fr_XX): give the {' and '.join(missing)} "
                             f"language{'s' * (len(missing) - 1)}")
-    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+    ids = encode(tokenizer, text=text, add_special_tokens=False, verbose=False)
     return TranslationInputs([language_code_id(tokenizer, "source_lang", source_lang), *ids,
                               tokenizer.eos_token_id], language_code_id(tokenizer, "target_lang", target_lang))

@@ -153,6 +153,12 @@ def translation_inputs(tokenizer: Any, hf_config: Any, text: str, source_lang: O
     return _import(family.translation)(tokenizer, hf_config, text, source_lang, target_lang)
 
 
+def translation_task(source_lang: Optional[str], target_lang: Optional[str]) -> Optional[str]:
+    """The `task_specific_params` entry a translation takes ("translation_en_to_de": T5's, as
+    Hugging Face's translation pipeline takes it); None without both languages."""
+    return f"translation_{source_lang}_to_{target_lang}" if source_lang and target_lang else None
+
+
 def get_ct2_converter(spec_name: Optional[str]) -> Callable[..., Any]:
     """The CTranslate2 -> Hugging Face name mapping of the family whose spec is `spec_name`."""
     converters = {f.ct2_spec: f.ct2_to_hf for f in _FAMILIES.values() if f.ct2_spec}

@@ -21,8 +21,10 @@ from torch import nn
 from encdec.attention import AttentionMetadata, RelativePositionBias
 from encdec.attention.backends.abstract import AttentionBackend
 from encdec.generation_config import task_prefix
+from encdec.inputs.tokenizing import encode
 from encdec.models.layers import DecoderLayer, EncoderLayer, LayerSpec, embedding, load_hf_weights
-from encdec.models.registry import InputHooks, LanguageError, TranslationInputs, text_input_hooks
+from encdec.models.registry import (InputHooks, LanguageError, TranslationInputs, text_input_hooks,
+                                   translation_task)
 
 T5_MAX_LENGTH = 512  # T5's training length, for configs without n_positions
 
@@ -187,11 +189,16 @@ def t5_translation(tokenizer: Any, hf_config: Any, text: str, source_lang: Optio
                    target_lang: Optional[str]) -> TranslationInputs:
     """T5 translates with the prefix of its `translation_{source}_to_{target}` task parameters
     ("translate English to German: ")."""
-    task = f"translation_{source_lang}_to_{target_lang}"
+    pairs = t5_translation_pairs(hf_config)
+    if not source_lang or not target_lang:
+        known = ", ".join(f"{source} to {target}" for source, target in pairs) or "nothing"
+        raise LanguageError("source_lang" if not source_lang else "target_lang",
+                            f"T5 translates with a source and a target language of its tasks; this "
+                            f"checkpoint translates {known}")
+    task = translation_task(source_lang, target_lang)
     prefix = task_prefix(hf_config, task)
     if not prefix:
-        pairs = t5_translation_pairs(hf_config)
         known = sorted(f"translation_{source}_to_{target}" for source, target in pairs)
         field = "target_lang" if source_lang in {source for source, _ in pairs} else "source_lang"
         raise LanguageError(field, f"this T5 checkpoint has no {task} task; it has {known or 'none'}")
-    return TranslationInputs(tokenizer(prefix + text, verbose=False)["input_ids"])
+    return TranslationInputs(encode(tokenizer, text=prefix + text, verbose=False))

@@ -14,6 +14,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from encdec.inputs.tokenizing import encode
 from encdec.sampling.params import SamplingParams
 from encdec.sequence import SequenceData
 
@@ -160,7 +161,7 @@ def bad_words_token_ids(tokenizer: Any, words: list[str]) -> list[list[int]]:
     count (byte-level BPE's "Ġword"; SentencePiece's are the same)."""
     sequences = []
     for word in words:
-        bare, spaced = (tokenizer(text_target=text, add_special_tokens=False)["input_ids"]
+        bare, spaced = (encode(tokenizer, text_target=text, add_special_tokens=False)
                         for text in (word.lstrip(), " " + word.lstrip()))
         if not bare:
             raise ValueError(f"bad_words: {word!r} has no tokens")

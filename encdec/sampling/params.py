@@ -66,8 +66,8 @@ class SamplingParams:
     one, as Hugging Face's `stop_strings` end it).
     temperature 0 means greedy; a sampled token is drawn from the tokens left by `top_k`, then
     `top_p`, then `min_p` (those at least `min_p` times as likely as the likeliest). `seed`
-    gives the request its own generator, so its samples do not depend on what else is in the
-    batch. `detokenize=False` (vLLM's) leaves every completion's text empty: token ids only,
+    gives each sample its own generator (the i-th of n seeded with seed + i, as vLLM's), so a
+    sample depends neither on what else is in the batch nor on its siblings. `detokenize=False` (vLLM's) leaves every completion's text empty: token ids only,
     without the cost of decoding them, and without stop strings. `logprobs` asks for that many
     top log-probabilities per generated token (plus the chosen one; -1: every token's, as in
     vLLM); `prompt_logprobs` (vLLM's)

@@ -14,7 +14,7 @@ from encdec.whisper.silence import COMPRESSION_RATIO_THRESHOLD, LOGPROB_THRESHOL
 from encdec.whisper.timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from encdec.whisper.vad import VadOptions
 
-MAX_SEED = 2**32 - 1  # numpy's legacy range
+MAX_SEED = 2**32 - 1  # openai-whisper's and numpy's legacy seeds
 FLAGS = ("timestamps", "carry_initial_prompt", "suppress_blank", "condition_on_previous_text",
          "windows_at_once", "vad_filter", "word_timestamps")  # the options that are True or False
 

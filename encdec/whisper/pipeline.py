@@ -75,6 +75,7 @@ import numpy as np
 
 from encdec.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, input_features
 from encdec.generation_config import decoder_room
+from encdec.inputs.tokenizing import encode
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams, max_candidates
 from encdec.whisper.control import DETECT, ControlProcessor, WindowState, control_prefix
@@ -701,8 +702,9 @@ class TranscriptionJob:
 
 def decode_seed(seed: int, start: int, attempt: int) -> int:
     """The seed of the `attempt`-th decode of the window at sample `start`: mixed from the
-    three, so that no two windows or fallbacks share a random stream (the engine draws sample i
-    of the request from this seed + i)."""
+    three, so that no two windows or fallbacks of an input share a random stream (the engine
+    draws sample i of the request from this seed + i); the same window of another input draws
+    the same, so that a transcript does not depend on what else is in the batch."""
     return int(np.random.SeedSequence([seed, start, attempt]).generate_state(1, np.uint64)[0]) >> 1
 
 
@@ -715,7 +717,7 @@ def prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Union[str, list[int]
         return []
     if tokens.sot_prev is None:
         raise ValueError(f"this Whisper vocabulary has no <|startofprev|>: {name} unsupported")
-    ids = text if isinstance(text, list) else tokenizer(" " + text.strip(), add_special_tokens=False)["input_ids"]
+    ids = text if isinstance(text, list) else encode(tokenizer, text=" " + text.strip(), add_special_tokens=False)
     special = next((t for t in ids if not 0 <= t < tokens.eot), None)  # Whisper's come after its text tokens
     spelled = None if isinstance(text, list) else next(
         (m.group() for m in SPECIAL_SPELLING.finditer(text) if m.group() in OPENAI_TEXT_SPECIALS), None)

@@ -43,9 +43,9 @@ def test_a_long_text_is_its_head_or_tail_and_its_count(tokenizer, monkeypatch, s
     whole = tokenizer(text)["input_ids"]
     read = []  # the lengths of the texts the tokenizer is given
 
-    def spy(piece, **options):
-        read.append(len(piece))
-        return tokenizer(piece, **options)
+    def spy(text, **options):
+        read.append(len(text))
+        return tokenizer(text, **options)
     spy.num_special_tokens_to_add = tokenizer.num_special_tokens_to_add
 
     head, count = encode_long(spy, text, keep=300)

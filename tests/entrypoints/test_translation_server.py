@@ -75,6 +75,8 @@ def test_marian_and_t5_take_their_own_language_forms(server, checkpoints):
     ("marian", dict(source_lang="en"), "target_lang", "give the target language, one of ['de', 'fr']"),
     ("t5", dict(source_lang="en", target_lang="xx"), "target_lang", "has no translation_en_to_xx task"),
     ("t5", dict(source_lang="xx", target_lang="de"), "source_lang", "has no translation_xx_to_de task"),
+    ("t5", dict(source_lang="en"), "target_lang", "T5 translates with a source and a target language"),
+    ("marian", dict(target_lang="fr", prompt="word " * 60_000), "prompt", "tokens; the model takes 1 to 512"),
 ])
 def test_languages_the_checkpoint_cannot_take_are_refused_by_field(server, model, body, param, message):
     response = httpx.post(f"{server.url}/v1/completions", json={"model": model, "prompt": TEXTS[0], **body},

@@ -77,3 +77,18 @@ def test_multilingual_target_token(tmp_path):
         translation_inputs(tokenizer, config, "The rain in spain.", "en", "it")
     with pytest.raises(ValueError, match=r"give the target language, one of \['de', 'fr'\]"):
         translation_inputs(tokenizer, config, "The rain in spain.", None, None)
+
+
+def test_a_one_pair_model_takes_its_own_target_only(tmp_path):
+    """A one-pair model (opus-mt-en-de's tokenizer names `target_lang` "de") translates into
+    its language whether or not it is named; another one is noted as unused."""
+    from tests.family_checkpoints import marian_tokenizer
+
+    tokenizer = marian_tokenizer(tmp_path, separate_vocabs=True)
+    tokenizer.target_lang = "de"
+    config = type("Config", (), {"architectures": ["MarianMTModel"]})()
+    for target in (None, "de"):
+        inputs = translation_inputs(tokenizer, config, "The rain in spain.", None, target)
+        assert inputs.prompt_token_ids == tokenizer("The rain in spain.")["input_ids"] and inputs.unused == ()
+    [(field, reason)] = translation_inputs(tokenizer, config, "The rain in spain.", None, "fr").unused
+    assert (field, reason) == ("target_lang", "this Marian model translates into the one language it was trained on (de)")

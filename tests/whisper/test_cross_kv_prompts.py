@@ -144,7 +144,7 @@ def test_fallbacks_reuse_their_windows_cross_kv(tiny_en, corpus):
         results = []
         for driver, encoder_runs in ((engine, 1), (WithoutCrossKV(engine), 3)):
             job = RecordingJob(engine.model_config.special_tokens, engine.tokenizer,
-                                   engine.model_config.max_decoder_len, [clip.audio], options)
+                               engine.model_config.max_decoder_len, [clip.audio], options)
             runs = engine.stats.num_encoder_runs
             run_job(driver, job)
             assert [r.params.temperature for r in job.requests_made] == [0.0, 0.4, 0.8]

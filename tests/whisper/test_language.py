@@ -122,7 +122,7 @@ def test_an_input_has_the_language_of_its_first_30_seconds(base, language_clips,
     audio = np.concatenate([*spanish, np.zeros(2 * SAMPLE_RATE, np.float32), *english])
     engine = base.llm_engine
     job = RecordingJob(engine.model_config.special_tokens, engine.tokenizer, engine.model_config.max_decoder_len,
-                           [audio], TranscribeOptions(windows_at_once=at_once, temperature=0.0))
+                       [audio], TranscribeOptions(windows_at_once=at_once, temperature=0.0))
     run_job(engine, job)
     tokens = engine.model_config.special_tokens
     detections = [r for r in job.requests_made if r.detects]

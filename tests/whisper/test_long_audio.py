@@ -26,7 +26,7 @@ def transcribe_job(llm, clips, **options) -> RecordingJob:
     """The job `LLM.transcribe` runs, kept so its requests can be read."""
     engine = llm.llm_engine
     job = RecordingJob(engine.model_config.special_tokens, engine.tokenizer, engine.model_config.max_decoder_len,
-                           [clip.audio for clip in clips], TranscribeOptions(language="en", **options))
+                       [clip.audio for clip in clips], TranscribeOptions(language="en", **options))
     runs = engine.stats.num_encoder_runs
     run_job(engine, job)
     windows = {id(request.window) for request in job.requests_made}

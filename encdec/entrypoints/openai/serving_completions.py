@@ -38,9 +38,9 @@ from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import (DONE, cancel_on_disconnect, event_stream,
                                                  merge_async_iterators, sse)
 from encdec.generation_config import GenerationDefaults
-from encdec.inputs.long_texts import encode_long
+from encdec.inputs.long_texts import PIECE_CHARS, encode_long
 from encdec.inputs.preprocess import truncate_prompt
-from encdec.models.registry import LanguageError, TranslationInputs, translation_inputs
+from encdec.models.registry import LanguageError, TranslationInputs, translation_inputs, translation_task
 from encdec.outputs import PromptLogprobs, SampleLogprobs
 from encdec.sampling.params import RequestOutputKind, SamplingParams
 
@@ -59,7 +59,7 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
         raise bad_request("stream_options is only for stream=true", "stream_options")
     if body.stream and body.prompt_logprobs is not None:
         raise bad_request("prompt_logprobs are not available with stream=true", "prompt_logprobs")
-    task = translation_task(body)
+    task = translation_task(body.source_lang, body.target_lang)
     defaults = defaults.for_task(task)
     best_of = body.best_of or body.n
     field = "best_of" if body.best_of else "n"
@@ -101,12 +101,6 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
             length_penalty=body.length_penalty,
             logit_bias=logit_bias(body.logit_bias, vocab_size) if body.logit_bias else None,
             output_kind=RequestOutputKind.DELTA, config_per_field=True, config_task=task)
-
-
-def translation_task(body: CompletionRequest) -> Optional[str]:
-    """The checkpoint's task parameters a translation request takes ("translation_en_to_de":
-    T5's, as Hugging Face's translation pipeline and `encdec translate` take them)."""
-    return f"translation_{body.source_lang}_to_{body.target_lang}" if body.source_lang and body.target_lang else None
 
 
 def searches_beams(body: CompletionRequest, defaults: GenerationDefaults) -> bool:
@@ -264,19 +258,24 @@ async def translations_of(served: ServedModel, body: CompletionRequest, prompts:
         raise bad_request(f"truncate_prompt_tokens cannot be combined with {named}: it keeps a prompt's "
                           f"last tokens, which would drop the translation's own", "truncate_prompt_tokens")
     engine = served.engine
+    limit = engine.model_config.max_encoder_len
 
-    def translate(text: str) -> TranslationInputs:
+    def translate(i: int, text: str) -> TranslationInputs:
+        if len(text) > PIECE_CHARS:  # counted in pieces first: tokenizing it whole could take gigabytes
+            count = encode_long(engine.tokenizer, text, limit)[1]
+            if count > limit:
+                raise bad_request(f"prompt {i} has {count} tokens; the model takes 1 to {limit}", "prompt")
         return translation_inputs(engine.tokenizer, engine.model_config.hf_config, text, body.source_lang,
                                   body.target_lang)
 
     try:
-        translations = await tokenize_off_loop(lambda: [translate(text) for text in prompts])
+        translations = await tokenize_off_loop(lambda: [translate(i, text) for i, text in enumerate(prompts)])
     except LanguageError as err:
         raise bad_request(str(err), err.field) from None
-    except ValueError as err:
-        raise bad_request(str(err), named) from None
+    except ValueError as err:  # the checkpoint does not translate
+        raise bad_request(str(err), "model") from None
     unused = dict(translations[0].unused)
-    if "target_lang" in unused:  # the one language the checkpoint translates into is not the one asked for
+    if "target_lang" in unused:  # a one-pair model asked for another target
         raise bad_request(f"target_lang {body.target_lang!r}: {unused['target_lang']}", "target_lang")
     return translations
 
