@@ -336,12 +336,18 @@ def test_completions_streamed_with_usage(server, bart):
     plain = server.client().completions.create(model="bart", prompt=ARTICLES, max_tokens=12, temperature=0.0)
     assert chunks[-1].usage == plain.usage
     assert plain.usage.total_tokens == plain.usage.prompt_tokens + plain.usage.completion_tokens
-    # vLLM's continuous_usage_stats: the usage so far on every chunk; OpenAI's include_obfuscation is taken
+    # vLLM's continuous_usage_stats: on every chunk its prompt's tokens and its choice's so far;
+    # OpenAI's include_obfuscation is taken
     continuous = list(server.client().completions.create(
         model="bart", prompt=ARTICLES, max_tokens=12, temperature=0.0, stream=True,
         stream_options={"include_usage": True, "continuous_usage_stats": True, "include_obfuscation": False}))
-    counts = [chunk.usage.completion_tokens for chunk in continuous]
-    assert counts == sorted(counts) and counts[-1] == chunks[-1].usage.completion_tokens
+    offline = bart.generate(ARTICLES, SamplingParams(temperature=0.0, max_tokens=12, config_per_field=True),
+                            use_tqdm=False)
+    for index, out in enumerate(offline):
+        usages = [chunk.usage for chunk in continuous[:-1] if chunk.choices[0].index == index]
+        assert {u.prompt_tokens for u in usages} == {len(out.encoder_prompt_token_ids) + len(out.prompt_token_ids)}
+        counts = [u.completion_tokens for u in usages]
+        assert counts == sorted(counts) and counts[-1] == len(out.outputs[0].token_ids)
     assert continuous[-1].usage == chunks[-1].usage
 
 

@@ -31,7 +31,7 @@ from encdec.entrypoints.openai.errors import bad_request
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (CompletionChoice, CompletionLogProbs,
                                                 CompletionRequest, CompletionResponse, PromptLogprob,
-                                                unix_time)
+                                                UsageInfo, unix_time)
 from encdec.entrypoints.openai.serving_engine import (Generated, OutputCounter, bad_input, collect,
                                                      random_id, tokenize_off_loop)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
@@ -176,10 +176,13 @@ class OpenAIServingCompletion:
         created = unix_time()  # one time for every chunk, as OpenAI streams
         include_usage = body.stream_options is not None and body.stream_options.include_usage
         continuous = include_usage and body.stream_options.continuous_usage_stats  # vLLM's: both
+        generated: dict[int, int] = {}  # each choice's tokens so far
         async for i, out in merged:
             counter.count(out)
+            prompt_tokens = len(out.encoder_prompt_token_ids) + len(out.prompt_token_ids)
             for delta in out.outputs:  # a chunk per choice with something to send, as OpenAI streams
                 index = i * body.n + delta.index
+                generated[index] = generated.get(index, 0) + len(delta.token_ids)
                 logprobs = None
                 if body.logprobs is not None:  # the same pieces and offsets as without streaming
                     builder = builders.setdefault(index, LogprobsBuilder.of(served.engine.tokenizer, body))
@@ -187,10 +190,12 @@ class OpenAIServingCompletion:
                 if delta.text or delta.finish_reason or (logprobs is not None and logprobs.tokens):
                     choice = CompletionChoice(index=index, text=delta.text, logprobs=logprobs,
                                               finish_reason=delta.finish_reason, stop_reason=delta.stop_reason)
+                    usage = UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=generated[index],
+                                      total_tokens=prompt_tokens + generated[index]) if continuous else None
                     chunk = CompletionResponse(id=response_id, created=created, model=body.model,
-                                               choices=[choice], usage=counter.usage() if continuous else None)
+                                               choices=[choice], usage=usage)
                     # With include_usage, OpenAI's other chunks carry a null usage (vLLM's
-                    # continuous_usage_stats: the usage so far).
+                    # continuous_usage_stats: the chunk's prompt and its choice's tokens so far).
                     yield sse(chunk.model_dump(exclude_none=True) | {"usage": None}
                               if include_usage and not continuous else chunk)
         if include_usage:
