@@ -67,7 +67,8 @@ class SamplingParams:
     temperature 0 means greedy; a sampled token is drawn from the tokens left by `top_k`, then
     `top_p`, then `min_p` (those at least `min_p` times as likely as the likeliest). `seed`
     gives each sample its own generator (the i-th of n seeded with seed + i, as vLLM's), so a
-    sample depends neither on what else is in the batch nor on its siblings. `detokenize=False` (vLLM's) leaves every completion's text empty: token ids only,
+    sample depends neither on what else is in the batch nor on its siblings.
+    `detokenize=False` (vLLM's) leaves every completion's text empty: token ids only,
     without the cost of decoding them, and without stop strings. `logprobs` asks for that many
     top log-probabilities per generated token (plus the chosen one; -1: every token's, as in
     vLLM); `prompt_logprobs` (vLLM's)
@@ -95,7 +96,8 @@ class SamplingParams:
     then just <DEC>), `forced_eos_token_id` as the last one allowed by `max_tokens`. As in
     Hugging Face's generation config: `bad_words_ids` (token sequences that are never completed;
     EOS alone is never banned; vLLM's `bad_words` strings add theirs, each word's tokens at the
-    start of a text and after a space, see `encdec.sampling.logits_processors.bad_words_token_ids`), `suppress_tokens` (never sampled) and `begin_suppress_tokens` (not
+    start of a text and after a space, see `encdec.sampling.logits_processors.bad_words_token_ids`),
+    `suppress_tokens` (never sampled) and `begin_suppress_tokens` (not
     sampled first; after a forced BOS: not second). As in vLLM: `logit_bias` (token id -> a
     number added to its logit) and `allowed_token_ids` (no other token is sampled), applied
     after those, before `logits_processors`; `truncate_prompt_tokens=k` keeps the last k tokens

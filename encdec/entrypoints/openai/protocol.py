@@ -69,8 +69,8 @@ class UsageInfo(BaseModel):
 
 class StreamOptions(JSONRequest):
     """`include_usage`: a last chunk with the usage; vLLM's `continuous_usage_stats`: on every
-    chunk too, the usage of its prompt and its choice so far. OpenAI's `include_obfuscation` is taken and has nothing to do here
-    (no padding is added to the chunks)."""
+    chunk too, the usage of its prompt and its choice so far. OpenAI's `include_obfuscation` is
+    taken and has nothing to do here (no padding is added to the chunks)."""
 
     include_usage: bool = False
     continuous_usage_stats: bool = False
