@@ -65,7 +65,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -75,27 +74,23 @@ import numpy as np
 
 from encdec.audio import CHUNK_LENGTH, HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE, input_features
 from encdec.generation_config import decoder_room
-from encdec.inputs.tokenizing import encode
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams, max_candidates
 from encdec.whisper.control import DETECT, ControlProcessor, WindowState, control_prefix
 from encdec.whisper.coverage import MAX_FOLLOW_UPS, plan_seek, plan_window, repeated_words, words
 from encdec.whisper.decoding import TIME_PRECISION, DecodingRules
 from encdec.whisper.options import TranscribeOptions
+from encdec.whisper.prompts import MAX_PROMPT_TOKENS, decoder_prompt, prompt_ids
 from encdec.whisper.segments import (Span, clear_empty_segments, decode_text, span_tokens, split_spans,
                                      window_segments)
 from encdec.whisper.silence import compression_ratio, is_no_speech, is_silent
-from encdec.whisper.tokens import NUM_TIMESTAMP_TOKENS, WhisperTokens
+from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
 from encdec.whisper.timing import align_words, hallucination_index, is_anomaly, speech_end, words_into_segments
 from encdec.whisper.vad import SpeechMap, VadOptions
 from encdec.whisper.windows import split_windows
 
-# openai-whisper's special tokens that Hugging Face's Whisper tokenizers read as plain text
-OPENAI_TEXT_SPECIALS = frozenset(["<|nospeech|>"] + [f"<|{i * TIME_PRECISION:.2f}|>" for i in range(NUM_TIMESTAMP_TOKENS)])
-SPECIAL_SPELLING = re.compile(r"<\|[a-z0-9.]+\|>")
 SAMPLE_LEN = 224  # tokens sampled per window at most (openai: n_text_ctx // 2)
-MAX_PROMPT_TOKENS = 223  # context tokens kept in a prompt (openai: n_text_ctx // 2 - 1)
 MAX_CONTROL_TOKENS = 3  # <|lang|> <|task|> <|notimestamps|> at most, after the prompt
 
 
@@ -610,17 +605,8 @@ class TranscriptionJob:
         return {"prompt": "", "multi_modal_data": {"audio_features": features}}
 
     def _decoder_prompt(self, context: list[int]) -> list[int]:
-        """[<|startofprev|>, hotwords, the last context tokens, sot], or [sot] with neither;
-        with `carry_initial_prompt` the initial prompt stays at the context's start."""
-        room = MAX_PROMPT_TOKENS - len(self.hotwords)
-        initial = self.initial if self.options.carry_initial_prompt else []
-        if room >= len(initial):
-            kept = initial + _tail(context[len(initial):], room - len(initial))
-        else:
-            kept = _tail(initial, room)
-        if not kept and not self.hotwords:
-            return [self.tokens.sot]
-        return [self.tokens.sot_prev, *self.hotwords, *kept, self.tokens.sot]
+        return decoder_prompt(self.tokens, context, self.initial if self.options.carry_initial_prompt else [],
+                              self.hotwords)
 
     def _decoding(self, window: Window) -> dict:
         """Greedy or beam search at temperature 0; `best_of` seeded samples above it."""
@@ -706,32 +692,6 @@ def decode_seed(seed: int, start: int, attempt: int) -> int:
     draws sample i of the request from this seed + i); the same window of another input draws
     the same, so that a transcript does not depend on what else is in the batch."""
     return int(np.random.SeedSequence([seed, start, attempt]).generate_state(1, np.uint64)[0]) >> 1
-
-
-def prompt_ids(tokens: WhisperTokens, tokenizer: Any, text: Union[str, list[int], None], name: str) -> list[int]:
-    """Tokens of " " + `text` for a prompt (an empty one is that space, as in openai-whisper),
-    the ids themselves if given as ids (faster-whisper's), or none for None. A prompt that holds
-    a special token (<|endoftext|>, <|notimestamps|>, ..., or text spelling one) is refused, as
-    openai-whisper refuses it: a prompt is plain text, and such a token would steer the decode."""
-    if text is None:
-        return []
-    if tokens.sot_prev is None:
-        raise ValueError(f"this Whisper vocabulary has no <|startofprev|>: {name} unsupported")
-    ids = text if isinstance(text, list) else encode(tokenizer, text=" " + text.strip(), add_special_tokens=False)
-    special = next((t for t in ids if not 0 <= t < tokens.eot), None)  # Whisper's come after its text tokens
-    spelled = None if isinstance(text, list) else next(
-        (m.group() for m in SPECIAL_SPELLING.finditer(text) if m.group() in OPENAI_TEXT_SPECIALS), None)
-    if spelled is not None:  # special in openai-whisper's vocabulary, plain text in Hugging Face's
-        raise ValueError(f"{name} contains {spelled!r}, the text of a special token; a prompt is plain text")
-    if special is not None:
-        what = f"token id {special}, not a text token" if isinstance(text, list) else \
-            f"{tokenizer.decode([special])!r}, the text of a special token"
-        raise ValueError(f"{name} contains {what}; a prompt is plain text")
-    return ids
-
-
-def _tail(ids: list[int], n: int) -> list[int]:
-    return ids[max(0, len(ids) - n):] if n > 0 else []
 
 
 def _clips(audio: np.ndarray, clips: list[float]) -> list[tuple[int, int]]:

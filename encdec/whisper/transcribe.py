@@ -24,7 +24,8 @@ from encdec.engine.async_engine import Admission
 from encdec.outputs import RequestOutput
 from encdec.whisper.languages import AUTO, requested_language
 from encdec.whisper.options import InitialPrompt, TranscribeOptions
-from encdec.whisper.pipeline import TranscriptionJob, prompt_ids
+from encdec.whisper.pipeline import TranscriptionJob
+from encdec.whisper.prompts import prompt_ids
 from encdec.whisper.tokens import WhisperTokens
 from encdec.whisper.transcript import Segment, Transcription
 from encdec.worker.cpu_memory import release_free_memory
@@ -128,7 +129,7 @@ def checked_options(engine: Any, language: Optional[str] = None, task: str = "tr
     options = {"best_of": min(TranscribeOptions.best_of, max_num_seqs), **options}
     checked = TranscribeOptions(_check_options(tokens, language, task), task, timestamps,
                                 initial_prompt, **options)
-    _check_engine_limits(checked, engine.model_config.vocab_size, max_num_seqs)
+    _check_engine_limits(checked, engine.model_config.vocab_size, engine.scheduler_config)
     for name in ("initial_prompt", "hotwords"):  # within the model's vocabulary
         prompt_ids(tokens, engine.tokenizer, getattr(checked, name), name)
     return checked
@@ -226,7 +227,7 @@ def _model_tokens(engine: Any) -> WhisperTokens:
     return tokens
 
 
-def _check_engine_limits(options: TranscribeOptions, vocab_size: int, max_num_seqs: int) -> None:
+def _check_engine_limits(options: TranscribeOptions, vocab_size: int, scheduler_config: Any) -> None:
     """Token ids within the vocabulary; beams and fallback samples within `max_num_seqs`."""
     for token in options.suppress_tokens:
         if not (token == -1 or 0 <= token < vocab_size):
@@ -234,9 +235,7 @@ def _check_engine_limits(options: TranscribeOptions, vocab_size: int, max_num_se
                              f"(vocab_size={vocab_size})")
     samples = options.best_of if any(t > 0 for t in options.temperature) else 1
     for name, count in (("beam_size", options.beam_size or 1), ("best_of", samples)):
-        if count > max_num_seqs:
-            raise ValueError(f"{name}={count} is more than the engine runs at once "
-                             f"(max_num_seqs={max_num_seqs})")
+        scheduler_config.check_num_seqs(count, f"{name}={count}")
 
 
 def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) -> Optional[str]:

@@ -67,7 +67,7 @@ def assert_segments_equal(transcript, expected: list[tuple]) -> None:
 
 def test_an_empty_initial_prompt_is_a_space_as_in_openai_whisper(tiny_en):
     """openai-whisper prompts with " " + initial_prompt.strip() whenever it is not None."""
-    from encdec.whisper.pipeline import prompt_ids
+    from encdec.whisper.prompts import prompt_ids
 
     tokens = tiny_en.llm_engine.model_config.special_tokens
     expected = whisper.tokenizer.get_tokenizer(False).encode(" ")
