@@ -116,6 +116,11 @@ class SchedulerConfig:
         if self.preemption_mode not in (None, "swap", "recompute"):
             raise ValueError(f"preemption_mode must be 'swap' or 'recompute', got {self.preemption_mode!r}")
 
+    def check_num_seqs(self, count: int, asked: str) -> None:
+        """Refuse `asked`, which runs `count` sequences at once, beyond `max_num_seqs`."""
+        if count > self.max_num_seqs:
+            raise ValueError(f"{asked} is more than the engine runs at once (max_num_seqs={self.max_num_seqs})")
+
 
 SPEECH_RUNNING_REQUESTS_ON_CPU = 16  # benchmarks/RESULTS.md, "Fewer Whisper requests at once"
 

@@ -15,6 +15,7 @@ import pytest
 import soundfile
 
 from encdec import LLM, SamplingParams, TokensPrompt
+from encdec.config import SchedulerConfig
 from encdec.entrypoints.openai.errors import OpenAIError
 from encdec.entrypoints.openai.protocol import CompletionRequest
 from encdec.entrypoints.openai.serving_completions import LogprobsBuilder, json_prompt_logprobs, sampling_params
@@ -174,7 +175,7 @@ def test_completions_beam_search(server, bart):
 def resolved(request: dict, defaults: GenerationDefaults) -> SamplingParams:
     """The engine's settings for a completions request on a checkpoint with `defaults`."""
     return resolve_sampling_params(sampling_params(CompletionRequest(model="bart", prompt="text", **request),
-                                                   1000, defaults, 256), defaults, 1, 128)
+                                                   1000, defaults, SchedulerConfig()), defaults, 1, 128)
 
 
 def test_several_completions_of_a_beam_config_are_its_best_beams():
@@ -189,7 +190,7 @@ def test_several_completions_of_a_beam_config_are_its_best_beams():
         params = resolved({"best_of": 1, **temperature}, beams)
         assert (params.use_beam_search, params.beam_width, params.n) == (True, 4, 1)
     with pytest.raises(OpenAIError) as caught:  # the config's width, past --max-num-seqs
-        sampling_params(CompletionRequest(model="bart", prompt="text"), 1000, beams, 3)
+        sampling_params(CompletionRequest(model="bart", prompt="text"), 1000, beams, SchedulerConfig(max_num_seqs=3))
     assert caught.value.param == "best_of"
     params = resolved({"n": 5, "temperature": 0}, beams)
     assert (params.use_beam_search, params.beam_width, params.n) == (True, 5, 5)

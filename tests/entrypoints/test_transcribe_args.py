@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from encdec.config import SchedulerConfig
 from encdec.entrypoints import cli, cli_args
 from encdec.whisper.options import TranscribeOptions
 from encdec.whisper.tokens import WhisperTokens
@@ -26,7 +27,7 @@ class RecordingLLM:
         model_config=SimpleNamespace(special_tokens=WhisperTokens(
             eot=50, sot=51, no_timestamps=None, multilingual=True, sot_prev=52,
             lang_to_id={"en": 53, "fr": 54}, task_to_id={"transcribe": 55, "translate": 56}), vocab_size=100),
-        scheduler_config=SimpleNamespace(max_num_seqs=256),
+        scheduler_config=SchedulerConfig(),
         tokenizer=lambda text, add_special_tokens: {"input_ids": [2] * len(text.split())})
 
     def __init__(self):

@@ -25,6 +25,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from encdec.config import SchedulerConfig
 from encdec.engine.async_engine import Admission
 from encdec.engine.detokenizer import IncrementalDetokenizer
 from encdec.entrypoints.openai.errors import bad_request
@@ -50,7 +51,7 @@ OPENAI_TEMPERATURE = 1.0  # the API's default
 
 
 def sampling_params(body: CompletionRequest, vocab_size: int, defaults: GenerationDefaults,
-                    max_num_seqs: int) -> SamplingParams:
+                    scheduler_config: SchedulerConfig) -> SamplingParams:
     """The engine's settings for every prompt of `body` (see the module docstring)."""
     for name, unsupported in (("echo", body.echo), ("suffix", body.suffix is not None)):
         if unsupported:
@@ -84,8 +85,10 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
         if best_of > 1 and temperature is None and not defaults.get("do_sample"):
             temperature = OPENAI_TEMPERATURE
         asked = f"{field}={best_of}"
-    if (beam_width or best_of) > max_num_seqs:
-        raise bad_request(f"{asked} is more than the engine runs at once (max_num_seqs={max_num_seqs})", field)
+    try:
+        scheduler_config.check_num_seqs(beam_width or best_of, asked)
+    except ValueError as error:
+        raise bad_request(str(error), field) from None
     with bad_input(CompletionRequest, ENGINE_NAMES, None):
         return SamplingParams(
             n=body.n if beam_width else best_of, beam_width=beam_width,
@@ -132,7 +135,7 @@ class OpenAIServingCompletion:
         served = self.models.get(body.model, whisper=False)
         engine = served.engine.engine
         params = sampling_params(body, engine.model_config.vocab_size, engine.generation_defaults,
-                                 engine.scheduler_config.max_num_seqs)
+                                 engine.scheduler_config)
         prompts, forced_bos = await encoder_prompts(served, body)
         if forced_bos is not None:  # mBART-50's target language, generated first
             params = dataclasses.replace(params, forced_bos_token_id=forced_bos)
