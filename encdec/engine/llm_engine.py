@@ -164,12 +164,12 @@ class LLMEngine:
             raise ValueError(f"return_cross_kv must be a bool or a callable, got {return_cross_kv!r}")
         params = dataclasses.replace(params)  # checked again: its fields may have changed since
         inputs = self.input_preprocessor.preprocess(prompt, params.truncate_prompt_tokens)
-        resolved = self._resolve(params, inputs.prompt_token_ids)
-        if resolved.forced_bos_token_id is not None and not _has_decoder_prompt(prompt):
+        if not _has_decoder_prompt(prompt) and self._resolve(
+                dataclasses.replace(params, max_tokens=None, min_tokens=None),  # lengths: against the final prompt
+                inputs.prompt_token_ids).forced_bos_token_id is not None:
             # Hugging Face's default: the prompt is <DEC> alone and BOS its first generated token
             inputs.prompt_token_ids = [self.model_config.decoder_start_token_id]
-            resolved = self._resolve(params, inputs.prompt_token_ids)
-        params = resolved
+        params = self._resolve(params, inputs.prompt_token_ids)
         whole = {name: self.model_config.vocab_size for name in ("logprobs", "prompt_logprobs")
                  if getattr(params, name) == -1}
         if whole:  # vLLM's -1: every token of the vocabulary
@@ -235,11 +235,8 @@ class LLMEngine:
 
     def check_num_seqs(self, params: SamplingParams) -> None:
         """Refuse a request that would run more sequences at once than the engine ever does."""
-        max_num_seqs = self.scheduler_config.max_num_seqs
-        if params.max_num_seqs > max_num_seqs:
-            field = "beam_width" if params.use_beam_search else "n"
-            raise ValueError(f"{field}={params.max_num_seqs} is more than the engine runs at once "
-                             f"(max_num_seqs={max_num_seqs})")
+        field = "beam_width" if params.use_beam_search else "n"
+        self.scheduler_config.check_num_seqs(params.max_num_seqs, f"{field}={params.max_num_seqs}")
 
     def _check_fits(self, decoder_ids: list[int], encoder_ids: list[int], params: SamplingParams) -> None:
         if params.n > 1 and params.is_greedy and not params.use_beam_search:

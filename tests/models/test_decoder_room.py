@@ -4,6 +4,7 @@ tokens makes P + 1 - p. Learned positions (BART, with their offset of 2) and sin
 (PEGASUS)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -70,4 +71,17 @@ def test_a_prompt_of_every_position_makes_one_token(model_dir, llm):
                                          rf"model's {POSITIONS} decoder positions$"):
         llm.generate({"encoder_prompt": encoder_ids, "decoder_prompt": prompt + [7]},
                      SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    assert_all_blocks_free(llm)
+
+
+def test_a_forced_bos_leaves_the_decoder_start_alone_in_the_prompt(model_dir, llm):
+    """A default decoder prompt of one token ([<DEC>]: BART forcing BOS, as Hugging Face begins,
+    and PEGASUS) leaves room for a token per position; BART's room is counted from that prompt,
+    not from the [<DEC>, <BOS>] of a BART that forces none."""
+    params = SamplingParams(max_tokens=POSITIONS, ignore_eos=True)  # the config: BART forces BOS
+    output = llm.generate(TEXT, params, use_tqdm=False)[0]
+    assert len(output.prompt_token_ids) == 1 and len(output.outputs[0].token_ids) == POSITIONS
+    with pytest.raises(ValueError, match=rf"max_tokens={POSITIONS + 1} .* decoder prompt takes 1 token, "
+                                         rf"so at most {POSITIONS} "):
+        llm.generate(TEXT, dataclasses.replace(params, max_tokens=POSITIONS + 1), use_tqdm=False)
     assert_all_blocks_free(llm)
