@@ -96,6 +96,19 @@ def test_max_tokens_past_the_decoders_room_is_refused():
         resolve_sampling_params(SamplingParams(max_tokens=56), GenerationDefaults(), 10, 64)
 
 
+def test_min_tokens_past_the_default_max_tokens_names_where_that_came_from():
+    """Only min_tokens set, above the max_tokens it would get: the error says which default that
+    is, not a max_tokens the request never sent."""
+    config = GenerationDefaults.from_dict(dict(max_length=40))
+    for defaults, room, why in ((config, 64, r"39 \(from the checkpoint's generation config\)"),
+                                (GenerationDefaults(), 64, r"16 \(encdec's default\)"),
+                                (config, 20, r"11 \(all the decoder has room for\)")):
+        with pytest.raises(ValueError, match=rf"^min_tokens=60 is more than the default max_tokens={why}; set max_tokens too$"):
+            resolve_sampling_params(SamplingParams(min_tokens=60), defaults, 10 if room == 20 else 1, room)
+    both = resolve_sampling_params(SamplingParams(min_tokens=50, max_tokens=60), config, 1, 64)
+    assert (both.min_tokens, both.max_tokens) == (50, 60)
+
+
 def test_beam_search_without_a_width_names_where_the_width_came_from():
     with pytest.raises(ValueError, match=r"^use_beam_search=True needs beam_width >= 2; the request sets none, "
                                          r"and the default \(the checkpoint's num_beams, else 1\) is 1$"):
