@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 class LLM:
     """An encoder/decoder model behind the paged-cache engine.
 
-    `model` is a local Hugging Face checkpoint directory (or a Whisper alias). Cache size comes
+    `model` is a local Hugging Face checkpoint directory (or a Whisper alias); the keywords
+    after it are `LLMEngine.from_model`'s, with its defaults. Cache size comes
     from `num_gpu_blocks` or the `kv_cache_space` budget (GiB); `swap_space` (GiB) sizes the
     swap pool used when requests are preempted by swapping. `tune_malloc=True` (CPU) lets
     the engine keep freed activation memory in the C heap for reuse, a process-wide setting
@@ -36,20 +37,8 @@ class LLM:
     `encdec serve` uses (`encdec.config.auto_running_requests`).
     """
 
-    def __init__(self, model: str, dtype: str = "auto", device: Optional[str] = None,
-                 block_size: int = 16, num_gpu_blocks: Optional[int] = None,
-                 kv_cache_space: float = 2.0, swap_space: float = 1.0, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 16384, preemption_mode: Optional[str] = None,
-                 seed: Optional[int] = 0, attention_backend: Optional[str] = None, tune_malloc: bool = False,
-                 quantization: Optional[str] = None, compute_type: Optional[str] = None,
-                 max_running_requests: Union[int, str, None] = None):
-        self.llm_engine = LLMEngine.from_model(
-            model, dtype=dtype, device=device, block_size=block_size, num_gpu_blocks=num_gpu_blocks,
-            kv_cache_space=kv_cache_space, swap_space=swap_space, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, preemption_mode=preemption_mode,
-            seed=seed, attention_backend=attention_backend, tune_malloc=tune_malloc,
-            quantization=quantization, compute_type=compute_type,
-            max_running_requests=max_running_requests)
+    def __init__(self, model: str, **engine_options: Any):
+        self.llm_engine = LLMEngine.from_model(model, **engine_options)
         self._request_counter = itertools.count()
 
     def get_tokenizer(self):
