@@ -609,6 +609,7 @@ def test_streamed_transcription_events(server, tiny_en, long_wav):
     deltas, done = events[:-1], events[-1]
     assert len(deltas) >= 2 and all(e.type == "transcript.text.delta" for e in deltas)
     assert done.type == "transcript.text.done" and done.text == expected.text
+    assert (done.usage.type, done.usage.seconds) == ("duration", pytest.approx(expected.duration))
     assert "".join(e.delta for e in deltas).strip() == expected.text
 
 
@@ -621,7 +622,8 @@ def test_a_streamed_transcription_is_server_sent_events(server, hello, response_
     assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/event-stream")
     events = [line[len("data: "):] for line in answer.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
-    assert json.loads(events[-2]) == {"type": "transcript.text.done", "text": hello.text}
+    assert json.loads(events[-2]) == {"type": "transcript.text.done", "text": hello.text,
+                                      "usage": {"type": "duration", "seconds": hello.duration}}
     deltas = [json.loads(e) for e in events[:-2]]
     assert deltas and all(d["type"] == "transcript.text.delta" for d in deltas)
     assert "".join(d["delta"] for d in deltas).strip() == hello.text

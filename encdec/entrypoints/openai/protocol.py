@@ -321,6 +321,7 @@ class TranscriptionDelta(BaseModel):
 class TranscriptionDone(BaseModel):
     type: Literal["transcript.text.done"] = "transcript.text.done"
     text: str
+    usage: Optional[TranscriptionUsage] = None  # a transcription's (none for a translation)
 
 
 # ----------------------------------------------------------------------------- models

@@ -8,7 +8,7 @@ flight. `temperature` t means openai-whisper's fallback from t up to 1.0 in step
 before the audio is decoded. `timestamp_granularities[]=word` times every word and returns
 them as verbose_json's top-level `words`. Streamed transcriptions send a
 `transcript.text.delta` event as each stretch of segments is final, then one
-`transcript.text.done`.
+`transcript.text.done` (with the usage, as json has it).
 """
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ class OpenAIServingTranscription:
         try:
             if streamed(body):
                 admission = Admission()  # the stream starts once the first window is taken
-                return await event_stream(request, self._events(served, audio, options, admission), admission)
+                return await event_stream(request, self._events(served, audio, options, admission, task), admission)
             result = (await cancel_on_disconnect(
                 request, served.engine.transcribe([(audio, SAMPLE_RATE)], **options)))[0]
         except ValueError as err:
@@ -89,8 +89,8 @@ class OpenAIServingTranscription:
         self.metrics.audio_seconds.labels(served.name).inc(result.duration)
 
     async def _events(self, served: ServedModel, audio: np.ndarray, options: dict,
-                      admission: Admission) -> AsyncIterator[str]:
-        """A delta per stretch of final segments, then the whole text."""
+                      admission: Admission, task: str) -> AsyncIterator[str]:
+        """A delta per stretch of final segments, then the whole text (and a transcription's usage)."""
         queue: asyncio.Queue[Optional[list[Segment]]] = asyncio.Queue()
         job = asyncio.ensure_future(served.engine.transcribe(
             [(audio, SAMPLE_RATE)], on_segments=lambda _, segments: queue.put_nowait(segments),
@@ -106,7 +106,7 @@ class OpenAIServingTranscription:
                     yield sse(TranscriptionDelta(delta=text))
             result = job.result()[0]
             self._count_audio(served, result)
-            yield sse(TranscriptionDone(text=result.text))
+            yield sse(TranscriptionDone(text=result.text, usage=usage(result, task)))
             yield DONE
         finally:
             if not job.done():
@@ -181,12 +181,16 @@ def request_options(body: AudioRequest) -> dict:
         raise value_error(err, OPTION_PARAMS) from None
 
 
+def usage(result: Transcription, task: str) -> Optional[TranscriptionUsage]:
+    """OpenAI's usage of a transcription: its seconds of audio (none for a translation)."""
+    return TranscriptionUsage(seconds=result.duration) if task == "transcribe" else None
+
+
 def response(result: Transcription, body: AudioRequest, task: str) -> Response:
     response_format = body.response_format
-    # OpenAI's usage for a transcription (none for a translation)
-    usage = TranscriptionUsage(seconds=result.duration) if task == "transcribe" else None
+    used = usage(result, task)
     if response_format == "json":
-        return JSONResponse({"text": result.text, **({"usage": usage.model_dump()} if usage else {})})
+        return JSONResponse({"text": result.text, **({"usage": used.model_dump()} if used else {})})
     if response_format == "text":
         return PlainTextResponse(result.text + "\n")
     if response_format in ("srt", "vtt"):
@@ -198,5 +202,5 @@ def response(result: Transcription, body: AudioRequest, task: str) -> Response:
         return PlainTextResponse(out.getvalue(), media_type="text/vtt" if response_format == "vtt" else None)
     kinds = granularities(body)
     data = verbose_json(result, task, segments="segment" in kinds, words="word" in kinds)
-    verbose = TranscriptionVerbose(**data, usage=usage)
+    verbose = TranscriptionVerbose(**data, usage=used)
     return JSONResponse(verbose.model_dump(exclude_none=True))
