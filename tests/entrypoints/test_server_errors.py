@@ -353,9 +353,13 @@ def test_api_key(server):
                     {"Authorization": f"Bearer {API_KEY[:-1]}"}, {"Authorization": f"Bearer {API_KEY}x"}):
         assert_error(httpx.get(f"{server.url}/v1/models", headers=headers), 401, None)
     assert_error(httpx.get(f"{server.url}/v1/models/bart"), 401, None)
+    # two Authorization headers: refused, whichever holds the key
+    for first, second in ((API_KEY, "wrong"), ("wrong", API_KEY), (API_KEY, API_KEY)):
+        headers = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}")]
+        assert_error(httpx.get(f"{server.url}/v1/models", headers=headers), 401, None)
     # refused before routing, still counted under its endpoint (an unknown path: "unmatched")
     assert requests_counted(server, "/v1/models/{model_id:path}", 401) == before + 1
-    assert requests_counted(server, "/v1/models", 401) >= 6
+    assert requests_counted(server, "/v1/models", 401) >= 9
     unknown = requests_counted(server, "unmatched", 401)
     assert_error(httpx.get(f"{server.url}/v1/nothing"), 401, None)
     assert requests_counted(server, "unmatched", 401) == unknown + 1
@@ -704,6 +708,41 @@ def test_dead_engine_makes_health_503(tiny_bart_dir, monkeypatch):
     assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_dead"
     assert_error(health, 503, None)
     assert_error(refused, 503, "model")
+
+
+def test_an_idle_server_gives_free_memory_back(tiny_bart_dir, monkeypatch):
+    """Once no request has been in flight for IDLE_TRIM_SECONDS the heap is trimmed, once: also
+    after work no engine step did (uploads decoded, texts tokenized); a request that comes in
+    meanwhile calls the pending trim off."""
+    from encdec.entrypoints.openai import middleware
+
+    trims = []
+    monkeypatch.setattr(middleware, "trim_heap", lambda: trims.append(time.monotonic()))
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=64)
+    app = build_app(ServedModels([ServedModel("bart", str(tiny_bart_dir), engine)]), ServerState())
+    idle = middleware.IDLE_TRIM_SECONDS
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            assert (await http.get("/v1/models")).status_code == 200
+            last = time.monotonic()
+            await asyncio.sleep(idle + 0.5)
+            counts = [len(trims)]
+            for _ in range(3):  # each within the last one's wait
+                assert (await http.get("/v1/models")).status_code == 200
+                await asyncio.sleep(idle / 3)
+            counts.append(len(trims))
+            await asyncio.sleep(idle)
+            counts.append(len(trims))
+            await http.get("/health")  # not a request in flight: no trim of its own
+            await asyncio.sleep(idle + 0.5)
+            counts.append(len(trims))
+        await engine.shutdown()
+        return last, counts
+
+    last, counts = asyncio.run(run())
+    assert counts == [1, 1, 2, 2]
+    assert idle - 0.05 <= trims[0] - last <= idle + 0.5
 
 
 def test_a_prompt_the_cache_can_never_hold_names_the_endpoints_field(tiny_bart_dir):
