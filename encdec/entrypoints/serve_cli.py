@@ -85,6 +85,14 @@ def positive_int_or_auto(value: str) -> Union[int, str]:
         raise argparse.ArgumentTypeError(f"expected 'auto' or an integer >= 1, got {value!r}") from None
 
 
+def api_key(value: str) -> str:
+    """An argparse type: a key with something in it (an empty one would let anyone in)."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("the key is empty (--api-key or $ENCDEC_API_KEY): give a "
+                                         "key, or neither for a server without one")
+    return value
+
+
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     """`LLM`'s engine options, for `encdec serve` (each model gets its own engine and cache)."""
     add_model_options(p)
@@ -146,7 +154,7 @@ def add_serve(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=number(int, 0, 65535), default=8000,
                    help="port to listen on; 0: any free one (default: 8000)")
-    p.add_argument("--api-key", default=os.environ.get("ENCDEC_API_KEY"),
+    p.add_argument("--api-key", type=api_key, default=os.environ.get("ENCDEC_API_KEY"),
                    help="require Authorization: Bearer KEY on every path but /health "
                         "(default: $ENCDEC_API_KEY; none: no key)")
     p.add_argument("--allowed-origins", nargs="*", default=["*"], metavar="ORIGIN",

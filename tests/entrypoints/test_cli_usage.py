@@ -112,11 +112,19 @@ def test_summarize(capsys, argv, message):
     (["--max-num-seqs", "8", "--max_num_seqs=16"], "--max-num-seqs is given twice: each option takes one "
      "value for the whole server (one per --model: only --num-gpu-blocks, --kv-cache-space, --swap-space)"),
     (["--shutdown-timeout", "0.5"], "argument --shutdown-timeout: expected a finite number >= 1, got '0.5'"),
+    (["--api-key", " "], "argument --api-key: the key is empty (--api-key or $ENCDEC_API_KEY): give a key, "
+                         "or neither for a server without one"),
     (["--autoscale", "1,4", "--cpus-per-replica", "2", "--ray-address", "auto"],
      "--autoscale, --cpus-per-replica, --ray-address: Ray Serve options; add --ray to serve through Ray"),
 ])
 def test_serve(capsys, argv, message):
     assert usage_error(capsys, SERVE + argv) == message
+
+
+def test_an_empty_api_key_in_the_environment_is_refused(capsys, monkeypatch):
+    """Not a server open to anyone: an empty $ENCDEC_API_KEY is refused as an empty --api-key."""
+    monkeypatch.setenv("ENCDEC_API_KEY", "")
+    assert usage_error(capsys, SERVE).startswith("argument --api-key: the key is empty")
 
 
 @pytest.mark.parametrize("argv, field, value", [
