@@ -131,6 +131,8 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": ["a", 5]}, 400, "prompt"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "stop": [["a"]]}, 400, "stop"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "stop": ["a", ""]}, 400, "stop"),  # as vLLM
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "stop": [f"s{i}" for i in range(65)]}, 400, "stop"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "bad_words": ["w"] * 65}, 400, "bad_words"),
     ("/v1/summarize", {"model": "bart", "input": None}, 400, "input"),
     ("/v1/completions", '{"model": "bart", "prompt": "x", "temperature": NaN}', 400, "temperature"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "stream_options": {"include_usage": True}},
@@ -167,6 +169,11 @@ def test_bad_json_requests(server):
         assert "256" in too_long.json()["error"]["message"]
         second = http.post("/v1/summarize", json={"model": "bart", "input": [TEXT, TEXT * 40], "truncate": False})
         assert assert_error(second, 400, "input")["message"].startswith("input 1: the text has ")
+        many = http.post("/v1/completions", json={"model": "bart", "prompt": TEXT, "stop": ["a"] * 65})
+        assert "at most 64 strings, got 65" in assert_error(many, 400, "stop")["message"]
+        fits = http.post("/v1/completions", json={"model": "bart", "prompt": TEXT, "max_tokens": 2,
+                                                  "stop": [f"{i}!" for i in range(64)]})
+        assert fits.status_code == 200, fits.text
         union = http.post("/v1/completions", json={"model": "bart", "prompt": 5})
         assert "list[int], list[list[int]], str, list[str]" in union.json()["error"]["message"]
         beams = http.post("/v1/summarize", json={"model": "bart", "input": TEXT, "num_beams": 300})

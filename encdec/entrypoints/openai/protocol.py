@@ -81,6 +81,9 @@ class StreamOptions(JSONRequest):
 
 
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs: alternatives per generated or scored token
+# Stop strings and bad words a request may send (OpenAI takes 4 stop strings, vLLM any number):
+# each one is looked for at every step, and 5000 made a request ten times slower.
+MAX_STRINGS = 64
 
 
 class CompletionRequest(JSONRequest):
@@ -127,6 +130,13 @@ class CompletionRequest(JSONRequest):
     return_tokens_as_token_ids: bool = False
     use_beam_search: Optional[bool] = None
     length_penalty: Optional[float] = None
+
+    @field_validator("stop", "bad_words")
+    @classmethod
+    def few_strings(cls, value: Union[str, list[str], None]) -> Union[str, list[str], None]:
+        if isinstance(value, list) and len(value) > MAX_STRINGS:
+            raise ValueError(f"at most {MAX_STRINGS} strings, got {len(value)}")
+        return value
 
 
 class CompletionLogProbs(BaseModel):
