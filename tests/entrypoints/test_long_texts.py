@@ -2,6 +2,9 @@
 Hugging Face's `truncation=True` cuts them."""
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
 from encdec.entrypoints.summaries import closing_tokens, fit_article
@@ -71,3 +74,22 @@ def test_the_cut_keeps_the_tokenizers_closing_tokens_only(tokenizer):
         assert len(ids) > 200
         assert fit_article(ids, tokenizer, 200).token_ids == tokenizer(text, truncation=True, max_length=200)["input_ids"]
     assert closing_tokens(tokenizer) == 1  # </s> (mBART-50 puts its language code before a text)
+
+
+def test_short_texts_are_not_tokenized_behind_long_ones():
+    """Requests with a text over PIECE_CHARS queue for a thread of their own: while several hold
+    it and its queue, a short text's tokenizing still runs at once."""
+    from encdec.entrypoints.openai.serving_engine import tokenize_off_loop
+
+    long = "word " * (long_texts.PIECE_CHARS // 5 + 1)
+    gate = threading.Event()
+
+    async def run():
+        held = [asyncio.ensure_future(tokenize_off_loop(lambda: gate.wait(30), [long])) for _ in range(3)]
+        try:
+            return await asyncio.wait_for(tokenize_off_loop(lambda: "tokenized", ["a short text"]), 5)
+        finally:
+            gate.set()
+            await asyncio.gather(*held)
+
+    assert asyncio.run(run()) == "tokenized"

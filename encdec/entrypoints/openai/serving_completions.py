@@ -232,7 +232,7 @@ async def encoder_prompts(served: ServedModel, body: CompletionRequest) -> tuple
         forced_bos = translations[0].forced_bos_token_id
     else:
         encoded = iter(await tokenize_off_loop(
-            lambda: [encode_long(engine.tokenizer, t, keep, from_end=truncated) for t in texts]))
+            lambda: [encode_long(engine.tokenizer, t, keep, from_end=truncated) for t in texts], texts))
     prompts = []
     for i, given in enumerate(prompt):
         ids, count = next(encoded) if isinstance(given, str) else (given, len(given))
@@ -277,7 +277,8 @@ async def translations_of(served: ServedModel, body: CompletionRequest, prompts:
                                   body.target_lang)
 
     try:
-        translations = await tokenize_off_loop(lambda: [translate(i, text) for i, text in enumerate(prompts)])
+        translations = await tokenize_off_loop(lambda: [translate(i, text) for i, text in enumerate(prompts)],
+                                               prompts)
     except LanguageError as err:
         raise bad_request(str(err), err.field) from None
     except ValueError as err:  # the checkpoint does not translate

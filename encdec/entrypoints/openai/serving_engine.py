@@ -6,7 +6,7 @@ import contextlib
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterator, Optional, TypeVar, Union
+from typing import AsyncIterator, Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -14,18 +14,23 @@ from pydantic import BaseModel
 from encdec.entrypoints.openai.errors import value_error
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import UsageInfo
+from encdec.inputs.long_texts import PIECE_CHARS
 from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput, SampleLogprobs
 
 
 T = TypeVar("T")
 # The text endpoints' own threads: tokenizing never waits behind the audio uploads that the
-# loop's default pool decodes (an hour of audio takes seconds).
+# loop's default pool decodes (an hour of audio takes seconds). Requests with texts over
+# PIECE_CHARS wait for a thread of their own: six 23 MB prompts (10 s each) held a short
+# completion up 67 s when all shared the same two.
 _TOKENIZING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="encdec-tokenize")
+_TOKENIZING_LONG = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encdec-tokenize-long")
 
 
-async def tokenize_off_loop(tokenize: Callable[[], T]) -> T:
-    """Run `tokenize` off the event loop, on the text endpoints' threads."""
-    return await asyncio.get_running_loop().run_in_executor(_TOKENIZING, tokenize)
+async def tokenize_off_loop(tokenize: Callable[[], T], texts: Iterable[str]) -> T:
+    """Run `tokenize` (of `texts`) off the event loop, on the text endpoints' threads."""
+    pool = _TOKENIZING_LONG if any(len(text) > PIECE_CHARS for text in texts) else _TOKENIZING
+    return await asyncio.get_running_loop().run_in_executor(pool, tokenize)
 
 
 def random_id(prefix: str) -> str:

@@ -79,7 +79,7 @@ class OpenAIServingSummarize:
             return articles
 
         with bad_input(SummarizeRequest, {}, "input"):
-            return await tokenize_off_loop(prepare)
+            return await tokenize_off_loop(prepare, texts)
 
     @staticmethod
     async def _chunks(body: SummarizeRequest, response_id: str, articles: list[Article], merged,
