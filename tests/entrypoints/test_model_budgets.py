@@ -39,10 +39,11 @@ def test_each_engine_gets_its_own_number_of_blocks(tiny_bart_dir):
 def test_every_engine_option_of_llm_is_a_serve_flag_that_ray_replicas_pass_on():
     import inspect
 
-    from encdec import LLM
+    from encdec.engine.llm_engine import LLMEngine
     from encdec.entrypoints.openai.serving_models import ENGINE_OPTIONS
 
-    options = set(inspect.signature(LLM).parameters) - {"model", "compute_type"}  # --quantization, --dtype
+    # LLM(model, **engine_options) takes these
+    options = set(inspect.signature(LLMEngine.from_model).parameters) - {"model", "compute_type"}  # --quantization, --dtype
     assert options <= set(vars(serve_args()))
     assert options == set(ENGINE_OPTIONS)
 
