@@ -77,15 +77,17 @@ def test_the_cut_keeps_the_tokenizers_closing_tokens_only(tokenizer):
 
 
 def test_short_texts_are_not_tokenized_behind_long_ones():
-    """Requests with a text over PIECE_CHARS queue for a thread of their own: while several hold
-    it and its queue, a short text's tokenizing still runs at once."""
+    """Requests whose texts add up to more than PIECE_CHARS (one long text, or many just under
+    it) queue for a thread of their own: while several hold it and its queue, a short text's
+    tokenizing still runs at once."""
     from encdec.entrypoints.openai.serving_engine import tokenize_off_loop
 
     long = "word " * (long_texts.PIECE_CHARS // 5 + 1)
+    many = ["word " * (long_texts.PIECE_CHARS // 10)] * 3
     gate = threading.Event()
 
     async def run():
-        held = [asyncio.ensure_future(tokenize_off_loop(lambda: gate.wait(30), [long])) for _ in range(3)]
+        held = [asyncio.ensure_future(tokenize_off_loop(lambda: gate.wait(30), texts)) for texts in ([long], many, many)]
         try:
             return await asyncio.wait_for(tokenize_off_loop(lambda: "tokenized", ["a short text"]), 5)
         finally:

@@ -20,16 +20,16 @@ from encdec.outputs import CompletionOutput, PromptLogprobs, RequestOutput, Samp
 
 T = TypeVar("T")
 # The text endpoints' own threads: tokenizing never waits behind the audio uploads that the
-# loop's default pool decodes (an hour of audio takes seconds). Requests with texts over
-# PIECE_CHARS wait for a thread of their own: six 23 MB prompts (10 s each) held a short
-# completion up 67 s when all shared the same two.
+# loop's default pool decodes (an hour of audio takes seconds). Requests whose texts add up to
+# more than PIECE_CHARS wait for a thread of their own: six 23 MB prompts (10 s each) held a
+# short completion up 67 s when all shared the same two.
 _TOKENIZING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="encdec-tokenize")
 _TOKENIZING_LONG = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encdec-tokenize-long")
 
 
 async def tokenize_off_loop(tokenize: Callable[[], T], texts: Iterable[str]) -> T:
     """Run `tokenize` (of `texts`) off the event loop, on the text endpoints' threads."""
-    pool = _TOKENIZING_LONG if any(len(text) > PIECE_CHARS for text in texts) else _TOKENIZING
+    pool = _TOKENIZING_LONG if sum(len(text) for text in texts) > PIECE_CHARS else _TOKENIZING
     return await asyncio.get_running_loop().run_in_executor(pool, tokenize)
 
 
