@@ -193,15 +193,16 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
                          f"holds {max_decoder_len} positions and the decoder prompt takes "
                          f"{prompt_len} token{'s' * (prompt_len != 1)}, so at most {room} (the last "
                          f"new token takes no position)")
-    default_max = values["max_tokens"]
-    values["max_tokens"] = min(default_max, room)
+    values["max_tokens"] = min(values["max_tokens"], room)
     if params.min_tokens is None:  # a config's min_length never outlasts the length limit
         values["min_tokens"] = min(values["min_tokens"], values["max_tokens"])
+    elif params.min_tokens > room:
+        raise ValueError(f"min_tokens={params.min_tokens} is more than the decoder has room for: "
+                         f"at most {room} after a decoder prompt of {prompt_len}")
     elif params.max_tokens is None and params.min_tokens > values["max_tokens"]:
-        why = ("all the decoder has room for" if default_max > room else
-               "from the checkpoint's generation config" if "max_tokens" in config else "encdec's default")
         raise ValueError(f"min_tokens={params.min_tokens} is more than the default max_tokens="
-                         f"{values['max_tokens']} ({why}); set max_tokens too")
+                         f"{values['max_tokens']} (the checkpoint's generation config, else "
+                         f"encdec's); set max_tokens too")
     if params.ignore_eos and params.forced_eos_token_id is None:  # no EOS the request did not ask for
         values["forced_eos_token_id"] = None
     if not params.ignore_eos:

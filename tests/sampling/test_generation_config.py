@@ -96,15 +96,17 @@ def test_max_tokens_past_the_decoders_room_is_refused():
         resolve_sampling_params(SamplingParams(max_tokens=56), GenerationDefaults(), 10, 64)
 
 
-def test_min_tokens_past_the_default_max_tokens_names_where_that_came_from():
-    """Only min_tokens set, above the max_tokens it would get: the error says which default that
-    is, not a max_tokens the request never sent."""
+def test_min_tokens_past_the_default_max_tokens_or_the_room_says_which():
+    """Only min_tokens set, above the max_tokens it would get: the error says it is the default
+    one, not a max_tokens the request never sent; above the decoder's room, it says that."""
     config = GenerationDefaults.from_dict(dict(max_length=40))
-    for defaults, room, why in ((config, 64, r"39 \(from the checkpoint's generation config\)"),
-                                (GenerationDefaults(), 64, r"16 \(encdec's default\)"),
-                                (config, 20, r"11 \(all the decoder has room for\)")):
-        with pytest.raises(ValueError, match=rf"^min_tokens=60 is more than the default max_tokens={why}; set max_tokens too$"):
-            resolve_sampling_params(SamplingParams(min_tokens=60), defaults, 10 if room == 20 else 1, room)
+    for defaults, max_tokens in ((config, 39), (GenerationDefaults(), 16)):
+        with pytest.raises(ValueError, match=rf"^min_tokens=60 is more than the default max_tokens={max_tokens} "
+                                             r"\(the checkpoint's generation config, else encdec's\); set max_tokens too$"):
+            resolve_sampling_params(SamplingParams(min_tokens=60), defaults, 1, 64)
+    with pytest.raises(ValueError, match=r"^min_tokens=60 is more than the decoder has room for: at most 11 "
+                                         r"after a decoder prompt of 10$"):
+        resolve_sampling_params(SamplingParams(min_tokens=60), config, 10, 20)
     both = resolve_sampling_params(SamplingParams(min_tokens=50, max_tokens=60), config, 1, 64)
     assert (both.min_tokens, both.max_tokens) == (50, 60)
 
