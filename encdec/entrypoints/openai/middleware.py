@@ -52,7 +52,7 @@ class ConnectionGone(Exception):
 class ServerState:
     draining: bool = False  # shutting down: new requests get 503
     inflight: int = 0
-    arrivals: int = 0  # requests counted so far: one that came during an idle wait calls its trim off
+    idle_trim: Optional[asyncio.TimerHandle] = None  # the heap trim due if no request comes first
 
 
 class ServingMiddleware:
@@ -62,7 +62,7 @@ class ServingMiddleware:
         self.app, self.state, self.metrics, self.routes = app, state, metrics, routes
         self.form_paths = form_paths  # where a multipart body is the route's to count (read_form)
         self.max_body_bytes, self.body_timeout = max_body_bytes, body_timeout
-        self.api_key = api_key.encode() if api_key else None
+        self.api_key = None if api_key is None else api_key.strip().encode()  # compared with the sent key, stripped
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -93,7 +93,8 @@ class ServingMiddleware:
         receive = self._paced(receive)
         counted = path not in UNCOUNTED_PATHS
         self.state.inflight += counted
-        self.state.arrivals += counted
+        if counted and self.state.idle_trim is not None:
+            self.state.idle_trim.cancel()
         try:
             upload = path in self.form_paths and headers.get("content-type", "").lower().startswith("multipart/")
             refusal = self._refusal(path, headers, upload)
@@ -137,14 +138,18 @@ class ServingMiddleware:
                         status, seconds)
 
     def _trim_when_idle(self) -> None:
-        """In IDLE_TRIM_SECONDS, unless a request came in meanwhile: `trim_heap` off the loop."""
-        arrivals, loop = self.state.arrivals, asyncio.get_running_loop()
+        """In IDLE_TRIM_SECONDS, unless a request comes in meanwhile: `trim_heap` off the loop."""
+        loop = asyncio.get_running_loop()
 
         def trim() -> None:
-            if self.state.arrivals == arrivals:
-                loop.run_in_executor(None, trim_heap)
+            if not self.state.draining:  # a shutdown may be closing the executor
+                loop.run_in_executor(None, trim_heap).add_done_callback(trimmed)
 
-        loop.call_later(IDLE_TRIM_SECONDS, trim)
+        def trimmed(done: asyncio.Future) -> None:
+            if not done.cancelled() and done.exception() is not None:  # best effort: serve on
+                logger.error("could not give the idle server's free memory back", exc_info=done.exception())
+
+        self.state.idle_trim = loop.call_later(IDLE_TRIM_SECONDS, trim)
 
     def _endpoint(self, scope: Scope) -> str:
         """The route's path, for a request refused here too; "unmatched" for an unknown path."""
