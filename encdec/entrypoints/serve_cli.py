@@ -86,11 +86,12 @@ def positive_int_or_auto(value: str) -> Union[int, str]:
 
 
 def api_key(value: str) -> str:
-    """An argparse type: a key with something in it (an empty one would let anyone in)."""
+    """An argparse type: a key with something in it (an empty one would let anyone in), without
+    the spaces or line end around it (a key read from a file), as a client's is read."""
     if not value.strip():
         raise argparse.ArgumentTypeError("the key is empty (--api-key or $ENCDEC_API_KEY): give a "
                                          "key, or neither for a server without one")
-    return value
+    return value.strip()
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:

@@ -122,9 +122,17 @@ def test_serve(capsys, argv, message):
 
 
 def test_an_empty_api_key_in_the_environment_is_refused(capsys, monkeypatch):
-    """Not a server open to anyone: an empty $ENCDEC_API_KEY is refused as an empty --api-key."""
+    """Not a server open to anyone: an empty $ENCDEC_API_KEY is refused as an empty --api-key
+    (and by the app itself); a key read from a file loses its line end, as a sent key its spaces."""
+    from encdec.entrypoints.openai.api_server import build_app
+    from encdec.entrypoints.openai.middleware import ServerState
+
     monkeypatch.setenv("ENCDEC_API_KEY", "")
     assert usage_error(capsys, SERVE).startswith("argument --api-key: the key is empty")
+    with pytest.raises(ValueError, match="^api_key is empty"):
+        build_app([], ServerState(), api_key=" ")
+    monkeypatch.setenv("ENCDEC_API_KEY", "sekret\n")
+    assert cli.build_parser().parse_args(SERVE).api_key == "sekret"
 
 
 @pytest.mark.parametrize("argv, field, value", [

@@ -57,7 +57,10 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
               request_body_timeout: float = BODY_TIMEOUT_SECONDS) -> FastAPI:
     """The server's app over `models`; `metrics` are its own unless given (Ray Serve's replicas
     render every replica's). Browsers at `allowed_origins` may call it (CORS, as vLLM's server:
-    preflights are answered before the API key is asked for); none: same-origin only."""
+    preflights are answered before the API key is asked for); none: same-origin only. An
+    `api_key` of only spaces is refused: it would let anyone in."""
+    if api_key is not None and not api_key.strip():
+        raise ValueError("api_key is empty: give a key, or None for a server without one")
     metrics = metrics or ServerMetrics(models, state)
     completions = OpenAIServingCompletion(models, metrics)
     summarize = OpenAIServingSummarize(models, metrics)
