@@ -164,7 +164,7 @@ class LLMEngine:
             raise ValueError(f"return_cross_kv must be a bool or a callable, got {return_cross_kv!r}")
         params = dataclasses.replace(params)  # checked again: its fields may have changed since
         inputs = self.input_preprocessor.preprocess(prompt, params.truncate_prompt_tokens)
-        if not _has_decoder_prompt(prompt) and self._resolve(
+        if not _has_decoder_prompt(prompt) and len(inputs.prompt_token_ids) > 1 and self._resolve(
                 dataclasses.replace(params, max_tokens=None, min_tokens=None),  # lengths: against the final prompt
                 inputs.prompt_token_ids).forced_bos_token_id is not None:
             # Hugging Face's default: the prompt is <DEC> alone and BOS its first generated token

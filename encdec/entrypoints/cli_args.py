@@ -61,7 +61,7 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                         help="int8: int8 weights for the layers' linears, float32 activations "
                              "(faster-whisper's compute_type int8; CPU, dtype float32)")
-    parser.add_argument("--compute_type", "--compute-type", default=None, metavar="TYPE",
+    parser.add_argument("--compute_type", default=None, metavar="TYPE",
                         choices=[*COMPUTE_TYPES, "default", "auto"],
                         help="faster-whisper's name for --dtype and --quantization: float32, "
                              "bfloat16, float16, int8 or int8_float32 (both: int8 weights, float32 "

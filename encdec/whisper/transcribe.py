@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from encdec.audio import SAMPLE_RATE, load_audio
+from encdec.config import SchedulerConfig
 from encdec.engine.async_engine import Admission
 from encdec.outputs import RequestOutput
 from encdec.whisper.languages import AUTO, requested_language
@@ -227,7 +228,7 @@ def _model_tokens(engine: Any) -> WhisperTokens:
     return tokens
 
 
-def _check_engine_limits(options: TranscribeOptions, vocab_size: int, scheduler_config: Any) -> None:
+def _check_engine_limits(options: TranscribeOptions, vocab_size: int, scheduler_config: SchedulerConfig) -> None:
     """Token ids within the vocabulary; beams and fallback samples within `max_num_seqs`."""
     for token in options.suppress_tokens:
         if not (token == -1 or 0 <= token < vocab_size):
