@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import numbers
 from collections.abc import Iterable
@@ -38,6 +39,10 @@ class LLM:
     """
 
     def __init__(self, model: str, **engine_options: Any):
+        known = [name for name in inspect.signature(LLMEngine.from_model).parameters if name != "model"]
+        if unknown := sorted(set(engine_options) - set(known)):
+            raise TypeError(f"LLM() got unknown options {', '.join(unknown)}; it takes model and "
+                            f"{', '.join(known)}")
         self.llm_engine = LLMEngine.from_model(model, **engine_options)
         self._request_counter = itertools.count()
 

@@ -48,6 +48,16 @@ def test_every_engine_option_of_llm_is_a_serve_flag_that_ray_replicas_pass_on():
     assert options == set(ENGINE_OPTIONS)
 
 
+def test_an_unknown_llm_option_names_itself_and_the_ones_taken(tmp_path):
+    """vLLM's `max_model_len` and the like, refused with the list before the model is looked
+    for (a missing checkpoint would be another error)."""
+    from encdec import LLM
+
+    with pytest.raises(TypeError, match=r"^LLM\(\) got unknown options gpu_memory_utilization, max_model_len; "
+                                        r"it takes model and dtype, device, .*, max_running_requests$"):
+        LLM(str(tmp_path / "no-such-model"), max_model_len=448, gpu_memory_utilization=0.5)
+
+
 def test_max_running_requests_defaults_to_auto_and_reaches_each_engine(tiny_bart_dir):
     assert serve_args().max_running_requests == "auto"
     assert serve_args("--max-running-requests", "3").max_running_requests == 3
