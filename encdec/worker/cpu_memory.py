@@ -12,9 +12,10 @@ step's peak stays mapped). Measured again with the current kernels (`benchmarks/
 offline runs were 0-5% faster for 150-400 MB more peak RSS, so `LLM` asks for it only with
 `tune_malloc=True`. `encdec serve` asks for it by default: for the same transcription requests
 it took about 90% fewer page faults, and 4% fewer CPU-seconds with 32 clients, 13% with one;
-requests/s moved within the machine's noise (`benchmarks/RESULTS.md`). Each `AsyncLLMEngine` gives the pages
-back once it has been idle for a second (`trim_heap`), and so does the server once no request
-has been in flight for as long, so an idle server holds no more than without it. ENCDEC_KEEP_FREED_MEMORY=0 vetoes it. Other C libraries: no-op.
+requests/s moved within the machine's noise (`benchmarks/RESULTS.md`). Each `AsyncLLMEngine`
+gives the pages back once it has been idle for a second (`trim_heap`), and so does the server
+once no request has been in flight for as long, so an idle server holds no more than without
+it. ENCDEC_KEEP_FREED_MEMORY=0 vetoes it. Other C libraries: no-op.
 
 `use_one_arena`: one malloc arena for all threads, so a server's resident size stays put.
 """
