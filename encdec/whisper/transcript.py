@@ -1,12 +1,28 @@
 """What `LLM.transcribe` returns for one audio input."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+
+class _ReadByKey:
+    """Fields read as `item["text"]` too, so that code written for openai-whisper's result
+    dicts (`result["segments"][0]["start"]`, `dict(segment)`) runs unchanged."""
+
+    def keys(self) -> list[str]:
+        return [f.name for f in fields(self)]
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self.keys():
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self.keys() else default
 
 
 @dataclass
-class Word:
+class Word(_ReadByKey):
     """One word of a transcript with its time (seconds from the input's start) and the
     probability of its tokens (word timestamps)."""
 
@@ -18,7 +34,7 @@ class Word:
 
 
 @dataclass
-class Segment:
+class Segment(_ReadByKey):
     """A stretch of speech with absolute times (seconds from the start of the input)."""
 
     start: float
@@ -37,7 +53,7 @@ class Segment:
 
 
 @dataclass
-class Transcription:
+class Transcription(_ReadByKey):
     """One input's transcript: full text, detected or given language, ordered segments."""
 
     text: str

@@ -19,7 +19,7 @@ def reference(tmp_path_factory):
     return openai_whisper_model("tiny.en", tmp_path_factory.mktemp("openai_whisper"))
 
 
-def segments_of(result: dict) -> list[tuple]:
+def segments_of(result) -> list[tuple]:
     return [(s["start"], s["end"], s["text"].strip(), s["tokens"],
              s["avg_logprob"], s["no_speech_prob"], s["compression_ratio"], s["temperature"])
             for s in result["segments"]]
@@ -57,8 +57,8 @@ def test_long_audio_segments_equal_openai_whisper(tiny_en, reference, long_clips
 
 
 def assert_segments_equal(transcript, expected: list[tuple]) -> None:
-    got = [(s.start, s.end, s.text.strip(), s.tokens, s.avg_logprob, s.no_speech_prob,
-            s.compression_ratio, s.temperature) for s in transcript.segments]
+    """`transcript` read as openai-whisper's result dict is read."""
+    got = segments_of(transcript)
     assert [(round(g[0], 2), round(g[1], 2), *g[2:4]) for g in got] == \
         [(round(e[0], 2), round(e[1], 2), *e[2:4]) for e in expected]
     for g, e in zip(got, expected):
@@ -93,6 +93,24 @@ def test_words_equal_openai_whisper(tiny_en, reference, corpus, long_clips):
     ours = tiny_en.transcribe([(audio, 16000) for audio in audios], word_timestamps=True)
     for audio, transcript in zip(audios, ours):
         assert_words_equal(transcript, whisper.transcribe(reference, audio, fp16=False, word_timestamps=True))
+
+
+def test_a_transcript_reads_as_openai_whisper_s_result_dict(tiny_en, reference, corpus):
+    """Code written for openai-whisper's result dict runs on encdec's transcript: its keys (and
+    more) on the transcript, its segments and words, and the same values behind them."""
+    audio = corpus[0].audio
+    (ours,) = tiny_en.transcribe([(audio, 16000)], word_timestamps=True)
+    theirs = whisper.transcribe(reference, audio, fp16=False, word_timestamps=True)
+    assert set(theirs) < set(ours.keys())
+    assert set(theirs["segments"][0]) == set(dict(ours["segments"][0]))
+    assert set(theirs["segments"][0]["words"][0]) <= set(dict(ours["segments"][0]["words"][0]))
+    assert (ours["text"], ours["language"]) == (theirs["text"].strip(), theirs["language"])
+    assert_segments_equal(ours, segments_of(theirs))
+    assert [w["word"] for s in ours["segments"] for w in s["words"]] == \
+        [w["word"] for s in theirs["segments"] for w in s["words"]]
+    assert ours.get("no such key") is None and ours.get("duration") == ours.duration
+    with pytest.raises(KeyError, match="no such key"):
+        ours["no such key"]
 
 
 def test_a_decode_of_one_segment_starts_at_its_window(tiny_en, reference, long_clips):
