@@ -167,6 +167,11 @@ def add_serve(subparsers) -> None:
                         "(default: 25)")
     p.add_argument("--max-audio-seconds", type=positive_float, default=3600,
                    help="longest audio in seconds; longer ones get 400 (default: 3600)")
+    p.add_argument("--max-audio-seconds-in-flight", type=positive_float, default=14400,
+                   metavar="SECONDS",
+                   help="seconds of audio the uploads being transcribed may hold together (an "
+                        "hour takes about 340 MB); an upload that would pass it while others are "
+                        "in flight gets 429 with Retry-After (default: %(default)g)")
     p.add_argument("--request-body-timeout", type=positive_float, default=60, metavar="SECONDS",
                    help="seconds a request body may go without sending any part of it before "
                         "the request gets 408 (default: 60)")

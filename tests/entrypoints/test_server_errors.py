@@ -41,6 +41,7 @@ def server(tiny_bart_dir):
                            "--model", "tiny.en", "--served-model-name", "tiny.en",
                            "--num-gpu-blocks", "2200", "--swap-space", "0.05",
                            "--max-upload-mb", str(MAX_UPLOAD_MB), "--max-audio-seconds", "5",
+                           "--max-audio-seconds-in-flight", "8",
                            "--max-num-seqs", "5", "--max-waiting-requests", "2",
                            "--request-body-timeout", str(BODY_TIMEOUT)], api_key=API_KEY)
     yield remote
@@ -422,6 +423,34 @@ def test_overloaded_queue_answers_429(server, stream):
     assert_error(refused, 429, None)
     answered = [r for r in responses if r.status_code == 200]
     assert all(r.text.endswith("data: [DONE]\n\n") if stream else r.json()["choices"] for r in answered)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_audio_past_the_limit_in_flight_answers_429(server, stream):
+    """--max-audio-seconds-in-flight 8: of six 4.5 s uploads at once, one is transcribed at a
+    time and those that come while it runs get 429 (a plain one, also where a stream was asked
+    for); the audio is counted off when a transcription ends, so a lone upload is taken after."""
+    audio = wav_bytes(4.5)
+
+    async def burst():
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120) as http:
+            return await asyncio.gather(*(
+                http.post("/v1/audio/transcriptions", files={"file": (f"{i}.wav", audio, "audio/wav")},
+                          data={"model": "tiny.en", "stream": str(stream).lower()}) for i in range(6)))
+
+    responses = asyncio.run(burst())
+    statuses = sorted(r.status_code for r in responses)
+    assert 429 in statuses and set(statuses) == {200, 429}, statuses
+    refused = next(r for r in responses if r.status_code == 429)
+    assert assert_error(refused, 429, "file")["code"] == "audio_in_flight"
+    assert refused.headers["retry-after"] == "5"
+    assert "4.5 s more would pass its limit of 8 s in flight (--max-audio-seconds-in-flight)" in refused.text
+    answered = [r for r in responses if r.status_code == 200]
+    assert all(r.text.endswith("data: [DONE]\n\n") if stream else "text" in r.json() for r in answered)
+    with server.http() as http:
+        alone = http.post("/v1/audio/transcriptions", files={"file": ("alone.wav", audio, "audio/wav")},
+                          data={"model": "tiny.en"})
+    assert alone.status_code == 200, alone.text
 
 
 def generated_tokens(server) -> float:

@@ -53,6 +53,7 @@ async def require_json(request: Request) -> None:
 
 def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] = None,
               max_upload_mb: float = 25, max_audio_seconds: float = 3600,
+              max_audio_seconds_in_flight: float = 14400,
               metrics: Optional[ServerMetrics] = None, allowed_origins: Sequence[str] = ("*",),
               request_body_timeout: float = BODY_TIMEOUT_SECONDS) -> FastAPI:
     """The server's app over `models`; `metrics` are its own unless given (Ray Serve's replicas
@@ -65,7 +66,8 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     completions = OpenAIServingCompletion(models, metrics)
     summarize = OpenAIServingSummarize(models, metrics)
     max_body_bytes = int(max_upload_mb * 1024 * 1024)
-    audio = OpenAIServingTranscription(models, metrics, max_body_bytes, max_audio_seconds)
+    audio = OpenAIServingTranscription(models, metrics, max_body_bytes, max_audio_seconds,
+                                       max_audio_seconds_in_flight)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -216,7 +218,7 @@ def run_server(args: argparse.Namespace) -> int:
                                       args.max_waiting_requests, engine_options(args)))
     state = ServerState()
     app = build_app(served, state, args.api_key, args.max_upload_mb, args.max_audio_seconds,
-                    allowed_origins=args.allowed_origins, request_body_timeout=args.request_body_timeout)
+                    args.max_audio_seconds_in_flight, allowed_origins=args.allowed_origins, request_body_timeout=args.request_body_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS)

@@ -30,7 +30,7 @@ from encdec.entrypoints.openai.protocol import (ServerVad, TranscriptionDelta, T
                                                 TranscriptionVerbose, TranslationRequest)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import DONE, cancel_on_disconnect, event_stream, sse
-from encdec.entrypoints.openai.uploads import decode_upload_async, form_fields, read_form
+from encdec.entrypoints.openai.uploads import AudioInFlight, decode_upload_async, form_fields, read_form
 from encdec.entrypoints.whisper_options import NAMES, transcribe_options
 from encdec.outputs import RequestOutput
 from encdec.whisper.transcribe import checked_options
@@ -49,9 +49,10 @@ OPTION_PARAMS = {**{name: name for name in OPTION_FIELDS}, "initial_prompt": "pr
 
 class OpenAIServingTranscription:
     def __init__(self, models: ServedModels, metrics: ServerMetrics, max_upload_bytes: int,
-                 max_audio_seconds: float):
+                 max_audio_seconds: float, max_audio_seconds_in_flight: float):
         self.models, self.metrics = models, metrics
         self.max_upload_bytes, self.max_audio_seconds = max_upload_bytes, max_audio_seconds
+        self.in_flight = AudioInFlight(max_audio_seconds_in_flight)
 
     async def create(self, request: Request, task: str) -> Response:
         form = await read_form(request, self.max_upload_bytes)
@@ -71,15 +72,18 @@ class OpenAIServingTranscription:
                 raise transcribe_error(err) from err
             audio = await cancel_on_disconnect(
                 request, decode_upload_async(upload, self.max_audio_seconds))
+            name = upload.filename or "file"
         finally:
             await form.close()
         options["on_output"] = WindowCounter(self.metrics, served.name, request.state.start_time)
         try:
             if streamed(body):
                 admission = Admission()  # the stream starts once the first window is taken
-                return await event_stream(request, self._events(served, audio, options, admission, task), admission)
-            result = (await cancel_on_disconnect(
-                request, served.engine.transcribe([(audio, SAMPLE_RATE)], **options)))[0]
+                events = self._events(served, name, audio, options, admission, task)
+                return await event_stream(request, events, admission)
+            with self.in_flight.hold(name, audio):
+                result = (await cancel_on_disconnect(
+                    request, served.engine.transcribe([(audio, SAMPLE_RATE)], **options)))[0]
         except ValueError as err:
             raise transcribe_error(err) from err
         self._count_audio(served, result)
@@ -88,30 +92,32 @@ class OpenAIServingTranscription:
     def _count_audio(self, served: ServedModel, result: Transcription) -> None:
         self.metrics.audio_seconds.labels(served.name).inc(result.duration)
 
-    async def _events(self, served: ServedModel, audio: np.ndarray, options: dict,
+    async def _events(self, served: ServedModel, name: str, audio: np.ndarray, options: dict,
                       admission: Admission, task: str) -> AsyncIterator[str]:
-        """A delta per stretch of final segments, then the whole text (and a transcription's usage)."""
-        queue: asyncio.Queue[Optional[list[Segment]]] = asyncio.Queue()
-        job = asyncio.ensure_future(served.engine.transcribe(
-            [(audio, SAMPLE_RATE)], on_segments=lambda _, segments: queue.put_nowait(segments),
-            admission=admission, **options))
-        job.add_done_callback(lambda _: queue.put_nowait(None))
-        started = False
-        try:
-            while (segments := await queue.get()) is not None:
-                text = "".join(s.text for s in segments)
-                text = text if started else text.lstrip()
-                if text:
-                    started = True
-                    yield sse(TranscriptionDelta(delta=text))
-            result = job.result()[0]
-            self._count_audio(served, result)
-            yield sse(TranscriptionDone(text=result.text, usage=usage(result, task)))
-            yield DONE
-        finally:
-            if not job.done():
-                job.cancel()
-                await asyncio.gather(job, return_exceptions=True)
+        """A delta per stretch of final segments, then the whole text (and a transcription's
+        usage). Audio past the limit in flight is refused at the start: a plain 429."""
+        with self.in_flight.hold(name, audio):
+            queue: asyncio.Queue[Optional[list[Segment]]] = asyncio.Queue()
+            job = asyncio.ensure_future(served.engine.transcribe(
+                [(audio, SAMPLE_RATE)], on_segments=lambda _, segments: queue.put_nowait(segments),
+                admission=admission, **options))
+            job.add_done_callback(lambda _: queue.put_nowait(None))
+            started = False
+            try:
+                while (segments := await queue.get()) is not None:
+                    text = "".join(s.text for s in segments)
+                    text = text if started else text.lstrip()
+                    if text:
+                        started = True
+                        yield sse(TranscriptionDelta(delta=text))
+                result = job.result()[0]
+                self._count_audio(served, result)
+                yield sse(TranscriptionDone(text=result.text, usage=usage(result, task)))
+                yield DONE
+            finally:
+                if not job.done():
+                    job.cancel()
+                    await asyncio.gather(job, return_exceptions=True)
 
 
 class WindowCounter:

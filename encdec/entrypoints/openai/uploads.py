@@ -9,12 +9,13 @@ gets to read the 413 instead of a reset connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import soundfile
@@ -35,6 +36,7 @@ FIELD_REFUSALS = ("Too many fields", "Part exceeded maximum size")
 # the first bytes of the containers whose header states their length exactly (libsndfile reads it)
 COUNTED_CONTAINERS = (b"RIFF", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff")
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
+AUDIO_RETRY_AFTER_SECONDS = 5  # an upload is refused for audio in flight: some of it is to finish first
 
 
 class UploadTooLarge(Exception):
@@ -202,6 +204,31 @@ def too_long(name: str, seconds: Optional[float], max_seconds: float) -> OpenAIE
     length = "longer" if seconds is None else f"{math.ceil(seconds * 100) / 100:.2f} s long, more"
     return bad_request(f"{name}: the audio is {length} than the server's limit of {max_seconds:g} s "
                        f"(--max-audio-seconds)", "file")
+
+
+class AudioInFlight:
+    """The audio held by the uploads being transcribed, at most `max_seconds` (a decoded hour
+    and its log-mel take about 340 MB): an upload that would pass it while others are in flight
+    is refused with a 429 (the client retries later); one alone is always taken."""
+
+    def __init__(self, max_seconds: float):
+        self.max_seconds = max_seconds
+        self.samples = 0  # counted in samples, which add up exactly
+
+    @contextlib.contextmanager
+    def hold(self, name: str, audio: np.ndarray) -> Iterator[None]:
+        """Count `audio` (16 kHz samples of the upload `name`) while the block runs."""
+        if self.samples and (self.samples + len(audio)) / SAMPLE_RATE > self.max_seconds:
+            raise OpenAIError(429, f"{name}: the server is transcribing {self.samples / SAMPLE_RATE:.1f} s "
+                                   f"of audio already, and {len(audio) / SAMPLE_RATE:.1f} s more would pass "
+                                   f"its limit of {self.max_seconds:g} s in flight "
+                                   f"(--max-audio-seconds-in-flight); try again later", "file",
+                              "audio_in_flight", headers={"Retry-After": str(AUDIO_RETRY_AFTER_SECONDS)})
+        self.samples += len(audio)
+        try:
+            yield
+        finally:
+            self.samples -= len(audio)
 
 
 async def decode_upload_async(upload: UploadFile, max_seconds: float) -> np.ndarray:

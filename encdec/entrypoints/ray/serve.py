@@ -119,7 +119,8 @@ def application(args: argparse.Namespace):
         max_ongoing_requests=args.max_num_seqs, graceful_shutdown_timeout_s=args.shutdown_timeout,
         ray_actor_options={"num_cpus": args.cpus_per_replica})
     app_options = dict(api_key=args.api_key, max_upload_mb=args.max_upload_mb,
-                       max_audio_seconds=args.max_audio_seconds, allowed_origins=args.allowed_origins,
+                       max_audio_seconds=args.max_audio_seconds,
+                       max_audio_seconds_in_flight=args.max_audio_seconds_in_flight, allowed_origins=args.allowed_origins,
                        request_body_timeout=args.request_body_timeout)
     return deployment.bind(args.models, args.served_model_names, args.max_waiting_requests,
                            engine_options(args), app_options,
