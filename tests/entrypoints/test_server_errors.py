@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -744,6 +746,25 @@ def test_dead_engine_makes_health_503(tiny_bart_dir, monkeypatch):
     assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_dead"
     assert_error(health, 503, None)
     assert_error(refused, 503, "model")
+
+
+def test_probes_and_scrapes_are_logged_at_debug(tiny_bart_dir, caplog):
+    """A health probe or a scrape that succeeds comes every few seconds: logged at DEBUG, every
+    other request at INFO."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=64)
+    app = build_app(ServedModels([ServedModel("bart", str(tiny_bart_dir), engine)]), ServerState())
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            for path in ("/health", "/metrics", "/v1/models", "/v1/nope"):
+                await http.get(path)
+        await engine.shutdown()
+
+    with caplog.at_level(logging.DEBUG, logger="encdec.server"):
+        asyncio.run(run())
+    levels = {match[1]: r.levelname for r in caplog.records
+              if (match := re.search(r"GET (\S+) -> (\d+)", r.getMessage()))}
+    assert levels == {"/health": "DEBUG", "/metrics": "DEBUG", "/v1/models": "INFO", "/v1/nope": "INFO"}
 
 
 def test_an_idle_server_gives_free_memory_back(tiny_bart_dir, monkeypatch):
