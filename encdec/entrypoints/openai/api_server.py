@@ -218,7 +218,8 @@ def run_server(args: argparse.Namespace) -> int:
                                       args.max_waiting_requests, engine_options(args)))
     state = ServerState()
     app = build_app(served, state, args.api_key, args.max_upload_mb, args.max_audio_seconds,
-                    args.max_audio_seconds_in_flight, allowed_origins=args.allowed_origins, request_body_timeout=args.request_body_timeout)
+                    args.max_audio_seconds_in_flight, allowed_origins=args.allowed_origins,
+                    request_body_timeout=args.request_body_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS)

@@ -1,4 +1,5 @@
-"""Audio uploads: the size limit checked while the body streams in, decoding off the event loop.
+"""Audio uploads: the size limit checked while the body streams in, decoding off the event loop,
+the audio in flight bounded.
 
 The declared Content-Length is checked first; then a counting reader stops the body as soon as
 it passes the limit (with room for the form's other fields), so an upload is never read whole
