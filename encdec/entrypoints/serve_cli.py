@@ -149,9 +149,11 @@ def add_serve(subparsers) -> None:
     p.add_argument("--model", dest="models", action="append", required=True, metavar="MODEL",
                    help="a Whisper alias (tiny.en, base) or a local checkpoint directory; repeat "
                         "for several models, each with its own engine")
-    p.add_argument("--served-model-name", dest="served_model_names", action="append", default=[],
-                   metavar="NAME", help="the name clients use for the --model at the same "
-                                        "position (default: the --model value)")
+    p.add_argument("--served-model-name", dest="served_model_names", action="append", nargs="+",
+                   default=[], metavar="NAME",
+                   help="the names clients use for the --model at the same position: the first "
+                        "is the metrics' label, the others aliases, as in vLLM (default: the "
+                        "--model value)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=number(int, 0, 65535), default=8000,
                    help="port to listen on; 0: any free one (default: 8000)")

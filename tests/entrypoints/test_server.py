@@ -34,7 +34,7 @@ ARTICLES = ["The rain in spain falls mainly on the plain.",
 @pytest.fixture(scope="module")
 def server(tiny_bart_dir):
     remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
-                           "--model", "tiny.en", "--served-model-name", "tiny.en",
+                           "--model", "tiny.en", "--served-model-name", "tiny.en", "whisper-1",
                            "--model", "base", "--served-model-name", "base",
                            "--num-gpu-blocks", "2200", "--swap-space", "0.05"])
     yield remote
@@ -71,12 +71,29 @@ def offline_texts(llm: LLM, prompts, params: SamplingParams) -> list[str]:
 
 def test_models(server, bart):
     client = server.client()
-    assert [m.id for m in client.models.list().data] == ["bart", "tiny.en", "base"]
+    assert [m.id for m in client.models.list().data] == ["bart", "tiny.en", "whisper-1", "base"]
     assert client.models.retrieve("tiny.en").id == "tiny.en"
     assert server.http().get("/version").json()["version"]
     # vLLM's card fields: the decoder's positions, as vLLM counts an encoder/decoder model's
     assert client.models.retrieve("tiny.en").max_model_len == 448
     assert client.models.retrieve("bart").max_model_len == bart.llm_engine.model_config.max_decoder_len
+
+
+def test_a_model_answers_to_each_of_its_names(server, hello):
+    """`--served-model-name tiny.en whisper-1`: the names after the first are aliases, as in
+    vLLM: each has its card, a request by either is the model's and says the name it was given,
+    and the metrics count both under the first."""
+    client = server.client()
+    alias, model = client.models.retrieve("whisper-1"), client.models.retrieve("tiny.en")
+    assert (alias.id, alias.root, alias.max_model_len) == ("whisper-1", model.root, model.max_model_len)
+    key = ("encdec_audio_seconds_total", (("model", "tiny.en"),))
+    before = server.metrics().get(key, 0.0)
+    with open(SAMPLE, "rb") as f:
+        assert client.audio.transcriptions.create(model="whisper-1", file=f).text == hello.text
+    assert server.metrics()[key] == pytest.approx(before + hello.duration)
+    with server.http() as http:
+        assert http.post("/v1/completions", json={"model": "whisper-1", "prompt": "Hi"}).json()["error"][
+            "message"] == "model 'whisper-1' cannot serve this endpoint: it needs a text (BART-family) model"
 
 
 def test_get_routes_answer_head(server):

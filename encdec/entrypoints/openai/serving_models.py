@@ -29,26 +29,29 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class ServedModel:
-    name: str
+    name: str  # its first name: the metrics' label
     path: str
     engine: AsyncLLMEngine
     created: int = field(default_factory=unix_time)
+    aliases: tuple[str, ...] = ()  # the other names requests may give (vLLM's served names after the first)
 
     @property
     def is_whisper(self) -> bool:
         return getattr(self.engine.model_config.hf_config, "model_type", None) == "whisper"
 
-    def card(self) -> ModelCard:
-        return ModelCard(id=self.name, created=self.created, root=self.path,
+    def card(self, name: str) -> ModelCard:
+        """Its card under `name`, one of its names."""
+        return ModelCard(id=name, created=self.created, root=self.path,
                          max_model_len=self.engine.model_config.max_decoder_len)
 
 
 class ServedModels:
     def __init__(self, models: Sequence[ServedModel]):
-        self.by_name = {m.name: m for m in models}
+        self.models = list(models)
+        self.by_name = {name: m for m in models for name in (m.name, *m.aliases)}
 
     def __iter__(self):
-        return iter(self.by_name.values())
+        return iter(self.models)
 
     def get(self, name: str, whisper: bool) -> ServedModel:
         """The model `name` for an endpoint that needs a Whisper (or a text) model."""
@@ -67,10 +70,11 @@ class ServedModels:
     def card(self, name: str) -> ModelCard:
         if name not in self.by_name:
             raise OpenAIError(404, f"The model `{name}` does not exist", "model", "model_not_found")
-        return self.by_name[name].card()
+        return self.by_name[name].card(name)
 
     def list(self) -> ModelList:
-        return ModelList(data=[m.card() for m in self])
+        """A card for each name, as vLLM lists a model served under several."""
+        return ModelList(data=[m.card(name) for name, m in self.by_name.items()])
 
 
 def load_models(models: Sequence[str], names: Sequence[str], max_waiting_requests: Any,
@@ -78,28 +82,30 @@ def load_models(models: Sequence[str], names: Sequence[str], max_waiting_request
     """One engine per model, each with its own cache; a model that fails stops start-up.
     `engine_options` as for `per_model_options`."""
     served = []
-    for path, name, options in zip(models, served_names(models, names),
-                                   per_model_options(engine_options, len(models))):
-        logger.info("loading model %r as %r", path, name)
+    for path, (name, *aliases), options in zip(models, served_names(models, names),
+                                               per_model_options(engine_options, len(models))):
+        logger.info("loading model %r as %s", path, " or ".join(map(repr, (name, *aliases))))
         try:
             engine = AsyncLLMEngine.from_model(path, max_waiting_requests, **options)
         except Exception as err:
             raise ModelLoadError(f"cannot load model {path!r}: {type(err).__name__}: {err}") from err
-        served.append(ServedModel(name, path, engine))
+        served.append(ServedModel(name, path, engine, aliases=tuple(aliases)))
     return served
 
 
-def served_names(models: Sequence[str], names: Sequence[str]) -> list[str]:
-    """The name each model is served as: its --served-model-name, else its --model value."""
+def served_names(models: Sequence[str], names: Sequence[Sequence[str]]) -> list[list[str]]:
+    """The names each model is served as: those of its --served-model-name (one or more, as
+    vLLM's), else its --model value."""
     if names and len(names) != len(models):
         raise ModelLoadError(f"--served-model-name was given {len(names)} times for "
-                             f"{len(models)} --model(s): give one name per model, or none")
-    names = list(names) or list(models)
-    twice = [name for name in names if names.count(name) > 1]
+                             f"{len(models)} --model(s): give the names of each model, or none")
+    named = [list(group) for group in names] or [[model] for model in models]
+    every = [name for group in named for name in group]
+    twice = [name for name in every if every.count(name) > 1]
     if twice:
-        raise ModelLoadError(f"two models would be served as {twice[0]}: give each --model its own "
-                             f"--served-model-name")
-    return names
+        raise ModelLoadError(f"{twice[0]} is given as the name of two models, or twice: give each "
+                             f"--model names of its own")
+    return named
 
 
 def per_model_options(engine_options: dict[str, Any], count: int) -> list[dict[str, Any]]:
