@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Sequence, Union
 
 from encdec.engine.async_engine import AsyncLLMEngine
 from encdec.entrypoints.openai.errors import OpenAIError, bad_request
@@ -16,6 +16,7 @@ ENGINE_OPTIONS = ("dtype", "device", "block_size", "num_gpu_blocks", "kv_cache_s
                   "seed", "attention_backend", "tune_malloc", "quantization")
 # Cache budgets: given once for every model, or once per --model in their order.
 CACHE_OPTIONS = ("num_gpu_blocks", "kv_cache_space", "swap_space")
+ServedNames = Sequence[Union[str, Sequence[str]]]  # each model's: a name, or several
 
 
 def engine_options(args: Any) -> dict[str, Any]:
@@ -77,7 +78,7 @@ class ServedModels:
         return ModelList(data=[m.card(name) for name, m in self.by_name.items()])
 
 
-def load_models(models: Sequence[str], names: Sequence[str], max_waiting_requests: Any,
+def load_models(models: Sequence[str], names: ServedNames, max_waiting_requests: Any,
                 engine_options: dict[str, Any]) -> list[ServedModel]:
     """One engine per model, each with its own cache; a model that fails stops start-up.
     `engine_options` as for `per_model_options`."""
@@ -93,13 +94,13 @@ def load_models(models: Sequence[str], names: Sequence[str], max_waiting_request
     return served
 
 
-def served_names(models: Sequence[str], names: Sequence[Sequence[str]]) -> list[list[str]]:
-    """The names each model is served as: those of its --served-model-name (one or more, as
-    vLLM's), else its --model value."""
+def served_names(models: Sequence[str], names: ServedNames) -> list[list[str]]:
+    """The names each model is served as: those of its --served-model-name (a name, or several
+    as vLLM's), else its --model value."""
     if names and len(names) != len(models):
         raise ModelLoadError(f"--served-model-name was given {len(names)} times for "
                              f"{len(models)} --model(s): give the names of each model, or none")
-    named = [list(group) for group in names] or [[model] for model in models]
+    named = [[group] if isinstance(group, str) else list(group) for group in names] or [[m] for m in models]
     every = [name for group in named for name in group]
     twice = [name for name in every if every.count(name) > 1]
     if twice:
