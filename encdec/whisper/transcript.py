@@ -1,24 +1,36 @@
 """What `LLM.transcribe` returns for one audio input."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
 
 
 class _ReadByKey:
     """Fields read as `item["text"]` too, so that code written for openai-whisper's result
-    dicts (`result["segments"][0]["start"]`, `dict(segment)`) runs unchanged."""
+    dicts (`result["segments"][0]["start"]`, `"words" in segment`, `dict(segment)`, its
+    writers) runs unchanged. As there, a segment has the key "words" only when its words were
+    timed. For JSON, `dataclasses.asdict(item)`."""
 
     def keys(self) -> list[str]:
-        return [f.name for f in fields(self)]
+        return [name for name in self.__dataclass_fields__ if name != "words" or getattr(self, name)]
 
     def __getitem__(self, key: str) -> Any:
-        if key not in self.keys():
+        if key not in self.__dataclass_fields__:
             raise KeyError(key)
         return getattr(self, key)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self.keys()
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.keys())
+
     def get(self, key: str, default: Any = None) -> Any:
-        return self[key] if key in self.keys() else default
+        return self[key] if key in self else default
+
+    def copy(self) -> dict[str, Any]:
+        """A dict of the keys (shallow), as copying openai-whisper's dict gives."""
+        return dict(self)
 
 
 @dataclass

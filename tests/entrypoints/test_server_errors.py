@@ -431,7 +431,9 @@ def test_overloaded_queue_answers_429(server, stream):
 def test_audio_past_the_limit_in_flight_answers_429(server, stream):
     """--max-audio-seconds-in-flight 8: of six 4.5 s uploads at once, one is transcribed at a
     time and those that come while it runs get 429 (a plain one, also where a stream was asked
-    for); the audio is counted off when a transcription ends, so a lone upload is taken after."""
+    for); the audio is counted off when a transcription ends, so a lone upload is taken after.
+    (The six are read and decoded in milliseconds; a transcription of 4.5 s takes a few tenths
+    of a second at least: here five of six were refused, run after run.)"""
     audio = wav_bytes(4.5)
 
     async def burst():
@@ -453,6 +455,7 @@ def test_audio_past_the_limit_in_flight_answers_429(server, stream):
         alone = http.post("/v1/audio/transcriptions", files={"file": ("alone.wav", audio, "audio/wav")},
                           data={"model": "tiny.en"})
     assert alone.status_code == 200, alone.text
+    assert server.metrics()[("encdec_audio_seconds_in_flight", ())] == 0
 
 
 def generated_tokens(server) -> float:

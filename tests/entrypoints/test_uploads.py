@@ -10,7 +10,7 @@ import soundfile
 from starlette.datastructures import UploadFile
 
 from encdec.entrypoints.openai.errors import OpenAIError
-from encdec.entrypoints.openai.uploads import declared_length, decode_upload
+from encdec.entrypoints.openai.uploads import AudioInFlight, declared_length, decode_upload
 
 RATE = 16000
 
@@ -58,3 +58,26 @@ def test_any_file_name_decodes(tmp_path, name):
     soundfile.write(tmp_path / "a.wav", tone(0.5), RATE)
     audio = decode_upload(upload((tmp_path / "a.wav").read_bytes(), name), max_seconds=2.0)
     assert len(audio) == RATE // 2
+
+
+def test_audio_in_flight_is_counted_while_held_and_refused_past_the_limit():
+    """An upload over the limit alone is taken; beside it another is refused with a 429; the
+    count goes back to nothing when a hold ends, also by an error."""
+    in_flight = AudioInFlight(max_seconds=8)
+    with in_flight.hold("long.wav", np.zeros(10 * RATE, np.float32)):
+        assert in_flight.samples == 10 * RATE
+        with pytest.raises(OpenAIError) as refused:
+            with in_flight.hold("short.wav", np.zeros(RATE // 10, np.float32)):
+                pass
+    assert (refused.value.status, refused.value.param, refused.value.code) == (429, "file", "audio_in_flight")
+    assert refused.value.headers == {"Retry-After": "5"}
+    assert refused.value.message == (
+        "short.wav: the server is transcribing 10.0 s of audio already, and 0.1 s more would pass its "
+        "limit of 8 s in flight (--max-audio-seconds-in-flight); try again later")
+    with pytest.raises(RuntimeError):
+        with in_flight.hold("a.wav", np.zeros(5 * RATE, np.float32)):
+            raise RuntimeError("the transcription failed")
+    with in_flight.hold("a.wav", np.zeros(5 * RATE, np.float32)), \
+            in_flight.hold("b.wav", np.zeros(3 * RATE, np.float32)):  # 8 s: at the limit, not past it
+        assert in_flight.samples == 8 * RATE
+    assert in_flight.samples == 0

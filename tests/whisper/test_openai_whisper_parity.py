@@ -95,19 +95,28 @@ def test_words_equal_openai_whisper(tiny_en, reference, corpus, long_clips):
         assert_words_equal(transcript, whisper.transcribe(reference, audio, fp16=False, word_timestamps=True))
 
 
-def test_a_transcript_reads_as_openai_whisper_s_result_dict(tiny_en, reference, corpus):
-    """Code written for openai-whisper's result dict runs on encdec's transcript: its keys (and
-    more) on the transcript, its segments and words, and the same values behind them."""
+@pytest.mark.parametrize("word_timestamps", [False, True], ids=["segments", "words"])
+def test_a_transcript_reads_as_openai_whisper_s_result_dict(tiny_en, reference, corpus, tmp_path, word_timestamps):
+    """Code written for openai-whisper's result dict runs on encdec's transcript: the same keys
+    (the transcript has more), "words" in a segment only when its words were timed, the same
+    values behind them, and openai-whisper's own writers write the same files from both."""
     audio = corpus[0].audio
-    (ours,) = tiny_en.transcribe([(audio, 16000)], word_timestamps=True)
-    theirs = whisper.transcribe(reference, audio, fp16=False, word_timestamps=True)
-    assert set(theirs) < set(ours.keys())
-    assert set(theirs["segments"][0]) == set(dict(ours["segments"][0]))
-    assert set(theirs["segments"][0]["words"][0]) <= set(dict(ours["segments"][0]["words"][0]))
+    (ours,) = tiny_en.transcribe([(audio, 16000)], word_timestamps=word_timestamps)
+    theirs = whisper.transcribe(reference, audio, fp16=False, word_timestamps=word_timestamps)
+    assert set(theirs) < set(ours) and all(key in ours for key in theirs)
+    assert [set(s) for s in theirs["segments"]] == [set(s) for s in ours["segments"]]
+    assert ("words" in ours["segments"][0]) is word_timestamps
     assert (ours["text"], ours["language"]) == (theirs["text"].strip(), theirs["language"])
     assert_segments_equal(ours, segments_of(theirs))
-    assert [w["word"] for s in ours["segments"] for w in s["words"]] == \
-        [w["word"] for s in theirs["segments"] for w in s["words"]]
+    if word_timestamps:
+        assert set(theirs["segments"][0]["words"][0]) < set(dict(ours["segments"][0]["words"][0]))
+        assert [w["word"] for s in ours["segments"] for w in s["words"]] == \
+            [w["word"] for s in theirs["segments"] for w in s["words"]]
+    for kind in ("txt", "vtt", "srt", "tsv"):
+        for name, result in (("ours", ours), ("theirs", theirs)):
+            (tmp_path / name).mkdir(exist_ok=True)
+            whisper.utils.get_writer(kind, str(tmp_path / name))(result, "clip.wav")
+        assert (tmp_path / "ours" / f"clip.{kind}").read_text() == (tmp_path / "theirs" / f"clip.{kind}").read_text()
     assert ours.get("no such key") is None and ours.get("duration") == ours.duration
     with pytest.raises(KeyError, match="no such key"):
         ours["no such key"]

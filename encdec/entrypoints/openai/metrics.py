@@ -92,6 +92,9 @@ class ServerMetrics:
                                          ["model"], registry=self.registry)
         self.audio_seconds = Counter("encdec_audio_seconds", "Seconds of audio transcribed.",
                                      ["model"], registry=self.registry)
+        self.audio_in_flight = Gauge("encdec_audio_seconds_in_flight", "Seconds of audio the uploads "
+                                     "being transcribed hold (--max-audio-seconds-in-flight bounds it).",
+                                     registry=self.registry)
         self.registry.register(EngineCollector(models))
 
     def observe_first_token(self, model: str, output: RequestOutput, start: float) -> None:

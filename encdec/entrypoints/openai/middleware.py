@@ -39,8 +39,8 @@ from encdec.worker.cpu_memory import trim_heap
 
 logger = logging.getLogger("encdec.server")
 OPEN_PATHS = ("/health",)  # answered without an API key
-# not requests in flight for a graceful shutdown, and logged at DEBUG when they succeed
-UNCOUNTED_PATHS = ("/health", "/metrics")
+UNCOUNTED_PATHS = ("/health", "/metrics")  # not requests in flight for a graceful shutdown
+QUIET_PATHS = ("/health", "/metrics")  # probes and scrapes: logged at DEBUG when they succeed
 CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 BODY_TIMEOUT_SECONDS = 60.0  # --request-body-timeout's default, nginx's client_body_timeout
 
@@ -135,8 +135,7 @@ class ServingMiddleware:
             seconds = time.monotonic() - start
             self.metrics.requests.labels(endpoint, str(status)).inc()
             self.metrics.latency.labels(endpoint).observe(seconds)
-            # a health probe or scrape that succeeds at DEBUG: they come every few seconds
-            level = logging.DEBUG if not counted and status < 400 else logging.INFO
+            level = logging.DEBUG if path in QUIET_PATHS and status < 400 else logging.INFO
             logger.log(level, "request %s: %s %s -> %d in %.3f s", request_id, scope["method"], path,
                        status, seconds)
 

@@ -101,10 +101,12 @@ def served_names(models: Sequence[str], names: ServedNames) -> list[list[str]]:
         raise ModelLoadError(f"--served-model-name was given {len(names)} times for "
                              f"{len(models)} --model(s): give the names of each model, or none")
     named = [[group] if isinstance(group, str) else list(group) for group in names] or [[m] for m in models]
+    if not all(named):
+        raise ModelLoadError("--served-model-name was given without a name")
     every = [name for group in named for name in group]
     twice = [name for name in every if every.count(name) > 1]
     if twice:
-        raise ModelLoadError(f"{twice[0]} is given as the name of two models, or twice: give each "
+        raise ModelLoadError(f"{twice[0]!r} is given as the name of two models, or twice: give each "
                              f"--model names of its own")
     return named
 

@@ -30,7 +30,8 @@ from encdec.entrypoints.openai.protocol import (ServerVad, TranscriptionDelta, T
                                                 TranscriptionVerbose, TranslationRequest)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import DONE, cancel_on_disconnect, event_stream, sse
-from encdec.entrypoints.openai.uploads import AudioInFlight, decode_upload_async, form_fields, read_form
+from encdec.entrypoints.openai.uploads import (AudioInFlight, decode_upload_async, form_fields, read_form,
+                                               upload_name)
 from encdec.entrypoints.whisper_options import NAMES, transcribe_options
 from encdec.outputs import RequestOutput
 from encdec.whisper.transcribe import checked_options
@@ -53,6 +54,7 @@ class OpenAIServingTranscription:
         self.models, self.metrics = models, metrics
         self.max_upload_bytes, self.max_audio_seconds = max_upload_bytes, max_audio_seconds
         self.in_flight = AudioInFlight(max_audio_seconds_in_flight)
+        metrics.audio_in_flight.set_function(lambda: self.in_flight.samples / SAMPLE_RATE)
 
     async def create(self, request: Request, task: str) -> Response:
         form = await read_form(request, self.max_upload_bytes)
@@ -72,7 +74,7 @@ class OpenAIServingTranscription:
                 raise transcribe_error(err) from err
             audio = await cancel_on_disconnect(
                 request, decode_upload_async(upload, self.max_audio_seconds))
-            name = upload.filename or "file"
+            name = upload_name(upload)
         finally:
             await form.close()
         options["on_output"] = WindowCounter(self.metrics, served.name, request.state.start_time)

@@ -37,7 +37,7 @@ FIELD_REFUSALS = ("Too many fields", "Part exceeded maximum size")
 # the first bytes of the containers whose header states their length exactly (libsndfile reads it)
 COUNTED_CONTAINERS = (b"RIFF", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff")
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
-AUDIO_RETRY_AFTER_SECONDS = 5  # an upload is refused for audio in flight: some of it is to finish first
+AUDIO_RETRY_AFTER_SECONDS = 5  # Retry-After of an upload refused for the audio in flight
 
 
 class UploadTooLarge(Exception):
@@ -141,6 +141,11 @@ def form_fields(form: FormData) -> tuple[UploadFile, dict]:
     return upload, fields
 
 
+def upload_name(upload: UploadFile) -> str:
+    """The upload's file name, for messages."""
+    return upload.filename or "file"
+
+
 def file_suffix(name: str) -> str:
     """The upload's extension for its temporary copy (a hint to FFmpeg's probe), of ASCII
     letters and digits only: the client's file name may hold anything."""
@@ -153,7 +158,7 @@ def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
     longer than `max_seconds` (checked from the header first where the format has one). Its
     samples per channel are bounded too, at `max_seconds` of MAX_UPLOAD_RATE audio, while it is
     decoded: a small file of a high sample rate or many channels must not take the memory."""
-    name = upload.filename or "file"
+    name = upload_name(upload)
     if upload.size == 0:
         raise bad_request(f"{name}: the file is empty", "file")
     max_samples = int(max_seconds * MAX_UPLOAD_RATE)

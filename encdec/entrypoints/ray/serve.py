@@ -16,9 +16,12 @@ import math
 import os
 import signal
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
+
+if TYPE_CHECKING:
+    from encdec.entrypoints.openai.serving_models import ServedNames
 
 APP_NAME = "encdec"
 REPLICAS, CPUS_PER_REPLICA = 1, 1.0  # the defaults of --replicas and --cpus-per-replica
@@ -29,7 +32,7 @@ TARGET_ONGOING_REQUESTS = 16  # per replica under --autoscale: where a CPU engin
 class EncdecReplica:
     """One replica: the served models and the app over them (bound at replica start)."""
 
-    def __init__(self, models: Sequence[str], names: Sequence[str], max_waiting_requests: Any,
+    def __init__(self, models: Sequence[str], names: ServedNames, max_waiting_requests: Any,
                  engine_options: dict[str, Any], app_options: dict[str, Any], threads: int, log_level: str):
         from ray import serve
 
@@ -120,8 +123,8 @@ def application(args: argparse.Namespace):
         ray_actor_options={"num_cpus": args.cpus_per_replica})
     app_options = dict(api_key=args.api_key, max_upload_mb=args.max_upload_mb,
                        max_audio_seconds=args.max_audio_seconds,
-                       max_audio_seconds_in_flight=args.max_audio_seconds_in_flight, allowed_origins=args.allowed_origins,
-                       request_body_timeout=args.request_body_timeout)
+                       max_audio_seconds_in_flight=args.max_audio_seconds_in_flight,
+                       allowed_origins=args.allowed_origins, request_body_timeout=args.request_body_timeout)
     return deployment.bind(args.models, args.served_model_names, args.max_waiting_requests,
                            engine_options(args), app_options,
                            max(1, math.floor(args.cpus_per_replica)), args.log_level)
