@@ -175,6 +175,10 @@ class AsyncLLMEngine:
     def scheduler_config(self) -> Any:
         return self.engine.scheduler_config
 
+    def check_can_ever_fit(self, encoder_len: int, decoder_len: int, num_seqs: int, field: str) -> None:
+        """`LLMEngine.check_can_ever_fit` (read-only: safe beside the engine's thread)."""
+        self.engine.check_can_ever_fit(encoder_len, decoder_len, num_seqs, field)
+
     def is_healthy(self) -> bool:
         """False once the engine failed or shutdown began: it takes no more requests."""
         return self._dead is None and not self._stopping

@@ -223,20 +223,36 @@ class LLMEngine:
                 raise ValueError(f"{name}={count} is more than the vocabulary (vocab_size={vocab})")
 
     def _check_a_window_fits(self) -> None:
-        """Every Whisper request holds a whole window's encoder positions: a cache that cannot
-        hold one (with one decoder token) could serve nothing, so the engine is refused."""
+        """Every Whisper request holds a whole window's encoder positions and decodes up to the
+        decoder's positions (a window conditioned on the text before it): a cache that cannot
+        hold one such request could not serve every audio, so the engine is refused (as vLLM
+        refuses a cache smaller than one sequence of its longest length)."""
         bm, positions = self.block_manager, self.model_config.max_encoder_len
-        needed = bm.max_num_blocks(positions, 1, 1)
+        decoder_len = self.model_config.max_decoder_len
+        needed = bm.max_num_blocks(positions, decoder_len, 1)
         if not bm.can_ever_fit(needed):
             raise ValueError(f"num_gpu_blocks={bm.num_total_gpu_blocks}: the KV cache cannot hold one "
-                             f"Whisper window, whose {positions} encoder positions need {needed} "
-                             f"blocks of {self.cache_config.block_size} tokens with a decoder token"
-                             + (f" (and {bm.watermark_blocks} are kept free)" if bm.watermark_blocks else ""))
+                             f"Whisper window, whose {positions} encoder positions and {decoder_len} "
+                             f"decoder positions need {needed} blocks of {self.cache_config.block_size} tokens"
+                             + (f" (and {bm.watermark_blocks} kept free)" if bm.watermark_blocks else ""))
 
     def check_num_seqs(self, params: SamplingParams) -> None:
         """Refuse a request that would run more sequences at once than the engine ever does."""
         field = "beam_width" if params.use_beam_search else "n"
         self.scheduler_config.check_num_seqs(params.max_num_seqs, f"{field}={params.max_num_seqs}")
+
+    def check_can_ever_fit(self, encoder_len: int, decoder_len: int, num_seqs: int, field: str) -> None:
+        """Refuse (ValueError naming `field`) a request of `num_seqs` sequences over `encoder_len`
+        encoder tokens, each caching up to `decoder_len` decoder tokens, that the cache could never
+        hold at once."""
+        bm = self.block_manager
+        needed = bm.max_num_blocks(encoder_len, decoder_len, num_seqs)
+        if not bm.can_ever_fit(needed):
+            raise ValueError(f"{field}: the request needs {needed} KV cache blocks (encoder "
+                             f"{encoder_len} tokens, decoder up to {decoder_len} cached tokens, "
+                             f"{num_seqs} sequence{'s' if num_seqs > 1 else ''}) but the cache has only "
+                             f"num_gpu_blocks={bm.num_total_gpu_blocks}, less a watermark of "
+                             f"{bm.watermark_blocks} kept free")
 
     def _check_fits(self, decoder_ids: list[int], encoder_ids: list[int], params: SamplingParams) -> None:
         if params.n > 1 and params.is_greedy and not params.use_beam_search:
@@ -249,25 +265,22 @@ class LLMEngine:
             max_len = min(max_len, len(decoder_ids) + params.max_tokens - 1)
         seqs = params.max_num_seqs
         bm = self.block_manager
-        needed = bm.max_num_blocks(len(encoder_ids), max_len, seqs)
-        if not bm.can_ever_fit(needed):
-            def fits(decoder_len: int, num_seqs: int) -> bool:
-                return bm.can_ever_fit(bm.max_num_blocks(len(encoder_ids), decoder_len, num_seqs))
 
-            # the field to change: a prompt that never fits, else the samples, else the length
-            if not fits(1, 1):
-                field = "encoder_prompt"
-            elif not fits(len(decoder_ids), 1):
-                field = "decoder_prompt"
-            elif seqs > 1 and fits(max_len, 1):
-                field = f"{'beam_width' if params.use_beam_search else 'n'}={seqs}"
-            else:
-                field = "max_tokens" + ("=" + str(params.max_tokens) if params.max_tokens is not None else " (unset)")
-            raise ValueError(f"{field}: the request needs {needed} KV cache blocks (encoder "
-                             f"{len(encoder_ids)} tokens, decoder up to {max_len} cached tokens, "
-                             f"{seqs} sequence{'s' if seqs > 1 else ''}) but the cache has only num_gpu_blocks="
-                             f"{bm.num_total_gpu_blocks}, less a watermark of "
-                             f"{bm.watermark_blocks} kept free")
+        def fits(decoder_len: int, num_seqs: int) -> bool:
+            return bm.can_ever_fit(bm.max_num_blocks(len(encoder_ids), decoder_len, num_seqs))
+
+        if fits(max_len, seqs):
+            return
+        # the field to change: a prompt that never fits, else the samples, else the length
+        if not fits(1, 1):
+            field = "encoder_prompt"
+        elif not fits(len(decoder_ids), 1):
+            field = "decoder_prompt"
+        elif seqs > 1 and fits(max_len, 1):
+            field = f"{'beam_width' if params.use_beam_search else 'n'}={seqs}"
+        else:
+            field = "max_tokens" + ("=" + str(params.max_tokens) if params.max_tokens is not None else " (unset)")
+        self.check_can_ever_fit(len(encoder_ids), max_len, seqs, field)
 
     def abort_request(self, request_id: Union[str, Iterable[str]],
                       final_output: bool = False) -> Optional[RequestOutput]:

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from encdec.audio import SAMPLE_RATE, load_audio
-from encdec.config import SchedulerConfig
 from encdec.engine.async_engine import Admission
 from encdec.outputs import RequestOutput
 from encdec.whisper.languages import AUTO, requested_language
@@ -130,7 +129,7 @@ def checked_options(engine: Any, language: Optional[str] = None, task: str = "tr
     options = {"best_of": min(TranscribeOptions.best_of, max_num_seqs), **options}
     checked = TranscribeOptions(_check_options(tokens, language, task), task, timestamps,
                                 initial_prompt, **options)
-    _check_engine_limits(checked, engine.model_config.vocab_size, engine.scheduler_config)
+    _check_engine_limits(checked, engine)
     for name in ("initial_prompt", "hotwords"):  # within the model's vocabulary
         prompt_ids(tokens, engine.tokenizer, getattr(checked, name), name)
     return checked
@@ -228,15 +227,20 @@ def _model_tokens(engine: Any) -> WhisperTokens:
     return tokens
 
 
-def _check_engine_limits(options: TranscribeOptions, vocab_size: int, scheduler_config: SchedulerConfig) -> None:
-    """Token ids within the vocabulary; beams and fallback samples within `max_num_seqs`."""
+def _check_engine_limits(options: TranscribeOptions, engine: Any) -> None:
+    """Token ids within the vocabulary; beams and fallback samples within `max_num_seqs`, and
+    within the cache for a window of any audio (one decoding to the decoder's last position):
+    refused before any audio, not when a window that needs them comes."""
+    config = engine.model_config
+    vocab_size = config.vocab_size
     for token in options.suppress_tokens:
         if not (token == -1 or 0 <= token < vocab_size):
             raise ValueError(f"suppress_tokens: {token} is neither -1 nor a token id of this model "
                              f"(vocab_size={vocab_size})")
     samples = options.best_of if any(t > 0 for t in options.temperature) else 1
     for name, count in (("beam_size", options.beam_size or 1), ("best_of", samples)):
-        scheduler_config.check_num_seqs(count, f"{name}={count}")
+        engine.scheduler_config.check_num_seqs(count, f"{name}={count}")
+        engine.check_can_ever_fit(config.max_encoder_len, config.max_decoder_len, count, f"{name}={count}")
 
 
 def _check_options(tokens: WhisperTokens, language: Optional[str], task: str) -> Optional[str]:

@@ -5,6 +5,7 @@ import pytest
 
 from encdec import LLM, SamplingParams, TokensPrompt
 from tests.conftest import assert_all_blocks_free
+from tests.entrypoints.conftest import SAMPLE
 
 TEXT = "The rain in spain falls mainly on the plain."
 
@@ -80,12 +81,32 @@ def test_a_request_that_never_fits_names_what_to_change(tiny_bart_dir):
 
 
 def test_a_whisper_cache_that_cannot_hold_a_window_is_refused_at_start():
-    """Every Whisper request holds a window's 1500 encoder positions (94 blocks of 16, and one
-    for its decoder): a smaller cache is refused when the engine starts, not request by request."""
-    with pytest.raises(ValueError, match=r"^num_gpu_blocks=94: the KV cache cannot hold one Whisper window, "
-                                         r"whose 1500 encoder positions need 95 blocks of 16 tokens"):
-        LLM("tiny.en", num_gpu_blocks=94, swap_space=0.01)
-    assert LLM("tiny.en", num_gpu_blocks=95, swap_space=0.01).llm_engine.block_manager.num_total_gpu_blocks == 95
+    """Every Whisper request holds a window's 1500 encoder positions (94 blocks of 16) and may
+    decode to the decoder's 448 positions (28 more; a window conditioned on the text before
+    it): a smaller cache is refused when the engine starts, not request by request (one of 108
+    blocks used to start, then refuse every window's 224 tokens)."""
+    with pytest.raises(ValueError, match=r"^num_gpu_blocks=122: the KV cache cannot hold one Whisper window, "
+                                         r"whose 1500 encoder positions and 448 decoder positions need 122 "
+                                         r"blocks of 16 tokens \(and 1 kept free\)$"):
+        LLM("tiny.en", num_gpu_blocks=122, swap_space=0.01)
+    assert LLM("tiny.en", num_gpu_blocks=123, swap_space=0.01).llm_engine.block_manager.num_total_gpu_blocks == 123
+
+
+def test_whisper_samples_and_beams_past_the_cache_are_refused_before_any_audio():
+    """A window of any audio may decode to the decoder's last position: the fallback's best_of
+    samples, or the beams, must fit the cache at that length, checked before any window runs
+    (and by the server before it decodes an upload): they used to be refused only when a window
+    fell back, after minutes of work."""
+    llm = LLM("tiny.en", num_gpu_blocks=200, swap_space=0.01)  # 2 watermark blocks
+    with pytest.raises(ValueError, match=r"^best_of=5: the request needs 234 KV cache blocks \(encoder 1500 "
+                                         r"tokens, decoder up to 448 cached tokens, 5 sequences\) but the "
+                                         r"cache has only num_gpu_blocks=200, less a watermark of 2 kept free$"):
+        llm.transcribe(str(SAMPLE))
+    with pytest.raises(ValueError, match=r"^beam_size=4: the request needs 206 KV cache blocks"):
+        llm.transcribe(str(SAMPLE), beam_size=4, best_of=1)
+    (transcript,) = llm.transcribe(str(SAMPLE), beam_size=3, best_of=3)  # 178 blocks
+    assert transcript.text
+    assert_all_blocks_free(llm)
 
 
 def test_fault2_admission_keeps_the_watermark(tiny_bart_dir):

@@ -709,7 +709,8 @@ def test_model_that_fails_to_load_stops_start_up(tmp_path):
     assert done.returncode == 1
     assert done.stderr.splitlines()[-1] == (
         "encdec: error: cannot load model 'tiny.en': ValueError: --num-gpu-blocks=50: the KV cache cannot "
-        "hold one Whisper window, whose 1500 encoder positions need 95 blocks of 16 tokens with a decoder token")
+        "hold one Whisper window, whose 1500 encoder positions and 448 decoder positions need 122 blocks of 16 "
+        "tokens")
 
 
 @pytest.mark.parametrize("ray", [[], ["--ray"]])

@@ -94,7 +94,7 @@ def test_actors_that_fail_stop_the_job_with_the_reason_on_one_line(clip_paths, t
                  "--swap-space", "0.01"]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (  # (Ray's own log lines above it)
         "encdec: error: ValueError: num_gpu_blocks=1: the KV cache cannot hold one Whisper window, whose 1500 "
-        "encoder positions need 95 blocks of 16 tokens with a decoder token")
+        "encoder positions and 448 decoder positions need 122 blocks of 16 tokens")
 
 
 def test_a_model_the_actors_cannot_read_is_named(tiny_bart_dir, documents, tmp_path, capsys):

@@ -56,7 +56,7 @@ def test_bundled_model_loads_completely(name, request):
 def test_model_directory_loads_like_the_alias(tiny_en, tiny_en_assets):
     from encdec import LLM
 
-    llm = LLM(model=str(tiny_en_assets.bin_parts[0].parent), num_gpu_blocks=120, swap_space=0.05)
+    llm = LLM(model=str(tiny_en_assets.bin_parts[0].parent), num_gpu_blocks=240, swap_space=0.05)
     ours, alias = llm.llm_engine, tiny_en.llm_engine
     assert (ours.model_config.decoder_start_token_id, ours.model_config.eos_token_id) == (50257, 50256)
     assert ours.input_preprocessor.default_decoder_prompt == [50257, 50362]
