@@ -230,7 +230,7 @@ def _model_tokens(engine: Any) -> WhisperTokens:
 def _check_engine_limits(options: TranscribeOptions, engine: Any) -> None:
     """Token ids within the vocabulary; beams and fallback samples within `max_num_seqs`, and
     within the cache for a window of any audio (one decoding to the decoder's last position):
-    refused before any audio, not when a window that needs them comes."""
+    refused with the options, not when a window that needs them comes."""
     config = engine.model_config
     vocab_size = config.vocab_size
     for token in options.suppress_tokens:
