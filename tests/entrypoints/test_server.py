@@ -713,7 +713,7 @@ def test_metrics_show_the_requests_in_flight(server, hello):
 
 
 def test_translation(server):
-    expected = LLM("base", num_gpu_blocks=220, swap_space=0.05).transcribe(str(SAMPLE), task="translate")[0]
+    expected = LLM("base", num_gpu_blocks=240, swap_space=0.05).transcribe(str(SAMPLE), task="translate")[0]
     with open(SAMPLE, "rb") as audio:
         result = server.client().audio.translations.create(model="base", file=audio,
                                                            response_format="verbose_json")
@@ -724,7 +724,7 @@ def test_translation(server):
 
 def test_translation_takes_the_speech_language_and_streams(server):
     """vLLM's translation fields: `language` (the speech's, not detected) and `stream`."""
-    expected = LLM("base", num_gpu_blocks=220, swap_space=0.05).transcribe(
+    expected = LLM("base", num_gpu_blocks=240, swap_space=0.05).transcribe(
         str(SAMPLE), task="translate", language="de", temperature=0.0)[0]
     with open(SAMPLE, "rb") as audio:
         result = server.client().audio.translations.create(

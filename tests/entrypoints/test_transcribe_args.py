@@ -26,8 +26,9 @@ class RecordingLLM:
     llm_engine = SimpleNamespace(
         model_config=SimpleNamespace(special_tokens=WhisperTokens(
             eot=50, sot=51, no_timestamps=None, multilingual=True, sot_prev=52,
-            lang_to_id={"en": 53, "fr": 54}, task_to_id={"transcribe": 55, "translate": 56}), vocab_size=100),
-        scheduler_config=SchedulerConfig(),
+            lang_to_id={"en": 53, "fr": 54}, task_to_id={"transcribe": 55, "translate": 56}), vocab_size=100,
+            max_encoder_len=1500, max_decoder_len=448),
+        scheduler_config=SchedulerConfig(), check_can_ever_fit=lambda *sizes_and_field: None,
         tokenizer=lambda text, add_special_tokens: {"input_ids": [2] * len(text.split())})
 
     def __init__(self):

@@ -79,7 +79,7 @@ def test_a_finished_job_is_freed_without_the_garbage_collector(tiny_en, corpus):
     def jobs_alive() -> int:
         return sum(type(o) is TranscriptionJob for o in gc.get_objects())
 
-    engine = AsyncLLMEngine.from_model("tiny.en", num_gpu_blocks=2 * 110, swap_space=0.05)
+    engine = AsyncLLMEngine.from_model("tiny.en", num_gpu_blocks=2 * 120, swap_space=0.05)
 
     async def main():
         await engine.transcribe([corpus[0].pair])
