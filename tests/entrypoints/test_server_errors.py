@@ -3,6 +3,7 @@ OpenAI's error shape and `param`; the server keeps serving and every block is fr
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import io
 import json
 import logging
@@ -456,6 +457,38 @@ def test_audio_past_the_limit_in_flight_answers_429(server, stream):
                           data={"model": "tiny.en"})
     assert alone.status_code == 200, alone.text
     assert server.metrics()[("encdec_audio_seconds_in_flight", ())] == 0
+
+
+def test_a_stated_length_is_counted_in_flight_before_the_upload_decodes(server):
+    """A FLAC cut to its first second still states 4.5 s in its header. Beside a 4.5 s upload
+    being transcribed (--max-audio-seconds-in-flight 8) it is refused for the 4.5 s it states,
+    before it is decoded: decoded, its second would have fitted."""
+    flac = io.BytesIO()
+    soundfile.write(flac, np.random.default_rng(1).normal(0, 0.1, 72000).astype(np.float32), 16000, format="FLAC")
+    cut = flac.getvalue()[:len(flac.getvalue()) // 4]
+    in_flight = ("encdec_audio_seconds_in_flight", ())
+
+    def transcribe(name: str, audio: bytes) -> httpx.Response:
+        with server.http() as http:
+            return http.post("/v1/audio/transcriptions", files={"file": (name, audio, "audio/wav")},
+                             data={"model": "tiny.en", "timestamp_granularities[]": "word",
+                                   "response_format": "verbose_json"})
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        for _ in range(5):  # until the cut one comes while the first is seen in flight
+            first = pool.submit(transcribe, "first.wav", wav_bytes(4.5))
+            while server.metrics()[in_flight] != 4.5 and not first.done():
+                time.sleep(0.005)
+            refused = None if first.done() else transcribe("cut.flac", cut)
+            assert first.result().status_code == 200, first.result().text
+            if refused is not None and refused.status_code == 429:
+                break
+    assert assert_error(refused, 429, "file")["code"] == "audio_in_flight"
+    assert ("cut.flac: the server is transcribing 4.5 s of audio already, and 4.5 s more would pass its limit "
+            "of 8 s in flight") in refused.text
+    alone = transcribe("cut.flac", cut)
+    assert alone.status_code == 200 and 1.0 < alone.json()["duration"] < 1.1, alone.text
+    assert server.metrics()[in_flight] == 0
 
 
 def generated_tokens(server) -> float:

@@ -1,5 +1,6 @@
 """An upload's length: read from the header where the container states it exactly, else counted
-while decoding; a header's estimate never refuses audio within the limit."""
+while decoding; a header's estimate never refuses audio within the limit. The audio in flight:
+counted while held, refused past its limit."""
 from __future__ import annotations
 
 import io
@@ -10,7 +11,7 @@ import soundfile
 from starlette.datastructures import UploadFile
 
 from encdec.entrypoints.openai.errors import OpenAIError
-from encdec.entrypoints.openai.uploads import AudioInFlight, declared_length, decode_upload
+from encdec.entrypoints.openai.uploads import AudioInFlight, declared_length, decode_upload, stated_samples
 
 RATE = 16000
 
@@ -28,9 +29,19 @@ def upload(data: bytes, name: str) -> UploadFile:
 def test_a_stated_length_is_read_from_the_header(tmp_path, fmt):
     path = tmp_path / f"a.{fmt.lower()}"
     soundfile.write(path, tone(2.5), RATE, format=fmt)
-    assert declared_length(str(path)) == (2.5, 2.5 * RATE)
+    with path.open("rb") as file:
+        assert declared_length(file) == (2.5, 2.5 * RATE)
+    assert stated_samples(upload(path.read_bytes(), path.name), max_seconds=3.0) == 2.5 * RATE
     with pytest.raises(OpenAIError, match=r"2\.50 s long, more than the server's limit of 2 s") as refused:
-        decode_upload(upload(path.read_bytes(), path.name), max_seconds=2.0)
+        stated_samples(upload(path.read_bytes(), path.name), max_seconds=2.0)
+    assert refused.value.status == 400 and refused.value.param == "file"
+
+
+def test_a_header_that_states_no_length_counts_nothing_before_decoding(tmp_path):
+    soundfile.write(tmp_path / "a.mp3", tone(2.5), RATE, format="MP3")
+    assert stated_samples(upload((tmp_path / "a.mp3").read_bytes(), "a.mp3"), max_seconds=3.0) == 0
+    with pytest.raises(OpenAIError, match="empty.wav: the file is empty") as refused:
+        stated_samples(upload(b"", "empty.wav"), max_seconds=3.0)
     assert refused.value.status == 400 and refused.value.param == "file"
 
 
@@ -43,7 +54,8 @@ def test_an_mp3_cut_short_is_measured_by_what_it_holds(tmp_path, capfd):
     (tmp_path / "cut.mp3").write_bytes(cut)
     assert soundfile.info(tmp_path / "cut.mp3").duration > 5.9  # what the header says
     capfd.readouterr()
-    assert declared_length(str(tmp_path / "cut.mp3")) == (0.0, 0)
+    with (tmp_path / "cut.mp3").open("rb") as file:
+        assert declared_length(file) == (0.0, 0)
     audio = decode_upload(upload(cut, "cut.mp3"), max_seconds=4.0)
     assert 1.0 < len(audio) / RATE < 3.0
     assert capfd.readouterr().err == ""
@@ -61,23 +73,28 @@ def test_any_file_name_decodes(tmp_path, name):
 
 
 def test_audio_in_flight_is_counted_while_held_and_refused_past_the_limit():
-    """An upload over the limit alone is taken; beside it another is refused with a 429; the
-    count goes back to nothing when a hold ends, also by an error."""
+    """An upload over the limit alone is taken; beside it another is refused with a 429, also one
+    whose length is not known yet; the count goes back to nothing when a hold ends, also by an
+    error."""
     in_flight = AudioInFlight(max_seconds=8)
-    with in_flight.hold("long.wav", np.zeros(10 * RATE, np.float32)):
+    with in_flight.hold("long.wav", 10 * RATE):
         assert in_flight.samples == 10 * RATE
         with pytest.raises(OpenAIError) as refused:
-            with in_flight.hold("short.wav", np.zeros(RATE // 10, np.float32)):
+            with in_flight.hold("short.wav", RATE // 10):
+                pass
+        with pytest.raises(OpenAIError) as unknown:
+            with in_flight.hold("a.mp3", 0):
                 pass
     assert (refused.value.status, refused.value.param, refused.value.code) == (429, "file", "audio_in_flight")
     assert refused.value.headers == {"Retry-After": "5"}
     assert refused.value.message == (
         "short.wav: the server is transcribing 10.0 s of audio already, and 0.1 s more would pass its "
         "limit of 8 s in flight (--max-audio-seconds-in-flight); try again later")
+    assert unknown.value.status == 429 and unknown.value.message.startswith(
+        "a.mp3: the server is transcribing 10.0 s of audio already, and more would pass its limit")
     with pytest.raises(RuntimeError):
-        with in_flight.hold("a.wav", np.zeros(5 * RATE, np.float32)):
+        with in_flight.hold("a.wav", 5 * RATE):
             raise RuntimeError("the transcription failed")
-    with in_flight.hold("a.wav", np.zeros(5 * RATE, np.float32)), \
-            in_flight.hold("b.wav", np.zeros(3 * RATE, np.float32)):  # 8 s: at the limit, not past it
-        assert in_flight.samples == 8 * RATE
+    with in_flight.hold("a.wav", 5 * RATE), in_flight.hold("b.wav", 3 * RATE), in_flight.hold("c.mp3", 0):
+        assert in_flight.samples == 8 * RATE  # at the limit, not past it
     assert in_flight.samples == 0

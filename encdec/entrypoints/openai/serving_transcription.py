@@ -30,8 +30,8 @@ from encdec.entrypoints.openai.protocol import (ServerVad, TranscriptionDelta, T
                                                 TranscriptionVerbose, TranslationRequest)
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import DONE, cancel_on_disconnect, event_stream, sse
-from encdec.entrypoints.openai.uploads import (AudioInFlight, decode_upload_async, form_fields, read_form,
-                                               upload_name)
+from encdec.entrypoints.openai.uploads import (AudioInFlight, decode_upload, form_fields, off_loop, read_form,
+                                               stated_samples, upload_name)
 from encdec.entrypoints.whisper_options import NAMES, transcribe_options
 from encdec.outputs import RequestOutput
 from encdec.whisper.transcribe import checked_options
@@ -72,9 +72,11 @@ class OpenAIServingTranscription:
                 checked_options(served.engine, **options)
             except ValueError as err:
                 raise transcribe_error(err) from err
-            audio = await cancel_on_disconnect(
-                request, decode_upload_async(upload, self.max_audio_seconds))
             name = upload_name(upload)
+            stated = await off_loop(stated_samples, upload, self.max_audio_seconds)
+            with self.in_flight.hold(name, stated):  # a stated length is counted while it decodes
+                audio = await cancel_on_disconnect(
+                    request, off_loop(decode_upload, upload, self.max_audio_seconds))
         finally:
             await form.close()
         options["on_output"] = WindowCounter(self.metrics, served.name, request.state.start_time)
@@ -83,7 +85,7 @@ class OpenAIServingTranscription:
                 admission = Admission()  # the stream starts once the first window is taken
                 events = self._events(served, name, audio, options, admission, task)
                 return await event_stream(request, events, admission)
-            with self.in_flight.hold(name, audio):
+            with self.in_flight.hold(name, len(audio)):
                 result = (await cancel_on_disconnect(
                     request, served.engine.transcribe([(audio, SAMPLE_RATE)], **options)))[0]
         except ValueError as err:
@@ -98,7 +100,7 @@ class OpenAIServingTranscription:
                       admission: Admission, task: str) -> AsyncIterator[str]:
         """A delta per stretch of final segments, then the whole text (and a transcription's
         usage). Audio past the limit in flight is refused at the start: a plain 429."""
-        with self.in_flight.hold(name, audio):
+        with self.in_flight.hold(name, len(audio)):
             queue: asyncio.Queue[Optional[list[Segment]]] = asyncio.Queue()
             job = asyncio.ensure_future(served.engine.transcribe(
                 [(audio, SAMPLE_RATE)], on_segments=lambda _, segments: queue.put_nowait(segments),

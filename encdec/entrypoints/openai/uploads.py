@@ -1,5 +1,6 @@
 """Audio uploads: the size limit checked while the body streams in, decoding off the event loop,
-the audio in flight bounded.
+the audio in flight bounded (an upload whose header states its length counts from before it is
+decoded).
 
 The declared Content-Length is checked first; then a counting reader stops the body as soon as
 it passes the limit (with room for the form's other fields), so an upload is never read whole
@@ -16,7 +17,7 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, BinaryIO, Callable, Iterator, Optional, TypeVar
 
 import numpy as np
 import soundfile
@@ -38,6 +39,7 @@ FIELD_REFUSALS = ("Too many fields", "Part exceeded maximum size")
 COUNTED_CONTAINERS = (b"RIFF", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff")
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
 AUDIO_RETRY_AFTER_SECONDS = 5  # Retry-After of an upload refused for the audio in flight
+T = TypeVar("T")
 
 
 class UploadTooLarge(Exception):
@@ -153,24 +155,32 @@ def file_suffix(name: str) -> str:
     return "." + extension if extension else ""
 
 
-def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
-    """The upload as a 16 kHz waveform; a 400 (param `file`) if it is empty, not audio, or
-    longer than `max_seconds` (checked from the header first where the format has one). Its
-    samples per channel are bounded too, at `max_seconds` of MAX_UPLOAD_RATE audio, while it is
-    decoded: a small file of a high sample rate or many channels must not take the memory."""
+def stated_samples(upload: UploadFile, max_seconds: float) -> int:
+    """The 16 kHz samples of the audio the upload's header states, read without decoding (0
+    where its format states none); a 400 (param `file`) if the upload is empty or its header
+    states more than `max_seconds`, or more samples per channel than MAX_UPLOAD_RATE allows."""
     name = upload_name(upload)
     if upload.size == 0:
         raise bad_request(f"{name}: the file is empty", "file")
+    seconds, frames = declared_length(upload.file)
+    if seconds > max_seconds:
+        raise too_long(name, seconds, max_seconds)
+    if frames > int(max_seconds * MAX_UPLOAD_RATE):
+        raise too_dense(name, int(max_seconds * MAX_UPLOAD_RATE), max_seconds)
+    return round(seconds * SAMPLE_RATE)
+
+
+def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
+    """The upload as a 16 kHz waveform; a 400 (param `file`) if it is not audio or longer than
+    `max_seconds`. Its samples per channel are bounded too, at `max_seconds` of MAX_UPLOAD_RATE
+    audio, while it is decoded: a small file of a high sample rate or many channels must not
+    take the memory."""
+    name = upload_name(upload)
     max_samples = int(max_seconds * MAX_UPLOAD_RATE)
     with tempfile.NamedTemporaryFile(suffix=file_suffix(name)) as copy:
         upload.file.seek(0)
         shutil.copyfileobj(upload.file, copy)
         copy.flush()
-        declared, frames = declared_length(copy.name)
-        if declared > max_seconds:
-            raise too_long(name, declared, max_seconds)
-        if frames > max_samples:
-            raise too_dense(name, max_samples, max_seconds)
         try:
             audio = load_audio(copy.name, max_samples=max_samples)
         except TooManySamples as err:
@@ -185,14 +195,15 @@ def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
     return audio
 
 
-def declared_length(path: str) -> tuple[float, int]:
+def declared_length(file: BinaryIO) -> tuple[float, int]:
     """The seconds and samples per channel a WAV, FLAC, OGG, AIFF or CAF header states, read
     without decoding; (0.0, 0) for other formats (an MP3's header holds an estimate at most)."""
-    with open(path, "rb") as file:
-        if file.read(4) not in COUNTED_CONTAINERS:
-            return 0.0, 0
+    file.seek(0)
+    if file.read(4) not in COUNTED_CONTAINERS:
+        return 0.0, 0
+    file.seek(0)
     try:
-        info = soundfile.info(path)
+        info = soundfile.info(file)
     except Exception:  # a header soundfile does not read: decoding counts
         return 0.0, 0
     return info.duration, info.frames
@@ -222,20 +233,23 @@ class AudioInFlight:
         self.samples = 0  # counted in samples, which add up exactly
 
     @contextlib.contextmanager
-    def hold(self, name: str, audio: np.ndarray) -> Iterator[None]:
-        """Count `audio` (16 kHz samples of the upload `name`) while the block runs."""
-        if self.samples and (self.samples + len(audio)) / SAMPLE_RATE > self.max_seconds:
+    def hold(self, name: str, samples: int) -> Iterator[None]:
+        """Count `samples` (16 kHz samples of the upload `name`) while the block runs."""
+        if self.samples and (self.samples + samples) / SAMPLE_RATE > self.max_seconds:
+            more = f"{samples / SAMPLE_RATE:.1f} s more" if samples else "more"
             raise OpenAIError(429, f"{name}: the server is transcribing {self.samples / SAMPLE_RATE:.1f} s "
-                                   f"of audio already, and {len(audio) / SAMPLE_RATE:.1f} s more would pass "
-                                   f"its limit of {self.max_seconds:g} s in flight "
-                                   f"(--max-audio-seconds-in-flight); try again later", "file",
-                              "audio_in_flight", headers={"Retry-After": str(AUDIO_RETRY_AFTER_SECONDS)})
-        self.samples += len(audio)
+                                   f"of audio already, and {more} would pass its limit of "
+                                   f"{self.max_seconds:g} s in flight (--max-audio-seconds-in-flight); "
+                                   f"try again later", "file", "audio_in_flight",
+                              headers={"Retry-After": str(AUDIO_RETRY_AFTER_SECONDS)})
+        self.samples += samples
         try:
             yield
         finally:
-            self.samples -= len(audio)
+            self.samples -= samples
 
 
-async def decode_upload_async(upload: UploadFile, max_seconds: float) -> np.ndarray:
-    return await asyncio.get_running_loop().run_in_executor(None, decode_upload, upload, max_seconds)
+async def off_loop(function: Callable[..., T], *args: Any) -> T:
+    """`function(*args)` on the default executor's threads: reading and decoding an upload
+    must not stall the event loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, function, *args)
