@@ -176,7 +176,8 @@ def add_serve(subparsers) -> None:
                         "in flight gets 429 with Retry-After (default: %(default)g)")
     p.add_argument("--request-body-timeout", type=positive_float, default=60, metavar="SECONDS",
                    help="seconds a request body may go without sending any part of it before "
-                        "the request gets 408 (default: 60)")
+                        "the request gets 408; past them, a body must also average 500 bytes a "
+                        "second (default: 60)")
     p.add_argument("--max-waiting-requests", type=positive_int, default=None,
                    help="requests queued per model before new ones get 429 (default: no limit)")
     p.add_argument("--shutdown-timeout", type=number(float, 1), default=30,

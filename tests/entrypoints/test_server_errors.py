@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import io
 import json
 import logging
@@ -609,6 +610,45 @@ def test_a_stalled_body_gets_408(server, path, content_type, part):
     assert error["code"] == "request_timeout" and "--request-body-timeout" in error["message"]
     assert BODY_TIMEOUT <= waited < BODY_TIMEOUT + 20
     wait_for(lambda: requests_counted(server, path, 408) == before + 1)
+
+
+@pytest.mark.parametrize("path, content_type, part", [
+    ("/v1/completions", "application/json", b'{"model": "bart", "prompt": "'),
+    ("/v1/audio/transcriptions", "multipart/form-data; boundary=b",
+     b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nRIFF'),
+])
+def test_a_trickled_body_gets_408(server, path, content_type, part):
+    """A client that sends its body a byte every half second is never silent for
+    --request-body-timeout seconds, but it is slower than 500 bytes a second: it is answered
+    once that time has passed with too little of its body."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Length: 10000\r\nContent-Type: {content_type}\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", server.port), timeout=1) as sock:
+        start = time.monotonic()
+        sock.sendall(head.encode() + part)
+        response = b""
+        while not response and time.monotonic() - start < BODY_TIMEOUT + 20:
+            sock.sendall(b"a")
+            with contextlib.suppress(socket.timeout):
+                response = sock.recv(65536)
+        waited = time.monotonic() - start
+        response += read_to_end(sock)
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408 Request Timeout"), response
+    error = json.loads(body)["error"]
+    assert error["code"] == "request_timeout"
+    assert re.fullmatch(r"the request body came too slowly: \d+ bytes in \d+ s, less than 500 bytes a "
+                        r"second after the first 4 s \(--request-body-timeout\)", error["message"]), error
+    assert BODY_TIMEOUT <= waited < BODY_TIMEOUT + 20
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """What the server still sends before it closes the connection or goes quiet for a second."""
+    data = b""
+    with contextlib.suppress(socket.timeout):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
 
 
 @pytest.mark.parametrize("path, content_type", [

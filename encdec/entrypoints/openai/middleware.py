@@ -9,7 +9,9 @@ upload to a route that reads one (`uploads.read_form` counts it as it streams) i
 whole, up to the limit, so that a chunked body without a Content-Length gets the same 413 as
 one that declares its size.
 A client that sends no part of its body for `body_timeout` seconds gets a 408, as nginx's
-`client_body_timeout`, so a stalled upload does not hold a connection and its buffers forever.
+`client_body_timeout`, so a stalled upload does not hold a connection and its buffers forever;
+so does one that trickles it, slower than MIN_BODY_RATE bytes a second once `body_timeout` has
+passed (as Apache's mod_reqtimeout with `MinRate=500`).
 Once no request has been in flight for `IDLE_TRIM_SECONDS`, the C heap's free pages go back to
 the system (`trim_heap`): an engine trims after its own steps, but uploads are decoded and texts
 tokenized outside them (an hour of silence, which the engine never decodes, left 0.8 GB held).
@@ -43,6 +45,7 @@ UNCOUNTED_PATHS = ("/health", "/metrics")  # not requests in flight for a gracef
 QUIET_PATHS = ("/health", "/metrics")  # probes and scrapes: logged at DEBUG when they succeed
 CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 BODY_TIMEOUT_SECONDS = 60.0  # --request-body-timeout's default, nginx's client_body_timeout
+MIN_BODY_RATE = 500  # bytes a second a body averages past its first timeout (Apache's mod_reqtimeout)
 
 
 class ConnectionGone(Exception):
@@ -175,19 +178,30 @@ class ServingMiddleware:
 
     def _paced(self, receive: Receive) -> Receive:
         """`receive` raising a 408 OpenAIError once the body is `body_timeout` seconds without
-        a new part; what follows a whole body (the wait for a disconnect) has no limit."""
-        whole = False
+        a new part, or slower than MIN_BODY_RATE: its deadline, `body_timeout` seconds after the
+        first read, moves a second later for each MIN_BODY_RATE bytes received. What follows a
+        whole body (the wait for a disconnect) has no limit."""
+        whole, received, start = False, 0, None
 
         async def receive_paced() -> Message:
-            nonlocal whole
+            nonlocal whole, received, start
             if whole:
                 return await receive()
+            now = time.monotonic()
+            start = now if start is None else start
+            left = start + self.body_timeout + received / MIN_BODY_RATE - now
             try:
-                message = await asyncio.wait_for(receive(), self.body_timeout)
+                message = await asyncio.wait_for(receive(), min(left, self.body_timeout))
             except asyncio.TimeoutError:
+                if left < self.body_timeout:
+                    raise OpenAIError(408, f"the request body came too slowly: {received} bytes in "
+                                           f"{time.monotonic() - start:.0f} s, less than {MIN_BODY_RATE} "
+                                           f"bytes a second after the first {self.body_timeout:g} s "
+                                           f"(--request-body-timeout)", code="request_timeout") from None
                 raise OpenAIError(408, f"the request body stalled: no part of it arrived for "
                                        f"{self.body_timeout:g} s (--request-body-timeout)",
                                   code="request_timeout") from None
+            received += len(message.get("body", b""))
             whole = message["type"] != "http.request" or not message.get("more_body", False)
             return message
         return receive_paced
