@@ -15,6 +15,8 @@ from encdec.entrypoints.ray.serve import add_ray_options, ray_options_without_ra
 from encdec.entrypoints.transcribe_args import non_negative_float, number, positive_float, positive_int
 from encdec.weights.loader import check_model
 
+HEADER_TIMEOUT_SECONDS = 60.0  # --request-header-timeout's default, nginx's client_header_timeout
+
 
 def memory_gib(device: torch.device) -> float:
     """How much memory `device` has (this machine's for the CPU), in GiB."""
@@ -37,6 +39,8 @@ def check_serve(args: argparse.Namespace) -> None:
     if unused := ray_options_without_ray(args):
         raise UsageError(f"{', '.join(unused)}: Ray Serve options; add --ray to serve through Ray")
     if args.ray:
+        if args.request_header_timeout != HEADER_TIMEOUT_SECONDS:
+            raise UsageError("--request-header-timeout: not with --ray, whose proxy reads the requests")
         return
     for flag, values, device in (("--kv-cache-space", args.kv_cache_space, local_device(args.device)),
                                  ("--swap-space", args.swap_space, torch.device("cpu"))):
@@ -178,6 +182,11 @@ def add_serve(subparsers) -> None:
                    help="seconds a request body may go without sending any part of it before "
                         "the request gets 408; past them, a body must also average 500 bytes a "
                         "second (default: 60)")
+    p.add_argument("--request-header-timeout", type=positive_float, default=HEADER_TIMEOUT_SECONDS,
+                   metavar="SECONDS",
+                   help="seconds a connection may take to send a whole request head, from its "
+                        "opening or its last response's end, before it is closed; not with --ray, "
+                        "whose proxy reads the requests (default: %(default)g)")
     p.add_argument("--max-waiting-requests", type=positive_int, default=None,
                    help="requests queued per model before new ones get 429 (default: no limit)")
     p.add_argument("--shutdown-timeout", type=number(float, 1), default=30,

@@ -107,6 +107,8 @@ def test_summarize(capsys, argv, message):
     (["--quantization", "int8", "--dtype", "float16"],
      "--quantization int8 runs with float32 activations, not --dtype float16"),
     (["--replicas", "2"], "--replicas: Ray Serve options; add --ray to serve through Ray"),
+    (["--ray", "--request-header-timeout", "5"],
+     "--request-header-timeout: not with --ray, whose proxy reads the requests"),
     # an option holds for every --model: a second value is refused, not quietly taken for all
     (["--dtype", "bfloat16", "--model", "base", "--dtype", "float32"],
      "--dtype is given twice: each option takes one value for the whole server (one per --model: "

@@ -36,6 +36,7 @@ from tests.entrypoints.remote_server import API_KEY, RemoteServer
 TEXT = "The rain in spain falls mainly on the plain."
 MAX_UPLOAD_MB = 1
 BODY_TIMEOUT = 4
+HEADER_TIMEOUT = 3
 LONG = {"min_tokens": 150, "max_tokens": 150, "temperature": 0.0}  # about a second of decoding
 
 
@@ -47,7 +48,8 @@ def server(tiny_bart_dir):
                            "--max-upload-mb", str(MAX_UPLOAD_MB), "--max-audio-seconds", "5",
                            "--max-audio-seconds-in-flight", "8",
                            "--max-num-seqs", "5", "--max-waiting-requests", "2",
-                           "--request-body-timeout", str(BODY_TIMEOUT)], api_key=API_KEY)
+                           "--request-body-timeout", str(BODY_TIMEOUT),
+                           "--request-header-timeout", str(HEADER_TIMEOUT)], api_key=API_KEY)
     yield remote
     remote.stop()
 
@@ -640,6 +642,35 @@ def test_a_trickled_body_gets_408(server, path, content_type, part):
     assert re.fullmatch(r"the request body came too slowly: \d+ bytes in \d+ s, less than 500 bytes a "
                         r"second after the first 4 s \(--request-body-timeout\)", error["message"]), error
     assert BODY_TIMEOUT <= waited < BODY_TIMEOUT + 20
+
+
+@pytest.mark.parametrize("sent", ["nothing", "a head", "a response, then a head"])
+def test_a_request_head_that_never_ends_is_closed(server, sent):
+    """A connection that sends nothing, or a header line a second, never ending its request's
+    head, is closed --request-header-timeout seconds after it opened (or after its first
+    request's response ended); uvicorn alone keeps it open."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=0.5) as sock:
+        if sent == "a response, then a head":
+            sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b"}"):
+                answer += sock.recv(65536)
+            assert answer.startswith(b"HTTP/1.1 200 OK"), answer
+        start = time.monotonic()
+        line = b"" if sent == "nothing" else b"X-Padding: a\r\n"
+        if line:
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n".encode())
+        closed = False
+        while not closed and time.monotonic() - start < HEADER_TIMEOUT + 10:
+            try:
+                sock.sendall(line)
+                closed = sock.recv(65536) == b""
+            except socket.timeout:
+                time.sleep(0.5)
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+        waited = time.monotonic() - start
+    assert closed and HEADER_TIMEOUT - 0.5 <= waited < HEADER_TIMEOUT + 10, waited
 
 
 def read_to_end(sock: socket.socket) -> bytes:

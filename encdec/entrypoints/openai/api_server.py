@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from encdec import __version__
 from encdec.entrypoints.cli_messages import os_reason
 from encdec.entrypoints.openai.errors import OpenAIError, add_error_handlers, bad_request
+from encdec.entrypoints.openai.http_protocol import head_timeout_protocol
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.middleware import BODY_TIMEOUT_SECONDS, ServerState, ServingMiddleware
 from encdec.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse, ModelCard,
@@ -222,7 +223,8 @@ def run_server(args: argparse.Namespace) -> int:
                     request_body_timeout=args.request_body_timeout)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS)
+                            timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS,
+                            http=head_timeout_protocol(args.request_header_timeout))
     announce(f"serving {', '.join(model.name for model in served)} on "
              f"{server_url(args.host, sock.getsockname()[1])}")  # the port bound, also for --port 0
     DrainingServer(config, state, args.shutdown_timeout).run(sockets=[sock])

@@ -1,0 +1,53 @@
+"""uvicorn's HTTP protocol with a deadline on each request's head, as nginx's
+`client_header_timeout`: a connection that has not sent a whole request head `timeout` seconds
+after it opened, or after its last response ended, is closed. uvicorn alone waits for a head
+without limit once any of it has come (its keep-alive timeout only closes a connection that
+sends nothing), so a client sending a header line now and then could hold a connection forever.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Optional
+
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+logger = logging.getLogger("encdec.server")
+
+
+def head_timeout_protocol(timeout: float) -> type[asyncio.Protocol]:
+    """uvicorn's protocol class (httptools' or h11's, as uvicorn picks), closing connections
+    whose request head does not come within `timeout` seconds."""
+
+    class HeadTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        head_deadline: Optional[asyncio.TimerHandle] = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.await_head()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self.await_head()
+
+        def connection_lost(self, exc: Optional[Exception]) -> None:
+            if self.head_deadline is not None:
+                self.head_deadline.cancel()
+            super().connection_lost(exc)
+
+        def await_head(self) -> None:
+            """Close the connection in `timeout` seconds unless a request's head comes first."""
+            if self.head_deadline is not None:
+                self.head_deadline.cancel()
+            self.head_deadline = self.loop.call_later(timeout, self.head_timed_out, self.cycle)
+
+        def head_timed_out(self, cycle) -> None:
+            """`cycle`: the request (None: none yet) that was the connection's last when the
+            deadline was set; no later one has begun, and it has been answered."""
+            self.head_deadline = None
+            if self.cycle is cycle and (cycle is None or cycle.response_complete):
+                logger.debug("closing a connection from %s: no request head in %g s (--request-header-timeout)",
+                             self.client, timeout)
+                self.transport.close()
+
+    return HeadTimeoutProtocol
