@@ -39,11 +39,12 @@ def head_timeout_protocol(timeout: float) -> type[asyncio.Protocol]:
             """Close the connection in `timeout` seconds unless a request's head comes first."""
             if self.head_deadline is not None:
                 self.head_deadline.cancel()
-            self.head_deadline = self.loop.call_later(timeout, self.head_timed_out, self.cycle)
+            if not self.transport.is_closing():
+                self.head_deadline = self.loop.call_later(timeout, self.head_timed_out, self.cycle)
 
         def head_timed_out(self, cycle) -> None:
-            """`cycle`: the request (None: none yet) that was the connection's last when the
-            deadline was set; no later one has begun, and it has been answered."""
+            """Close the connection if no request has begun since `cycle`, its last when the
+            deadline was set (None: none yet), and that one has been answered."""
             self.head_deadline = None
             if self.cycle is cycle and (cycle is None or cycle.response_complete):
                 logger.debug("closing a connection from %s: no request head in %g s (--request-header-timeout)",
