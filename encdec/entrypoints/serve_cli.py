@@ -180,8 +180,8 @@ def add_serve(subparsers) -> None:
                         "in flight gets 429 with Retry-After (default: %(default)g)")
     p.add_argument("--request-body-timeout", type=positive_float, default=60, metavar="SECONDS",
                    help="seconds a request body may go without sending any part of it before "
-                        "the request gets 408; past them, a body must also average 500 bytes a "
-                        "second (default: 60)")
+                        "the request gets 408, as does one that has sent fewer than 500 bytes for "
+                        "each second past them (default: 60)")
     p.add_argument("--request-header-timeout", type=positive_float, default=HEADER_TIMEOUT_SECONDS,
                    metavar="SECONDS",
                    help="seconds a connection may take to send a whole request head, from its "

@@ -3,7 +3,9 @@ while decoding; a header's estimate never refuses audio within the limit. The au
 counted while held, refused past its limit."""
 from __future__ import annotations
 
+import asyncio
 import io
+import threading
 
 import numpy as np
 import pytest
@@ -11,7 +13,8 @@ import soundfile
 from starlette.datastructures import UploadFile
 
 from encdec.entrypoints.openai.errors import OpenAIError
-from encdec.entrypoints.openai.uploads import AudioInFlight, declared_length, decode_upload, stated_samples
+from encdec.entrypoints.openai.uploads import (AudioInFlight, declared_length, decode_upload, off_loop,
+                                               stated_samples)
 
 RATE = 16000
 
@@ -98,3 +101,28 @@ def test_audio_in_flight_is_counted_while_held_and_refused_past_the_limit():
     with in_flight.hold("a.wav", 5 * RATE), in_flight.hold("b.wav", 3 * RATE), in_flight.hold("c.mp3", 0):
         assert in_flight.samples == 8 * RATE  # at the limit, not past it
     assert in_flight.samples == 0
+
+
+def test_work_off_the_loop_cancelled_ends_once_its_thread_ends():
+    """A client that leaves while its upload decodes cancels the wait, not the decoding: the
+    upload stays counted in flight until the thread is done with it."""
+    started, release = threading.Event(), threading.Event()
+
+    def decode() -> str:
+        started.set()
+        release.wait(10)
+        return "decoded"
+
+    async def main():
+        waiting = asyncio.ensure_future(off_loop(decode))
+        await asyncio.to_thread(started.wait, 10)
+        waiting.cancel()
+        await asyncio.sleep(0.2)
+        still_waiting = not waiting.done()
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return still_waiting
+
+    assert asyncio.run(main())
+    assert asyncio.run(off_loop(sum, [1, 2])) == 3

@@ -10,8 +10,8 @@ whole, up to the limit, so that a chunked body without a Content-Length gets the
 one that declares its size.
 A client that sends no part of its body for `body_timeout` seconds gets a 408, as nginx's
 `client_body_timeout`, so a stalled upload does not hold a connection and its buffers forever;
-so does one that trickles it, slower than MIN_BODY_RATE bytes a second once `body_timeout` has
-passed (as Apache's mod_reqtimeout with `MinRate=500`).
+so does one that trickles it, having sent fewer than MIN_BODY_RATE bytes for each second past
+`body_timeout` (as Apache's mod_reqtimeout with `MinRate=500`).
 Once no request has been in flight for `IDLE_TRIM_SECONDS`, the C heap's free pages go back to
 the system (`trim_heap`): an engine trims after its own steps, but uploads are decoded and texts
 tokenized outside them (an hour of silence, which the engine never decodes, left 0.8 GB held).
@@ -45,7 +45,7 @@ UNCOUNTED_PATHS = ("/health", "/metrics")  # not requests in flight for a gracef
 QUIET_PATHS = ("/health", "/metrics")  # probes and scrapes: logged at DEBUG when they succeed
 CLIENT_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 BODY_TIMEOUT_SECONDS = 60.0  # --request-body-timeout's default, nginx's client_body_timeout
-MIN_BODY_RATE = 500  # bytes a second a body averages past its first timeout (Apache's mod_reqtimeout)
+MIN_BODY_RATE = 500  # bytes a body sends for each second past its first timeout (Apache's MinRate)
 
 
 class ConnectionGone(Exception):

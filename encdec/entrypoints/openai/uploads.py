@@ -251,5 +251,12 @@ class AudioInFlight:
 
 async def off_loop(function: Callable[..., T], *args: Any) -> T:
     """`function(*args)` on the default executor's threads: reading and decoding an upload
-    must not stall the event loop."""
-    return await asyncio.get_running_loop().run_in_executor(None, function, *args)
+    must not stall the event loop. Cancelled, it still waits for the thread to end before it
+    raises: the upload's file and what the decoding holds are in use until then (and counted in
+    the audio in flight)."""
+    job = asyncio.get_running_loop().run_in_executor(None, function, *args)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        await asyncio.wait([job])
+        raise
