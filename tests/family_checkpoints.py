@@ -97,6 +97,7 @@ FULL_SHAPE_INIT_STDS = {"t5": T5_FULL_SHAPE_STDS,
                         # of 16); 0.2 gives 15 and keeps float32's logit error ~4e-4.
                         "mbart-50": dict(INIT_STDS, decoder_self_attention=0.15,
                                          cross_attention=0.2)}
+FULL_SHAPE_INIT_STDS["mt5"] = FULL_SHAPE_INIT_STDS["flan-t5"]  # Flan-T5's layers
 TWO_LAYERS = {"t5": dict(num_layers=2, num_decoder_layers=2),
               "bart": dict(encoder_layers=2, decoder_layers=2)}
 
