@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Union
+import ssl
+from typing import Optional, Union
 
 import torch
 
 from encdec.entrypoints.cli_args import add_model_options, local_device
-from encdec.entrypoints.cli_messages import INSTALL_RAY, UsageError, error, option_wording
+from encdec.entrypoints.cli_messages import INSTALL_RAY, UsageError, error, option_wording, os_reason
 from encdec.entrypoints.ray.serve import add_ray_options, ray_options_without_ray
 from encdec.entrypoints.transcribe_args import non_negative_float, number, positive_float, positive_int
 from encdec.weights.loader import check_model
@@ -36,6 +37,7 @@ def check_serve(args: argparse.Namespace) -> None:
         per_model_options({name: getattr(args, name) for name in CACHE_OPTIONS}, len(args.models))
     except ModelLoadError as err:
         raise UsageError(str(err)) from None
+    check_tls(args.ssl_keyfile, args.ssl_certfile)
     if unused := ray_options_without_ray(args):
         raise UsageError(f"{', '.join(unused)}: Ray Serve options; add --ray to serve through Ray")
     if args.ray:
@@ -49,6 +51,29 @@ def check_serve(args: argparse.Namespace) -> None:
             if value > limit:
                 where = "this machine" if device.type == "cpu" else device
                 raise UsageError(f"{flag} {value:g}: more than {where}'s {limit:.1f} GiB of memory")
+
+
+def check_tls(keyfile: Optional[str], certfile: Optional[str]) -> None:
+    """HTTPS's key and certificate: both or neither, and a pair that loads (UsageError)."""
+    if (keyfile is None) != (certfile is None):
+        raise UsageError("--ssl-keyfile and --ssl-certfile go together: give both to serve HTTPS, "
+                         "or neither")
+    if keyfile is None:
+        return
+    for flag, path in (("--ssl-keyfile", keyfile), ("--ssl-certfile", certfile)):
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as err:
+            raise UsageError(f"{flag} {path}: {os_reason(err)}") from None
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except ssl.SSLError as err:
+        if err.reason == "KEY_VALUES_MISMATCH":
+            raise UsageError(f"--ssl-keyfile {keyfile}: not the key of the certificate in "
+                             f"--ssl-certfile {certfile}") from None
+        raise UsageError(f"--ssl-certfile {certfile}, --ssl-keyfile {keyfile}: not a PEM certificate "
+                         f"and its private key ({err.strerror or err})") from None
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -161,6 +186,10 @@ def add_serve(subparsers) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     p.add_argument("--port", type=number(int, 0, 65535), default=8000,
                    help="port to listen on; 0: any free one (default: 8000)")
+    p.add_argument("--ssl-keyfile", metavar="PATH",
+                   help="serve HTTPS with this private key (PEM), with --ssl-certfile (default: HTTP)")
+    p.add_argument("--ssl-certfile", metavar="PATH",
+                   help="the certificate (PEM, its chain after it) of --ssl-keyfile's key")
     p.add_argument("--api-key", type=api_key, default=os.environ.get("ENCDEC_API_KEY"),
                    help="require Authorization: Bearer KEY on every path but /health "
                         "(default: $ENCDEC_API_KEY; none: no key)")

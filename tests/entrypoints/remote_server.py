@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import httpx
 import openai
@@ -32,8 +32,10 @@ def free_port() -> int:
 
 
 class RemoteServer:
-    def __init__(self, args: list[str], api_key: Optional[str] = None, startup_timeout: float = 180):
-        self.api_key = api_key
+    def __init__(self, args: list[str], api_key: Optional[str] = None, startup_timeout: float = 180,
+                 verify: Union[bool, str] = True):
+        """`verify`: for a server on HTTPS, the CA file its certificate is checked with."""
+        self.api_key, self.verify = api_key, verify
         self.log = tempfile.NamedTemporaryFile("w+", prefix="encdec-serve-", suffix=".log", delete=False)
         env = {**os.environ, "ENCDEC_API_KEY": api_key or ""}
         if not api_key:
@@ -44,15 +46,15 @@ class RemoteServer:
         self._wait_healthy(startup_timeout)
 
     def _wait_healthy(self, timeout: float) -> None:
-        """Wait for the log's `serving ... on http://127.0.0.1:PORT`, then for /health."""
+        """Wait for the log's `serving ... on http(s)://127.0.0.1:PORT`, then for /health."""
         deadline, self.url = time.monotonic() + timeout, None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"encdec serve exited with {self.proc.returncode}:\n{self.output()}")
-            if self.url is None and (found := re.search(r" on (http://127\.0\.0\.1:(\d+))\b", self.output())):
+            if self.url is None and (found := re.search(r" on (https?://127\.0\.0\.1:(\d+))\b", self.output())):
                 self.url, self.port = found[1], int(found[2])
             try:
-                if self.url and httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if self.url and httpx.get(f"{self.url}/health", timeout=2, verify=self.verify).status_code == 200:
                     return
             except httpx.TransportError:
                 pass
@@ -66,14 +68,16 @@ class RemoteServer:
 
     def client(self, **options) -> openai.OpenAI:
         options = {"api_key": self.api_key or "none", "max_retries": 0, "timeout": 120, **options}
+        if self.verify is not True:
+            options.setdefault("http_client", httpx.Client(verify=self.verify))
         return openai.OpenAI(base_url=f"{self.url}/v1", **options)
 
     def http(self, **options) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers=self.headers, timeout=120, **options)
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=120, verify=self.verify, **options)
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
         """`{(sample name, sorted labels): value}` of /metrics."""
-        text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10).text
+        text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10, verify=self.verify).text
         return {(s.name, tuple(sorted(s.labels.items()))): s.value
                 for family in text_string_to_metric_families(text) for s in family.samples}
 

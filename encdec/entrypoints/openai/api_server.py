@@ -195,9 +195,11 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def server_url(host: str, port: int) -> str:
-    """Where clients reach a server listening on `host`:`port` (IPv6 addresses in brackets)."""
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+def server_url(host: str, port: int, tls: bool = False) -> str:
+    """Where clients reach a server listening on `host`:`port` (IPv6 addresses in brackets),
+    with HTTPS if `tls`."""
+    scheme = "https" if tls else "http"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def announce(line: str) -> None:
@@ -224,8 +226,9 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS,
-                            http=head_timeout_protocol(args.request_header_timeout))
-    announce(f"serving {', '.join(model.name for model in served)} on "
-             f"{server_url(args.host, sock.getsockname()[1])}")  # the port bound, also for --port 0
+                            http=head_timeout_protocol(args.request_header_timeout),
+                            ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+    announce(f"serving {', '.join(model.name for model in served)} on "  # the port bound, also for --port 0
+             f"{server_url(args.host, sock.getsockname()[1], args.ssl_certfile is not None)}")
     DrainingServer(config, state, args.shutdown_timeout).run(sockets=[sock])
     return 0

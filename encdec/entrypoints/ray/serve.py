@@ -139,7 +139,8 @@ def deploy(args: argparse.Namespace):
     from encdec.entrypoints.ray.replica_board import start_board
 
     board = start_board()
-    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.start(http_options={"host": args.host, "port": args.port, "ssl_keyfile": args.ssl_keyfile,
+                              "ssl_certfile": args.ssl_certfile})
     serve.run(application(args), name=APP_NAME, route_prefix="/")
     return board
 
@@ -214,7 +215,8 @@ def run_ray_server(args: argparse.Namespace) -> int:
             serve.shutdown()
             return 1
         replicas = args.replicas if args.autoscale is None else "%d-%d" % args.autoscale
-        announce(f"serving on {server_url(args.host, args.port)} with {replicas} replicas")
+        announce(f"serving on {server_url(args.host, args.port, args.ssl_certfile is not None)} with "
+                 f"{replicas} replicas")
         stop.wait()
         logger.info("shutting down: refusing new requests; waiting up to %g s for those in flight",
                     args.shutdown_timeout)
