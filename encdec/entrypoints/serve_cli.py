@@ -16,8 +16,6 @@ from encdec.entrypoints.ray.serve import add_ray_options, ray_options_without_ra
 from encdec.entrypoints.transcribe_args import non_negative_float, number, positive_float, positive_int
 from encdec.weights.loader import check_model
 
-HEADER_TIMEOUT_SECONDS = 60.0  # --request-header-timeout's default, nginx's client_header_timeout
-
 
 def memory_gib(device: torch.device) -> float:
     """How much memory `device` has (this machine's for the CPU), in GiB."""
@@ -41,7 +39,7 @@ def check_serve(args: argparse.Namespace) -> None:
     if unused := ray_options_without_ray(args):
         raise UsageError(f"{', '.join(unused)}: Ray Serve options; add --ray to serve through Ray")
     if args.ray:
-        if args.request_header_timeout != HEADER_TIMEOUT_SECONDS:
+        if args.request_header_timeout is not None:
             raise UsageError("--request-header-timeout: not with --ray, whose proxy reads the requests")
         return
     for flag, values, device in (("--kv-cache-space", args.kv_cache_space, local_device(args.device)),
@@ -66,8 +64,17 @@ def check_tls(keyfile: Optional[str], certfile: Optional[str]) -> None:
                 pass
         except OSError as err:
             raise UsageError(f"{flag} {path}: {os_reason(err)}") from None
+    class Encrypted(Exception):
+        pass
+
+    def no_password() -> str:  # asked for only when the key is encrypted (else OpenSSL prompts)
+        raise Encrypted()
+
     try:
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile, no_password)
+    except Encrypted:
+        raise UsageError(f"--ssl-keyfile {keyfile}: the key is encrypted; give it unencrypted (its "
+                         f"file readable by the server's user alone)") from None
     except ssl.SSLError as err:
         if err.reason == "KEY_VALUES_MISMATCH":
             raise UsageError(f"--ssl-keyfile {keyfile}: not the key of the certificate in "
@@ -209,13 +216,12 @@ def add_serve(subparsers) -> None:
                         "in flight gets 429 with Retry-After (default: %(default)g)")
     p.add_argument("--request-body-timeout", type=positive_float, default=60, metavar="SECONDS",
                    help="seconds a request body may go without sending any part of it before "
-                        "the request gets 408, as does one that has sent fewer than 500 bytes for "
-                        "each second past them (default: 60)")
-    p.add_argument("--request-header-timeout", type=positive_float, default=HEADER_TIMEOUT_SECONDS,
-                   metavar="SECONDS",
+                        "the request gets 408, as does a body that has sent fewer than 500 bytes "
+                        "for each second after the first SECONDS (default: 60)")
+    p.add_argument("--request-header-timeout", type=positive_float, default=None, metavar="SECONDS",
                    help="seconds a connection may take to send a whole request head, from its "
                         "opening or its last response's end, before it is closed; not with --ray, "
-                        "whose proxy reads the requests (default: %(default)g)")
+                        "whose proxy reads the requests (default: 60)")
     p.add_argument("--max-waiting-requests", type=positive_int, default=None,
                    help="requests queued per model before new ones get 429 (default: no limit)")
     p.add_argument("--shutdown-timeout", type=number(float, 1), default=30,

@@ -68,8 +68,8 @@ class RemoteServer:
 
     def client(self, **options) -> openai.OpenAI:
         options = {"api_key": self.api_key or "none", "max_retries": 0, "timeout": 120, **options}
-        if self.verify is not True:
-            options.setdefault("http_client", httpx.Client(verify=self.verify))
+        if self.verify is not True and "http_client" not in options:
+            options["http_client"] = httpx.Client(verify=self.verify)
         return openai.OpenAI(base_url=f"{self.url}/v1", **options)
 
     def http(self, **options) -> httpx.Client:

@@ -67,6 +67,9 @@ def test_a_key_and_certificate_that_do_not_go_together_are_refused(tmp_path, cap
     other_key, _ = self_signed(tmp_path, "other")
     junk = tmp_path / "junk.pem"
     junk.write_text("not a certificate\n")
+    encrypted = tmp_path / "encrypted.pem"
+    encrypted.write_bytes(serialization.load_pem_private_key(keyfile.read_bytes(), None).private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.BestAvailableEncryption(b"pass")))
     serve = ["serve", "--model", "tiny.en"]
     cases = [
         (["--ssl-keyfile", str(keyfile)], "--ssl-keyfile and --ssl-certfile go together: give both to serve "
@@ -75,6 +78,8 @@ def test_a_key_and_certificate_that_do_not_go_together_are_refused(tmp_path, cap
          f"--ssl-keyfile {other_key}: not the key of the certificate in --ssl-certfile {certfile}"),
         (["--ssl-keyfile", str(keyfile), "--ssl-certfile", str(junk)],
          f"--ssl-certfile {junk}, --ssl-keyfile {keyfile}: not a PEM certificate and its private key"),
+        (["--ssl-keyfile", str(encrypted), "--ssl-certfile", str(certfile)],
+         f"--ssl-keyfile {encrypted}: the key is encrypted; give it unencrypted"),
         (["--ssl-keyfile", str(tmp_path / "missing.pem"), "--ssl-certfile", str(certfile)],
          f"--ssl-keyfile {tmp_path / 'missing.pem'}: no such file or directory"),
     ]

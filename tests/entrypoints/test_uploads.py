@@ -13,8 +13,8 @@ import soundfile
 from starlette.datastructures import UploadFile
 
 from encdec.entrypoints.openai.errors import OpenAIError
-from encdec.entrypoints.openai.uploads import (AudioInFlight, declared_length, decode_upload, off_loop,
-                                               stated_samples)
+from encdec.entrypoints.openai.serving_engine import off_loop
+from encdec.entrypoints.openai.uploads import AudioInFlight, declared_length, decode_upload, stated_samples
 
 RATE = 16000
 
@@ -117,7 +117,9 @@ def test_work_off_the_loop_cancelled_ends_once_its_thread_ends():
         waiting = asyncio.ensure_future(off_loop(decode))
         await asyncio.to_thread(started.wait, 10)
         waiting.cancel()
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.1)
+        waiting.cancel()  # a second cancellation does not end the wait either
+        await asyncio.sleep(0.1)
         still_waiting = not waiting.done()
         release.set()
         with pytest.raises(asyncio.CancelledError):
@@ -126,3 +128,28 @@ def test_work_off_the_loop_cancelled_ends_once_its_thread_ends():
 
     assert asyncio.run(main())
     assert asyncio.run(off_loop(sum, [1, 2])) == 3
+
+
+def test_an_upload_is_counted_at_its_stated_length_then_at_its_own_without_a_gap():
+    """Held at the header's length while it decodes, an upload is recounted at its decoded
+    length: a shorter one always fits, a longer one is refused beside others (and stays counted
+    as it was until released)."""
+    in_flight = AudioInFlight(max_seconds=8)
+    with in_flight.hold("a.flac", 4 * RATE) as first:
+        first.recount(3 * RATE)  # shorter than its header said
+        assert in_flight.samples == 3 * RATE
+        second = in_flight.hold("b.mp3", 0)  # no stated length: nothing counted while it decodes
+        with pytest.raises(OpenAIError, match="b.mp3: the server is transcribing 3.0 s of audio already, "
+                                              "and 6.0 s more would pass its limit of 8 s") as refused:
+            second.recount(6 * RATE)
+        assert refused.value.status == 429 and in_flight.samples == 3 * RATE
+        second.recount(5 * RATE)  # 8 s: at the limit
+        assert in_flight.samples == 8 * RATE
+        second.release()
+        second.release()
+        assert in_flight.samples == 3 * RATE
+    assert in_flight.samples == 0
+    with in_flight.hold("alone.mp3", 0) as alone:
+        alone.recount(20 * RATE)  # alone, past the limit: taken
+        assert in_flight.samples == 20 * RATE
+    assert in_flight.samples == 0

@@ -27,7 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from encdec import __version__
 from encdec.entrypoints.cli_messages import os_reason
 from encdec.entrypoints.openai.errors import OpenAIError, add_error_handlers, bad_request
-from encdec.entrypoints.openai.http_protocol import head_timeout_protocol
+from encdec.entrypoints.openai.http_protocol import HEADER_TIMEOUT_SECONDS, head_timeout_protocol
 from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.middleware import BODY_TIMEOUT_SECONDS, ServerState, ServingMiddleware
 from encdec.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse, ModelCard,
@@ -226,7 +226,8 @@ def run_server(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS,
-                            http=head_timeout_protocol(args.request_header_timeout),
+                            http=head_timeout_protocol(HEADER_TIMEOUT_SECONDS if args.request_header_timeout is None
+                                                       else args.request_header_timeout),
                             ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     announce(f"serving {', '.join(model.name for model in served)} on "  # the port bound, also for --port 0
              f"{server_url(args.host, sock.getsockname()[1], args.ssl_certfile is not None)}")

@@ -1,8 +1,10 @@
 """uvicorn's HTTP protocol with a deadline on each request's head, as nginx's
 `client_header_timeout`: a connection that has not sent a whole request head `timeout` seconds
-after it opened, or after its last response ended, is closed. uvicorn alone waits for a head
-without limit once any of it has come (its keep-alive timeout only closes a connection that
-sends nothing), so a client sending a header line now and then could hold a connection forever.
+after it opened, or after its last response ended, is closed (also one still sending the body
+of a request answered before it was read, as a refusal is). uvicorn alone waits for a
+connection's first head without limit, and for a later one once any of it has come (its
+keep-alive timeout, set when a response ends, closes only a connection that sends nothing
+more), so a client sending a header line now and then could hold a connection forever.
 """
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ from typing import Optional
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 logger = logging.getLogger("encdec.server")
+HEADER_TIMEOUT_SECONDS = 60.0  # --request-header-timeout's default, nginx's client_header_timeout
 
 
-def head_timeout_protocol(timeout: float) -> type[asyncio.Protocol]:
-    """uvicorn's protocol class (httptools' or h11's, as uvicorn picks), closing connections
-    whose request head does not come within `timeout` seconds."""
+def head_timeout_protocol(timeout: float, base: type[asyncio.Protocol] = AutoHTTPProtocol) -> type[asyncio.Protocol]:
+    """uvicorn's protocol class `base` (httptools' or h11's; by default the one uvicorn picks),
+    closing connections whose request head does not come within `timeout` seconds."""
 
-    class HeadTimeoutProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    class HeadTimeoutProtocol(base):  # type: ignore[misc, valid-type]
         head_deadline: Optional[asyncio.TimerHandle] = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]

@@ -4,9 +4,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Callable, Iterable, Iterator, Optional, TypeVar, Union
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Optional, TypeVar, Union
 
 from fastapi import Request
 from pydantic import BaseModel
@@ -27,10 +27,24 @@ _TOKENIZING = ThreadPoolExecutor(max_workers=2, thread_name_prefix="encdec-token
 _TOKENIZING_LONG = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encdec-tokenize-long")
 
 
+async def off_loop(function: Callable[..., T], *args: Any, executor: Optional[Executor] = None) -> T:
+    """`function(*args)` on `executor`'s threads (None: the loop's default ones), so that the
+    event loop does not stall. Cancelled, it still waits for the thread to end before it
+    raises: what the thread reads (an upload's file) and holds is in use until then."""
+    job = asyncio.get_running_loop().run_in_executor(executor, function, *args)
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        while not job.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait([job])
+        raise
+
+
 async def tokenize_off_loop(tokenize: Callable[[], T], texts: Iterable[str]) -> T:
     """Run `tokenize` (of `texts`) off the event loop, on the text endpoints' threads."""
     pool = _TOKENIZING_LONG if sum(len(text) for text in texts) > PIECE_CHARS else _TOKENIZING
-    return await asyncio.get_running_loop().run_in_executor(pool, tokenize)
+    return await off_loop(tokenize, executor=pool)
 
 
 def random_id(prefix: str) -> str:

@@ -28,9 +28,10 @@ from encdec.entrypoints.openai.metrics import ServerMetrics
 from encdec.entrypoints.openai.protocol import (ServerVad, TranscriptionDelta, TranscriptionDone,
                                                 TranscriptionRequest, TranscriptionUsage,
                                                 TranscriptionVerbose, TranslationRequest)
+from encdec.entrypoints.openai.serving_engine import off_loop
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from encdec.entrypoints.openai.streaming import DONE, cancel_on_disconnect, event_stream, sse
-from encdec.entrypoints.openai.uploads import (AudioInFlight, decode_upload, form_fields, off_loop, read_form,
+from encdec.entrypoints.openai.uploads import (AudioInFlight, HeldAudio, decode_upload, form_fields, read_form,
                                                stated_samples, upload_name)
 from encdec.entrypoints.whisper_options import NAMES, transcribe_options
 from encdec.outputs import RequestOutput
@@ -58,49 +59,56 @@ class OpenAIServingTranscription:
 
     async def create(self, request: Request, task: str) -> Response:
         form = await read_form(request, self.max_upload_bytes)
+        held: Optional[HeldAudio] = None
         try:
-            upload, fields = form_fields(form)
-            model = TranscriptionRequest if task == "transcribe" else TranslationRequest
             try:
-                body = model.model_validate(fields)
-            except ValidationError as err:
-                raise validation_error(err) from None
-            check_request(body)
-            options = dict(language=body.language, task=task, **request_options(body))
-            served = self.models.get(body.model, whisper=True)
-            try:
-                checked_options(served.engine, **options)
-            except ValueError as err:
-                raise transcribe_error(err) from err
-            name = upload_name(upload)
-            stated = await off_loop(stated_samples, upload, self.max_audio_seconds)
-            with self.in_flight.hold(name, stated):  # a stated length is counted while it decodes
+                upload, fields = form_fields(form)
+                model = TranscriptionRequest if task == "transcribe" else TranslationRequest
+                try:
+                    body = model.model_validate(fields)
+                except ValidationError as err:
+                    raise validation_error(err) from None
+                check_request(body)
+                options = dict(language=body.language, task=task, **request_options(body))
+                served = self.models.get(body.model, whisper=True)
+                try:
+                    checked_options(served.engine, **options)
+                except ValueError as err:
+                    raise transcribe_error(err) from err
+                # counted from before it decodes at the length its header states, then at its own
+                held = self.in_flight.hold(upload_name(upload), await off_loop(
+                    stated_samples, upload, self.max_audio_seconds))
                 audio = await cancel_on_disconnect(
                     request, off_loop(decode_upload, upload, self.max_audio_seconds))
-        finally:
-            await form.close()
-        options["on_output"] = WindowCounter(self.metrics, served.name, request.state.start_time)
-        try:
-            if streamed(body):
-                admission = Admission()  # the stream starts once the first window is taken
-                events = self._events(served, name, audio, options, admission, task)
-                return await event_stream(request, events, admission)
-            with self.in_flight.hold(name, len(audio)):
+                held.recount(len(audio))
+            finally:
+                await form.close()
+            options["on_output"] = WindowCounter(self.metrics, served.name, request.state.start_time)
+            try:
+                if streamed(body):
+                    admission = Admission()  # the stream starts once the first window is taken
+                    events = self._events(served, held, audio, options, admission, task)
+                    stream = await event_stream(request, events, admission)
+                    held = None  # the stream's to release when it ends
+                    return stream
                 result = (await cancel_on_disconnect(
                     request, served.engine.transcribe([(audio, SAMPLE_RATE)], **options)))[0]
-        except ValueError as err:
-            raise transcribe_error(err) from err
+            except ValueError as err:
+                raise transcribe_error(err) from err
+        finally:
+            if held is not None:
+                held.release()
         self._count_audio(served, result)
         return response(result, body, task)
 
     def _count_audio(self, served: ServedModel, result: Transcription) -> None:
         self.metrics.audio_seconds.labels(served.name).inc(result.duration)
 
-    async def _events(self, served: ServedModel, name: str, audio: np.ndarray, options: dict,
+    async def _events(self, served: ServedModel, held: HeldAudio, audio: np.ndarray, options: dict,
                       admission: Admission, task: str) -> AsyncIterator[str]:
         """A delta per stretch of final segments, then the whole text (and a transcription's
-        usage). Audio past the limit in flight is refused at the start: a plain 429."""
-        with self.in_flight.hold(name, len(audio)):
+        usage); the upload's audio is counted in flight until the stream ends."""
+        with held:
             queue: asyncio.Queue[Optional[list[Segment]]] = asyncio.Queue()
             job = asyncio.ensure_future(served.engine.transcribe(
                 [(audio, SAMPLE_RATE)], on_segments=lambda _, segments: queue.put_nowait(segments),

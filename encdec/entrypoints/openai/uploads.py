@@ -1,6 +1,6 @@
-"""Audio uploads: the size limit checked while the body streams in, decoding off the event loop,
-the audio in flight bounded (an upload whose header states its length counts from before it is
-decoded).
+"""Audio uploads: the size limit checked while the body streams in, the stated length read and
+the audio decoded (on threads, by the caller), the audio in flight bounded (an upload whose header
+states its length counts from before it is decoded, with no gap until its transcription ends).
 
 The declared Content-Length is checked first; then a counting reader stops the body as soon as
 it passes the limit (with room for the form's other fields), so an upload is never read whole
@@ -10,14 +10,12 @@ gets to read the 413 instead of a reset connection.
 """
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Optional, TypeVar
+from typing import Any, BinaryIO, Optional
 
 import numpy as np
 import soundfile
@@ -39,7 +37,6 @@ FIELD_REFUSALS = ("Too many fields", "Part exceeded maximum size")
 COUNTED_CONTAINERS = (b"RIFF", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff")
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
 AUDIO_RETRY_AFTER_SECONDS = 5  # Retry-After of an upload refused for the audio in flight
-T = TypeVar("T")
 
 
 class UploadTooLarge(Exception):
@@ -171,8 +168,8 @@ def stated_samples(upload: UploadFile, max_seconds: float) -> int:
 
 
 def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
-    """The upload as a 16 kHz waveform; a 400 (param `file`) if it is not audio or longer than
-    `max_seconds`. Its samples per channel are bounded too, at `max_seconds` of MAX_UPLOAD_RATE
+    """The upload (`stated_samples` refused it if empty) as a 16 kHz waveform; a 400 (param
+    `file`) if it is not audio or longer than `max_seconds`. Its samples per channel are bounded too, at `max_seconds` of MAX_UPLOAD_RATE
     audio, while it is decoded: a small file of a high sample rate or many channels must not
     take the memory."""
     name = upload_name(upload)
@@ -232,31 +229,46 @@ class AudioInFlight:
         self.max_seconds = max_seconds
         self.samples = 0  # counted in samples, which add up exactly
 
-    @contextlib.contextmanager
-    def hold(self, name: str, samples: int) -> Iterator[None]:
-        """Count `samples` (16 kHz samples of the upload `name`) while the block runs."""
-        if self.samples and (self.samples + samples) / SAMPLE_RATE > self.max_seconds:
+    def hold(self, name: str, samples: int) -> HeldAudio:
+        """Count `samples` (16 kHz samples of the upload `name`) until the hold is released (or
+        its `with` block ends); a 429 if they would pass the limit beside others."""
+        self.check(name, self.samples, samples)
+        held = HeldAudio(self, name)
+        held.recount(samples)
+        return held
+
+    def check(self, name: str, others: int, samples: int) -> None:
+        """A 429 if `samples` beside `others` (the count of the other uploads) pass the limit."""
+        if others and (others + samples) / SAMPLE_RATE > self.max_seconds:
             more = f"{samples / SAMPLE_RATE:.1f} s more" if samples else "more"
-            raise OpenAIError(429, f"{name}: the server is transcribing {self.samples / SAMPLE_RATE:.1f} s "
+            raise OpenAIError(429, f"{name}: the server is transcribing {others / SAMPLE_RATE:.1f} s "
                                    f"of audio already, and {more} would pass its limit of "
                                    f"{self.max_seconds:g} s in flight (--max-audio-seconds-in-flight); "
                                    f"try again later", "file", "audio_in_flight",
                               headers={"Retry-After": str(AUDIO_RETRY_AFTER_SECONDS)})
-        self.samples += samples
-        try:
-            yield
-        finally:
-            self.samples -= samples
 
 
-async def off_loop(function: Callable[..., T], *args: Any) -> T:
-    """`function(*args)` on the default executor's threads: reading and decoding an upload
-    must not stall the event loop. Cancelled, it still waits for the thread to end before it
-    raises: the upload's file and what the decoding holds are in use until then (and counted in
-    the audio in flight)."""
-    job = asyncio.get_running_loop().run_in_executor(None, function, *args)
-    try:
-        return await asyncio.shield(job)
-    except asyncio.CancelledError:
-        await asyncio.wait([job])
-        raise
+class HeldAudio:
+    """One upload's count in `AudioInFlight`: its header's stated length while it decodes, then
+    its decoded length, without letting go in between."""
+
+    def __init__(self, in_flight: AudioInFlight, name: str):
+        self.in_flight, self.name, self.samples = in_flight, name, 0
+
+    def recount(self, samples: int) -> None:
+        """Count `samples` instead; a 429 (the count unchanged) if more would pass the limit."""
+        if samples > self.samples:
+            self.in_flight.check(self.name, self.in_flight.samples - self.samples, samples)
+        self.in_flight.samples += samples - self.samples
+        self.samples = samples
+
+    def release(self) -> None:
+        """Count nothing more (again: nothing happens)."""
+        self.in_flight.samples -= self.samples
+        self.samples = 0
+
+    def __enter__(self) -> HeldAudio:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.release()

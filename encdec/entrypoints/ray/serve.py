@@ -139,8 +139,9 @@ def deploy(args: argparse.Namespace):
     from encdec.entrypoints.ray.replica_board import start_board
 
     board = start_board()
-    serve.start(http_options={"host": args.host, "port": args.port, "ssl_keyfile": args.ssl_keyfile,
-                              "ssl_certfile": args.ssl_certfile})
+    tls = {name: os.path.abspath(path) for name in ("ssl_keyfile", "ssl_certfile")
+           if (path := getattr(args, name)) is not None}  # read by the proxy, from its own directory
+    serve.start(http_options={"host": args.host, "port": args.port, **tls})
     serve.run(application(args), name=APP_NAME, route_prefix="/")
     return board
 
