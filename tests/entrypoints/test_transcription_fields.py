@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from encdec.entrypoints.openai.errors import OpenAIError
+from encdec.entrypoints.openai.errors import OpenAIError, validation_error
 from encdec.entrypoints.openai.protocol import TranscriptionRequest, TranslationRequest
 from encdec.entrypoints.openai.serving_transcription import request_options
 from encdec.whisper.options import TranscribeOptions
@@ -40,6 +41,23 @@ def test_cross_field_errors_name_the_field():
     with pytest.raises(OpenAIError) as err:
         options(hallucination_silence_threshold="1")
     assert err.value.param == "hallucination_silence_threshold"
+
+
+def test_an_unknown_chunking_strategy_is_refused_in_words():
+    for value in ("fixed", 5, ["auto"]):
+        with pytest.raises(OpenAIError) as err:
+            request_error(chunking_strategy=value)
+        assert err.value.param == "chunking_strategy"
+        assert str(err.value) == ('chunking_strategy: expected "auto" or a server_vad object '
+                                  f'({{"type": "server_vad", ...}}), got {value!r}')
+
+
+def request_error(**fields) -> None:
+    """The server's 400 for `fields` (a ValidationError as the endpoint turns it into one)."""
+    try:
+        TranscriptionRequest.model_validate({"model": "tiny.en", **fields})
+    except ValidationError as err:
+        raise validation_error(err) from None
 
 
 def test_server_vad_takes_openais_defaults():

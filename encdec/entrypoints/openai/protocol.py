@@ -278,14 +278,18 @@ class TranscriptionRequest(TranslationRequest):
 
     @field_validator("chunking_strategy", mode="before")
     @classmethod
-    def object_as_json(cls, value: Any) -> Any:
+    def auto_or_object(cls, value: Any) -> Any:
         """A hand-written form's `chunking_strategy={"type": "server_vad", ...}`: the object
-        (the official client sends one field per key, `chunking_strategy[type]`)."""
+        (the official client sends one field per key, `chunking_strategy[type]`); a value that
+        is neither "auto" nor an object is refused in words, not by the union's member names."""
         if isinstance(value, str) and value.lstrip().startswith("{"):
             try:
                 return json.loads(value)
             except json.JSONDecodeError as err:
                 raise ValueError(f"not a JSON object: {err}") from None
+        if value is not None and value != "auto" and not isinstance(value, (dict, ServerVad)):
+            raise ValueError(f'expected "auto" or a server_vad object ({{"type": "server_vad", ...}}), '
+                             f"got {value!r}")
         return value
 
 
