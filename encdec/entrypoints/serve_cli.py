@@ -51,6 +51,15 @@ def check_serve(args: argparse.Namespace) -> None:
                 raise UsageError(f"{flag} {value:g}: more than {where}'s {limit:.1f} GiB of memory")
 
 
+class EncryptedKey(Exception):
+    """An HTTPS key that asks for a password."""
+
+
+def no_password() -> str:
+    """OpenSSL's password callback, called only for an encrypted key (without one it prompts)."""
+    raise EncryptedKey()
+
+
 def check_tls(keyfile: Optional[str], certfile: Optional[str]) -> None:
     """HTTPS's key and certificate: both or neither, and a pair that loads (UsageError)."""
     if (keyfile is None) != (certfile is None):
@@ -64,15 +73,9 @@ def check_tls(keyfile: Optional[str], certfile: Optional[str]) -> None:
                 pass
         except OSError as err:
             raise UsageError(f"{flag} {path}: {os_reason(err)}") from None
-    class Encrypted(Exception):
-        pass
-
-    def no_password() -> str:  # asked for only when the key is encrypted (else OpenSSL prompts)
-        raise Encrypted()
-
     try:
         ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile, no_password)
-    except Encrypted:
+    except EncryptedKey:
         raise UsageError(f"--ssl-keyfile {keyfile}: the key is encrypted; give it unencrypted (its "
                          f"file readable by the server's user alone)") from None
     except ssl.SSLError as err:

@@ -169,9 +169,9 @@ def stated_samples(upload: UploadFile, max_seconds: float) -> int:
 
 def decode_upload(upload: UploadFile, max_seconds: float) -> np.ndarray:
     """The upload (`stated_samples` refused it if empty) as a 16 kHz waveform; a 400 (param
-    `file`) if it is not audio or longer than `max_seconds`. Its samples per channel are bounded too, at `max_seconds` of MAX_UPLOAD_RATE
-    audio, while it is decoded: a small file of a high sample rate or many channels must not
-    take the memory."""
+    `file`) if it is not audio or longer than `max_seconds`. Its samples per channel are bounded
+    too, at `max_seconds` of MAX_UPLOAD_RATE audio, while it is decoded: a small file of a high
+    sample rate or many channels must not take the memory."""
     name = upload_name(upload)
     max_samples = int(max_seconds * MAX_UPLOAD_RATE)
     with tempfile.NamedTemporaryFile(suffix=file_suffix(name)) as copy:
