@@ -1,6 +1,7 @@
 """Engine configuration: what model, how big the cache, how the scheduler batches, which device."""
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol
@@ -63,6 +64,19 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.encoder_vocab_size is None:
             self.encoder_vocab_size = self.vocab_size
+
+    def with_max_model_len(self, max_model_len: Optional[int], speech: bool) -> ModelConfig:
+        """This config with the decoder's positions cut to `max_model_len` (vLLM's option: the
+        decoder prompt and new tokens of a request; the encoder keeps its own); None keeps the
+        model's. A speech model keeps its own: its windows' prompts and lengths are made for it."""
+        max_model_len = number("max_model_len", max_model_len, 1, integer=True, none=True)
+        if max_model_len is None or max_model_len == self.max_decoder_len:
+            return self
+        if speech or max_model_len > self.max_decoder_len:
+            allowed = "only" if speech else "at most"
+            raise ValueError(f"max_model_len={max_model_len}: {self.model} takes {allowed} its "
+                             f"{self.max_decoder_len} decoder positions")
+        return dataclasses.replace(self, max_decoder_len=max_model_len)
 
     @property
     def decoder_start_token_id(self) -> int:

@@ -35,7 +35,9 @@ class LLM:
     activations and the KV cache in bfloat16. `compute_type` takes faster-whisper's names for
     the two ("float32", "bfloat16", "int8", ...) instead. `max_running_requests` bounds the
     requests decoded at once (the rest wait their turn): None, an int, or "auto", which is what
-    `encdec serve` uses (`encdec.config.auto_running_requests`).
+    `encdec serve` uses (`encdec.config.auto_running_requests`). `max_model_len` (vLLM's) cuts
+    the decoder positions a request may take to fewer than the model's
+    (`ModelConfig.with_max_model_len`).
     """
 
     def __init__(self, model: str, **engine_options: Any):

@@ -94,7 +94,8 @@ class LLMEngine:
                    seed: Optional[int] = 0, attention_backend: Optional[str] = None,
                    tune_malloc: bool = False, quantization: Optional[str] = None,
                    compute_type: Optional[str] = None,
-                   max_running_requests: Union[int, str, None] = None) -> "LLMEngine":
+                   max_running_requests: Union[int, str, None] = None,
+                   max_model_len: Optional[int] = None) -> "LLMEngine":
         """Load `model` (a local checkpoint directory or a Whisper alias) and size the engine;
         the options are `LLM`'s."""
         seed = secrets.randbits(63) if seed is None else number("seed", seed, 0, 2**63 - 1, integer=True)
@@ -114,9 +115,11 @@ class LLMEngine:
         loaded = load_model(model, resolve_dtype(dtype), device_config.device, attention_backend,
                             quantization)
         trim_heap()  # weights that loading converted (float32 ones a lower precision replaced) are free
+        speech = loaded.audio_processor is not None
+        loaded.model_config = loaded.model_config.with_max_model_len(max_model_len, speech)
         if auto:
             scheduler_config = dataclasses.replace(scheduler_config, max_running_requests=auto_running_requests(
-                loaded.audio_processor is not None, device_config.device))
+                speech, device_config.device))
         needed = loaded.model_config.max_encoder_len + loaded.model_config.max_decoder_len
         if max_num_batched_tokens < needed:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} is smaller than one "
@@ -124,7 +127,7 @@ class LLMEngine:
         defaults = load_generation_defaults(model)
         eos = loaded.model_config.eos_token_id
         defaults = dataclasses.replace(defaults, eos_token_ids=tuple(t for t in defaults.eos_token_ids if t != eos))
-        if loaded.audio_processor is not None:
+        if speech:
             defaults = defaults.for_speech(loaded.model_config.max_decoder_len)
         return cls(loaded, cache_config, scheduler_config, device_config, seed, defaults,
                    tune_malloc)

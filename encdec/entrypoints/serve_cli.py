@@ -27,12 +27,12 @@ def memory_gib(device: torch.device) -> float:
 def check_serve(args: argparse.Namespace) -> None:
     """The serve options that span several flags, before any model loads (UsageError): a name
     and cache budgets for each --model, budgets within the memory of the machine serving."""
-    from encdec.entrypoints.openai.serving_models import (CACHE_OPTIONS, ModelLoadError,
+    from encdec.entrypoints.openai.serving_models import (PER_MODEL_OPTIONS, ModelLoadError,
                                                           per_model_options, served_names)
 
     try:
         served_names(args.models, args.served_model_names)
-        per_model_options({name: getattr(args, name) for name in CACHE_OPTIONS}, len(args.models))
+        per_model_options({name: getattr(args, name) for name in PER_MODEL_OPTIONS}, len(args.models))
     except ModelLoadError as err:
         raise UsageError(str(err)) from None
     check_tls(args.ssl_keyfile, args.ssl_certfile)
@@ -144,6 +144,10 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
                    help=f"KV cache memory in GiB{per_model} (default: 2)")
     p.add_argument("--swap-space", type=non_negative_float, action="append",
                    help=f"swap space in GiB for preempted requests{per_model} (default: 1)")
+    p.add_argument("--max-model-len", type=positive_int, action="append",
+                   help="decoder positions a request may take, its decoder prompt and new tokens, at "
+                        f"most the model's (vLLM's option; Whisper: only its own){per_model} "
+                        "(default: the model's)")
     p.add_argument("--max-num-seqs", type=positive_int, default=256,
                    help="sequences decoded at once per model (default: 256)")
     p.add_argument("--max-num-batched-tokens", type=positive_int, default=16384,

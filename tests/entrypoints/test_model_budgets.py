@@ -14,8 +14,9 @@ def serve_args(*options: str):
 
 
 def test_flags_collect_one_value_per_model_or_one_for_all():
-    args = serve_args("--kv-cache-space", "1", "--kv-cache-space", "0.5", "--num-gpu-blocks", "64")
-    assert args.kv_cache_space == [1.0, 0.5] and args.num_gpu_blocks == [64]
+    args = serve_args("--kv-cache-space", "1", "--kv-cache-space", "0.5", "--num-gpu-blocks", "64",
+                      "--max-model-len", "448", "--max-model-len", "512")
+    assert args.kv_cache_space == [1.0, 0.5] and args.num_gpu_blocks == [64] and args.max_model_len == [448, 512]
     assert args.swap_space is None
     options = per_model_options({"kv_cache_space": args.kv_cache_space, "num_gpu_blocks": args.num_gpu_blocks,
                                  "swap_space": args.swap_space, "dtype": "float32"}, 2)
@@ -49,13 +50,13 @@ def test_every_engine_option_of_llm_is_a_serve_flag_that_ray_replicas_pass_on():
 
 
 def test_an_unknown_llm_option_names_itself_and_the_ones_taken(tmp_path):
-    """vLLM's `max_model_len` and the like, refused with the list before the model is looked
-    for (a missing checkpoint would be another error)."""
+    """vLLM's `gpu_memory_utilization` and the like, refused with the list before the model is
+    looked for (a missing checkpoint would be another error)."""
     from encdec import LLM
 
-    with pytest.raises(TypeError, match=r"^LLM\(\) got unknown options gpu_memory_utilization, max_model_len; "
-                                        r"it takes model and dtype, device, .*, max_running_requests$"):
-        LLM(str(tmp_path / "no-such-model"), max_model_len=448, gpu_memory_utilization=0.5)
+    with pytest.raises(TypeError, match=r"^LLM\(\) got unknown options enforce_eager, gpu_memory_utilization; "
+                                        r"it takes model and dtype, device, .*, max_model_len$"):
+        LLM(str(tmp_path / "no-such-model"), enforce_eager=True, gpu_memory_utilization=0.5)
 
 
 def test_max_running_requests_defaults_to_auto_and_reaches_each_engine(tiny_bart_dir):

@@ -13,9 +13,9 @@ logger = logging.getLogger("encdec.server")
 # `encdec serve`'s flags that go to each model's engine: `LLM`'s options, by their names.
 ENGINE_OPTIONS = ("dtype", "device", "block_size", "num_gpu_blocks", "kv_cache_space", "swap_space",
                   "max_num_seqs", "max_num_batched_tokens", "max_running_requests", "preemption_mode",
-                  "seed", "attention_backend", "tune_malloc", "quantization")
-# Cache budgets: given once for every model, or once per --model in their order.
-CACHE_OPTIONS = ("num_gpu_blocks", "kv_cache_space", "swap_space")
+                  "seed", "attention_backend", "tune_malloc", "quantization", "max_model_len")
+# Cache budgets and lengths: given once for every model, or once per --model in their order.
+PER_MODEL_OPTIONS = ("num_gpu_blocks", "kv_cache_space", "swap_space", "max_model_len")
 ServedNames = Sequence[Union[str, Sequence[str]]]  # each model's: a name, or several
 
 
@@ -112,12 +112,12 @@ def served_names(models: Sequence[str], names: ServedNames) -> list[list[str]]:
 
 
 def per_model_options(engine_options: dict[str, Any], count: int) -> list[dict[str, Any]]:
-    """Each of `count` models' engine options. A cache option (`CACHE_OPTIONS`) holds the
+    """Each of `count` models' engine options. A per-model option (`PER_MODEL_OPTIONS`) holds the
     values its flag was given: one for every model, or one per model; None leaves the engine's
     default. Every other option is every model's."""
     per_model: list[dict[str, Any]] = [{} for _ in range(count)]
     for option, value in engine_options.items():
-        if option not in CACHE_OPTIONS:
+        if option not in PER_MODEL_OPTIONS:
             values = [value] * count
         elif value is None:
             continue
