@@ -227,7 +227,11 @@ def _as_float_array(waveform: ArrayLike, name: str) -> np.ndarray:
     if isinstance(waveform, torch.Tensor):  # bfloat16 has no numpy dtype
         waveform = waveform.detach().cpu()
         waveform = (waveform.float() if waveform.dtype == torch.bfloat16 else waveform).numpy()
-    array = np.asarray(waveform)
+    try:
+        array = np.asarray(waveform)
+    except ValueError:  # a ragged nest of sequences
+        raise ValueError(f"{name}: expected a sequence of samples, got a nest of sequences of "
+                         f"different lengths") from None
     if np.issubdtype(array.dtype, np.integer):  # PCM: signed around 0, unsigned around its midpoint
         info = np.iinfo(array.dtype)
         half = (float(info.max) - float(info.min) + 1.0) / 2

@@ -46,13 +46,15 @@ class InputPreprocessor:
         """`prompt`'s token ids, checked; a text or token-id encoder prompt cut to its last
         `truncate_prompt_tokens` (-1: the encoder's limit), as vLLM cuts prompts."""
         if is_explicit_encoder_decoder_prompt(prompt):
-            unknown = set(prompt) - {"encoder_prompt", "decoder_prompt"}
+            _check_processor_kwargs(prompt, "prompt")
+            unknown = set(prompt) - {"encoder_prompt", "decoder_prompt", "mm_processor_kwargs"}
             if unknown:
                 raise ValueError(f"unknown keys {sorted(unknown)} in an encoder/decoder prompt")
             encoder_prompt, decoder_prompt = prompt["encoder_prompt"], prompt.get("decoder_prompt")
         elif isinstance(prompt, dict) and prompt.get("multi_modal_data") and (
                 prompt.get("prompt") or prompt.get("prompt_token_ids") is not None):
-            decoder_prompt = {key: value for key, value in prompt.items() if key != "multi_modal_data"}
+            _parse_singleton(prompt, "prompt")  # its keys, named as given
+            decoder_prompt = {key: value for key, value in prompt.items() if key in ("prompt", "prompt_token_ids")}
             encoder_prompt = {"prompt": "", "multi_modal_data": prompt["multi_modal_data"]}
         else:
             encoder_prompt, decoder_prompt = prompt, None
@@ -108,7 +110,7 @@ class InputPreprocessor:
                 raise ValueError(f"this model takes no audio: multi_modal_data[{next(iter(mm_data))!r}] "
                                  f"is for Whisper")
             if "audio" in mm_data:
-                features, length = self.audio_processor(mm_data["audio"])
+                features, length = self.audio_processor(_one_audio(mm_data["audio"]))
             else:
                 features, length = self.audio_processor.features(mm_data["audio_features"])
             return text, [0] * length, features
@@ -181,17 +183,44 @@ def _parse_singleton(prompt: Any, field: str) -> tuple[Optional[str], Optional[l
         if mm_data is not None and not isinstance(mm_data, dict):
             raise ValueError(f"{field}['multi_modal_data'] must be a dict such as {{'audio': (waveform, "
                              f"sample_rate)}}, got {type(mm_data).__name__}")
-        if "prompt_token_ids" in prompt and set(prompt) <= {"prompt_token_ids", "multi_modal_data"}:
+        _check_processor_kwargs(prompt, field)
+        if unknown := set(prompt) - {"prompt", "prompt_token_ids", "multi_modal_data", "mm_processor_kwargs"}:
+            raise ValueError(f"{field} has unknown keys {sorted(unknown)}: expected a TextPrompt "
+                             "{'prompt'}, a TokensPrompt {'prompt_token_ids'} or, at the top level, "
+                             "{'encoder_prompt', 'decoder_prompt'}")
+        if "prompt" in prompt and "prompt_token_ids" in prompt:
+            raise ValueError(f"{field} takes 'prompt' or 'prompt_token_ids', not both")
+        if "prompt_token_ids" in prompt:
             return None, _as_ids(prompt["prompt_token_ids"], field), mm_data
-        if "prompt" in prompt and set(prompt) <= {"prompt", "multi_modal_data"}:
+        if "prompt" in prompt:
             if not isinstance(prompt["prompt"], str):
                 raise ValueError(f"{field}['prompt'] must be a string, got {type(prompt['prompt']).__name__}")
             return _checked_text(prompt["prompt"], f"{field}['prompt']"), None, mm_data
-        raise ValueError(f"{field} has unknown keys {sorted(prompt)}: expected a TextPrompt "
-                         "{'prompt'}, a TokensPrompt {'prompt_token_ids'} or, at the top level, "
-                         "{'encoder_prompt', 'decoder_prompt'}")
+        if mm_data:
+            return None, None, mm_data
+        raise ValueError(f"{field} holds neither 'prompt' nor 'prompt_token_ids'")
     raise ValueError(f"{field} of type {type(prompt).__name__} is not a prompt: expected str, "
                      "TextPrompt, TokensPrompt, a list of token ids or ExplicitEncoderDecoderPrompt")
+
+
+def _check_processor_kwargs(prompt: dict, field: str) -> None:
+    """vLLM's `mm_processor_kwargs`, which its prompt builders set to {}: the audio processor
+    takes no options, so only an empty one is taken."""
+    if prompt.get("mm_processor_kwargs"):
+        raise ValueError(f"{field}['mm_processor_kwargs']: the audio processor takes no options, "
+                         f"got {prompt['mm_processor_kwargs']!r}")
+
+
+def _one_audio(audio: Any) -> Any:
+    """vLLM's list of audios for `multi_modal_data['audio']`, which for Whisper holds one, as
+    that one; a (waveform, sample_rate) pair given as a list, or a list of samples, as it is."""
+    if (not isinstance(audio, list) or not audio or isinstance(audio[0], numbers.Number)
+            or (len(audio) == 2 and isinstance(audio[1], numbers.Number))):
+        return audio
+    if len(audio) != 1:
+        raise ValueError(f"multi_modal_data['audio'] holds {len(audio)} audios: a Whisper prompt "
+                         f"takes one")
+    return audio[0]
 
 
 def _checked_text(text: str, field: str) -> str:

@@ -36,6 +36,12 @@ def llm(tiny_bart_dir):
     ({"encoder_prompt": TEXT, "decoder_prompt": TEXT, "extra": 1}, SamplingParams(), "unknown keys"),
     ({"prompt": "", "multi_modal_data": {"audio": ([0.0], 16000)}}, SamplingParams(),
      "takes no audio"),
+    ({"prompt": TEXT, "prompt_token_ids": [5, 6]}, SamplingParams(), "takes 'prompt' or 'prompt_token_ids', not both"),
+    ({"encoder_prompt": {}, "decoder_prompt": None}, SamplingParams(),
+     r"encoder_prompt holds neither 'prompt' nor 'prompt_token_ids'"),
+    ({"prompt": TEXT, "mm_processor_kwargs": {"sampling_rate": 8000}}, SamplingParams(),
+     r"encoder_prompt\['mm_processor_kwargs'\]: the audio processor takes no options"),
+    ({"prompt": TEXT, "lora": 1, "mm_processor_kwargs": {}}, SamplingParams(), r"has unknown keys \['lora'\]"),
 ])
 def test_bad_prompts_raise_and_leave_nothing(llm, prompt, params, message):
     with pytest.raises(ValueError, match=message):

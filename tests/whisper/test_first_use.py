@@ -1,5 +1,6 @@
 """What a new Whisper user tries first: `generate` without sampling params (greedy to the
-decoder's length, with or without generation_config.json) and languages given by name."""
+decoder's length, with or without generation_config.json), languages given by name, and the
+prompts of vLLM's Whisper examples."""
 from __future__ import annotations
 
 import shutil
@@ -108,4 +109,28 @@ def test_a_waveform_alone_is_16khz_audio_in_generate(tiny_en, clips):
         with pytest.raises(ValueError, match=message):
             tiny_en.generate([*audio_prompts(clips[:1]), {"prompt": "", "multi_modal_data": {"audio": audio}}],
                              params, use_tqdm=False)
+    assert_all_blocks_free(tiny_en)
+
+
+def test_the_prompts_of_vllms_whisper_examples(tiny_en, clips):
+    """vLLM's examples give the audio in a list of one, and its prompt builders add an empty
+    `mm_processor_kwargs`: the same tokens as the plain pair. Two audios in one prompt are
+    refused with the count."""
+    start = "<|startoftranscript|><|notimestamps|>"
+    params = SamplingParams(temperature=0.0, max_tokens=60)
+    pair = clips[0].pair
+    forms = [{"prompt": start, "multi_modal_data": {"audio": pair}},
+             {"prompt": start, "multi_modal_data": {"audio": [pair]}, "mm_processor_kwargs": {}},
+             {"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": [pair]}},
+              "decoder_prompt": start, "mm_processor_kwargs": {}},
+             {"prompt": start, "multi_modal_data": {"audio": list(pair)}}]
+    outputs = tiny_en.generate(forms, params, use_tqdm=False)
+    assert len({tuple(o.outputs[0].token_ids) for o in outputs}) == 1
+    assert "quarterly report" in outputs[0].outputs[0].text
+    with pytest.raises(ValueError, match=r"^prompt 1: multi_modal_data\['audio'\] holds 2 audios: a Whisper "
+                                         r"prompt takes one$"):
+        tiny_en.generate([forms[0], {"prompt": start, "multi_modal_data": {"audio": [pair, pair]}}],
+                         params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^prompt 0: waveform: expected a sequence of samples, got a nest"):
+        tiny_en.generate({"prompt": start, "multi_modal_data": {"audio": (pair, 16000)}}, params, use_tqdm=False)
     assert_all_blocks_free(tiny_en)
