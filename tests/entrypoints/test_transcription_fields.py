@@ -32,6 +32,7 @@ def test_extra_fields():
     assert (o.condition_on_previous_text, o.hotwords, o.vad_filter) == (False, "Ada", True)
     # unset fields keep TranscribeOptions' defaults
     assert options().beam_size is None and options().best_of == 5
+    assert options(seed="4419").seed == 4419 and options().seed == TranscribeOptions().seed  # vLLM's
 
 
 def test_cross_field_errors_name_the_field():
@@ -41,6 +42,9 @@ def test_cross_field_errors_name_the_field():
     with pytest.raises(OpenAIError) as err:
         options(hallucination_silence_threshold="1")
     assert err.value.param == "hallucination_silence_threshold"
+    with pytest.raises(OpenAIError) as err:
+        options(TranslationRequest, seed="-1")
+    assert (err.value.param, str(err.value)) == ("seed", "seed must be an integer in [0, 4294967295] or None, got -1")
 
 
 def test_an_unknown_chunking_strategy_is_refused_in_words():

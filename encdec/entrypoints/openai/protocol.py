@@ -227,7 +227,8 @@ class TranslationRequest(OpenAIBaseModel):
     """The form fields of `/v1/audio/translations` besides `file`. Extras: openai-whisper's
     decoding options by their CLI names (`encdec.entrypoints.whisper_options`); unset, they
     keep `TranscribeOptions`' defaults (greedy, fallback on). As in vLLM, `language` (the
-    speech's, not detected then) and `stream` hold for translations too."""
+    speech's, not detected then) and `stream` hold for translations too, and `seed` seeds the
+    sampled decodes (a fallback's, or all above temperature 0)."""
 
     model: str
     language: Optional[str] = None
@@ -246,6 +247,7 @@ class TranslationRequest(OpenAIBaseModel):
     windows_at_once: Optional[bool] = None
     hotwords: Optional[str] = None
     vad_filter: Optional[bool] = None
+    seed: Optional[int] = None
 
 
 class ServerVad(OpenAIBaseModel):
