@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from encdec.beam_search import BeamSearchOutput, BeamSearchParams
+from encdec.checks import number
 from encdec.engine.llm_engine import LLMEngine
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
@@ -37,15 +38,22 @@ class LLM:
     requests decoded at once (the rest wait their turn): None, an int, or "auto", which is what
     `encdec serve` uses (`encdec.config.auto_running_requests`). `max_model_len` (vLLM's) cuts
     the decoder positions a request may take to fewer than the model's
-    (`ModelConfig.with_max_model_len`).
+    (`ModelConfig.with_max_model_len`). vLLM's `limit_mm_per_prompt` is checked against what a
+    prompt holds anyway: one audio for Whisper (`{"audio": 1}`, as vLLM's examples give it),
+    none for a text model.
     """
 
-    def __init__(self, model: str, **engine_options: Any):
+    def __init__(self, model: str, limit_mm_per_prompt: Optional[dict[str, int]] = None, **engine_options: Any):
         known = [name for name in inspect.signature(LLMEngine.from_model).parameters if name != "model"]
         if unknown := sorted(set(engine_options) - set(known)):
-            raise TypeError(f"LLM() got unknown options {', '.join(unknown)}; it takes model and "
-                            f"{', '.join(known)}")
+            raise TypeError(f"LLM() got unknown options {', '.join(unknown)}; it takes model, "
+                            f"limit_mm_per_prompt and {', '.join(known)}")
+        audios = audio_limit(limit_mm_per_prompt)
         self.llm_engine = LLMEngine.from_model(model, **engine_options)
+        speech = self.llm_engine.input_preprocessor.audio_processor is not None
+        if audios is not None and audios != int(speech):
+            raise ValueError(f"limit_mm_per_prompt={limit_mm_per_prompt!r}: " + (
+                "a Whisper prompt holds one audio, so {'audio': 1}" if speech else "this model takes no audio"))
         self._request_counter = itertools.count()
 
     def get_tokenizer(self):
@@ -53,12 +61,15 @@ class LLM:
 
     def generate(self, prompts: Union[Any, Sequence[Any]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request: None = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order.
 
         Sampling params left unset (or none given) take the checkpoint's generation config, as
-        Hugging Face's `generate()` does; see `encdec.generation_config`.
+        Hugging Face's `generate()` does; see `encdec.generation_config`. `lora_request` is
+        vLLM's, which its examples pass as None: encdec runs no LoRA adapters.
         """
+        if lora_request is not None:
+            raise ValueError(f"lora_request: encdec runs no LoRA adapters, got {lora_request!r}")
         if prompts is None or isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
             raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")
         if (isinstance(prompts, (str, dict)) or getattr(prompts, "ndim", None) == 1
@@ -161,3 +172,13 @@ class LLM:
                 bar.close()
             release_free_memory()  # the steps' activations, unless `tune_malloc` keeps them on purpose
         return [finished[r] for r in request_ids]
+
+
+def audio_limit(limit_mm_per_prompt: Optional[dict[str, int]]) -> Optional[int]:
+    """The audios per prompt vLLM's `limit_mm_per_prompt` allows (None: none given, or {})."""
+    if limit_mm_per_prompt is None or limit_mm_per_prompt == {}:
+        return None
+    if not isinstance(limit_mm_per_prompt, dict) or set(limit_mm_per_prompt) != {"audio"}:
+        raise ValueError(f"limit_mm_per_prompt must be a dict such as {{'audio': 1}} (encdec's models "
+                         f"take audio only), got {limit_mm_per_prompt!r}")
+    return number("limit_mm_per_prompt['audio']", limit_mm_per_prompt["audio"], 0, integer=True)

@@ -526,3 +526,15 @@ def test_bfloat16_greedy_tokens_start_like_float32s(tiny_bart_dir, llm):
     full = llm.generate(TEXT, params, use_tqdm=False)[0].outputs[0].token_ids
     assert len(got) == 12 and got[:3] == full[:3]
     assert_all_blocks_free(low)
+
+
+def test_vllms_llm_options_for_a_text_model(tiny_bart_dir, llm):
+    """vLLM's `limit_mm_per_prompt` allows no audio for a text model, and `lora_request` is
+    None or refused."""
+    LLM(model=str(tiny_bart_dir), num_gpu_blocks=16, limit_mm_per_prompt={"audio": 0})
+    with pytest.raises(ValueError, match=r"^limit_mm_per_prompt=\{'audio': 1\}: this model takes no audio$"):
+        LLM(model=str(tiny_bart_dir), num_gpu_blocks=16, limit_mm_per_prompt={"audio": 1})
+    assert llm.generate(TEXT, SamplingParams(max_tokens=3), use_tqdm=False, lora_request=None)[0].outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"^lora_request: encdec runs no LoRA adapters, got 'sql-lora'$"):
+        llm.generate(TEXT, SamplingParams(max_tokens=3), use_tqdm=False, lora_request="sql-lora")
+    assert_all_blocks_free(llm)

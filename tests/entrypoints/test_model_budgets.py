@@ -55,7 +55,8 @@ def test_an_unknown_llm_option_names_itself_and_the_ones_taken(tmp_path):
     from encdec import LLM
 
     with pytest.raises(TypeError, match=r"^LLM\(\) got unknown options enforce_eager, gpu_memory_utilization; "
-                                        r"it takes model and dtype, device, .*, max_model_len$"):
+                                        r"it takes model, limit_mm_per_prompt and dtype, device, .*, "
+                                        r"max_model_len$"):
         LLM(str(tmp_path / "no-such-model"), enforce_eager=True, gpu_memory_utilization=0.5)
 
 

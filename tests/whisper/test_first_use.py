@@ -113,9 +113,17 @@ def test_a_waveform_alone_is_16khz_audio_in_generate(tiny_en, clips):
 
 
 def test_the_prompts_of_vllms_whisper_examples(tiny_en, clips):
-    """vLLM's examples give the audio in a list of one, and its prompt builders add an empty
-    `mm_processor_kwargs`: the same tokens as the plain pair. Two audios in one prompt are
-    refused with the count."""
+    """vLLM's examples build the LLM with `max_model_len=448, limit_mm_per_prompt={"audio": 1}`,
+    give the audio in a list of one, pass `lora_request=None`, and its prompt builders add an
+    empty `mm_processor_kwargs`: the same tokens as the plain pair. Two audios in one prompt,
+    or a limit other than one audio, are refused with the count."""
+    vllm_style = LLM(model="tiny.en", max_model_len=448, max_num_seqs=5, limit_mm_per_prompt={"audio": 1})
+    for limit in ({"audio": 2}, {"audio": 0}):
+        with pytest.raises(ValueError, match=rf"^limit_mm_per_prompt={limit!r}: a Whisper prompt holds one audio"):
+            LLM(model="tiny.en", limit_mm_per_prompt=limit)
+    with pytest.raises(ValueError, match=r"^limit_mm_per_prompt must be a dict such as \{'audio': 1\} \(encdec's "
+                                         r"models take audio only\), got \{'image': 1\}$"):
+        LLM(model="tiny.en", limit_mm_per_prompt={"image": 1})
     start = "<|startoftranscript|><|notimestamps|>"
     params = SamplingParams(temperature=0.0, max_tokens=60)
     pair = clips[0].pair
@@ -125,6 +133,7 @@ def test_the_prompts_of_vllms_whisper_examples(tiny_en, clips):
               "decoder_prompt": start, "mm_processor_kwargs": {}},
              {"prompt": start, "multi_modal_data": {"audio": list(pair)}}]
     outputs = tiny_en.generate(forms, params, use_tqdm=False)
+    outputs += vllm_style.generate(forms[1], params, use_tqdm=False, lora_request=None)
     assert len({tuple(o.outputs[0].token_ids) for o in outputs}) == 1
     assert "quarterly report" in outputs[0].outputs[0].text
     with pytest.raises(ValueError, match=r"^prompt 1: multi_modal_data\['audio'\] holds 2 audios: a Whisper "
