@@ -125,6 +125,12 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
     g.add_argument("--condition_on_previous_text", **BOOL,
                    default=DEFAULTS["condition_on_previous_text"],
                    help="prompt each window with the text before it (default: True)")
+    g.add_argument("--repetition_penalty", type=number(float, 0, above=True), default=DEFAULTS["repetition_penalty"],
+                   help="penalize the tokens a decode has already made: their scores divided by "
+                        "this, or multiplied when negative (faster-whisper's; default: 1, none)")
+    g.add_argument("--no_repeat_ngram_size", type=number(int, 0), default=DEFAULTS["no_repeat_ngram_size"],
+                   help="never repeat an n-gram of this size within a decode (faster-whisper's; "
+                        "default: 0, none)")
     g.add_argument("--windows_at_once", **BOOL, default=DEFAULTS["windows_at_once"],
                    help="cut a file at quiet points and decode all its windows at once, not "
                         "conditioned: faster on one long file, less consistent (default: False)")

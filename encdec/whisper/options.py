@@ -9,7 +9,7 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 
 from encdec.checks import flag, is_number, number, text
-from encdec.sampling.params import max_candidates
+from encdec.sampling.params import REPETITION_PENALTY_RANGE, max_candidates
 from encdec.whisper.silence import COMPRESSION_RATIO_THRESHOLD, LOGPROB_THRESHOLD, NO_SPEECH_THRESHOLD
 from encdec.whisper.timing import APPEND_PUNCTUATIONS, PREPEND_PUNCTUATIONS
 from encdec.whisper.vad import VadOptions
@@ -51,7 +51,9 @@ class TranscribeOptions:
     At temperature 0 a window is decoded greedily, or with beam search of `beam_size` beams
     (openai-whisper's `patience`). A window's candidates (beams, or `best_of` samples) are
     ranked as openai-whisper ranks them: by their log-probability over their length, or with
-    `length_penalty` over ((5 + length) / 6) ** length_penalty. Each window of an input starts
+    `length_penalty` over ((5 + length) / 6) ** length_penalty. faster-whisper's
+    `repetition_penalty` and `no_repeat_ngram_size` (0: none) act on what each decode has
+    decoded, not its prompt (`encdec.whisper.penalties`). Each window of an input starts
     where the last decode left off (openai-whisper's seek), so an input's windows run one after
     another (other inputs' windows fill the batch), prompted with the text before them
     (`condition_on_previous_text`; off, as in openai-whisper, only an input's first window is
@@ -92,6 +94,8 @@ class TranscribeOptions:
     prepend_punctuations: str = PREPEND_PUNCTUATIONS
     append_punctuations: str = APPEND_PUNCTUATIONS
     hallucination_silence_threshold: Optional[float] = None
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
 
     def __post_init__(self) -> None:
         for name in FLAGS:
@@ -123,6 +127,8 @@ class TranscribeOptions:
         self.prompt_reset_on_temperature = number("prompt_reset_on_temperature",
                                                   self.prompt_reset_on_temperature, 0, 2)
         self.seed = number("seed", self.seed, 0, MAX_SEED, integer=True, none=True)
+        self.repetition_penalty = number("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
+        self.no_repeat_ngram_size = number("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, integer=True)
         self.vad_parameters = VadOptions.of(self.vad_parameters)
         suppress = [] if self.suppress_tokens is None else self.suppress_tokens
         self.suppress_tokens = _numbers("suppress_tokens", suppress, int,

@@ -80,6 +80,7 @@ from encdec.whisper.control import DETECT, ControlProcessor, WindowState, contro
 from encdec.whisper.coverage import MAX_FOLLOW_UPS, plan_seek, plan_window, repeated_words, words
 from encdec.whisper.decoding import TIME_PRECISION, DecodingRules
 from encdec.whisper.options import TranscribeOptions
+from encdec.whisper.penalties import OutputPenalties
 from encdec.whisper.prompts import MAX_PROMPT_TOKENS, decoder_prompt, prompt_ids
 from encdec.whisper.segments import (Span, clear_empty_segments, decode_text, span_tokens, split_spans,
                                      window_segments)
@@ -180,6 +181,8 @@ class TranscriptionJob:
         self.decode_timestamps = tokens.timestamp_begin is not None
         self.rules = DecodingRules(tokens, self.decode_timestamps, suppress_tokens=options.suppress_tokens,
                                    suppress_blank=options.suppress_blank)
+        self.penalties = ([OutputPenalties(options.repetition_penalty, options.no_repeat_ngram_size)]
+                          if options.repetition_penalty != 1.0 or options.no_repeat_ngram_size else [])
         self.max_decoder_len = max_decoder_len
         self.initial = prompt_ids(tokens, tokenizer, options.initial_prompt, "initial_prompt")
         # faster-whisper's: empty hotwords are none
@@ -587,7 +590,8 @@ class TranscriptionJob:
         prompt = {"encoder_prompt": self._encoder_prompt(window), "decoder_prompt": decoder_prompt}
         params = SamplingParams(max_tokens=self._max_tokens(decoder_prompt, len(prefix)) + len(prefix),
                                 output_kind=RequestOutputKind.FINAL_ONLY,
-                                logits_processors=[ControlProcessor(self.tokens, prefix, self.rules, window.state)],
+                                logits_processors=[*self.penalties,
+                                                   ControlProcessor(self.tokens, prefix, self.rules, window.state)],
                                 **self._decoding(window))
         request = WindowRequest(next(self._ids), prompt, params, window, len(prefix))
         if window.cross_kv is None and self.options.word_timestamps:

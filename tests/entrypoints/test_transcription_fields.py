@@ -33,6 +33,9 @@ def test_extra_fields():
     # unset fields keep TranscribeOptions' defaults
     assert options().beam_size is None and options().best_of == 5
     assert options(seed="4419").seed == 4419 and options().seed == TranscribeOptions().seed  # vLLM's
+    o = options(repetition_penalty="1.3", no_repeat_ngram_size="3")  # faster-whisper's (and vLLM's first)
+    assert (o.repetition_penalty, o.no_repeat_ngram_size) == (1.3, 3)
+    assert (options().repetition_penalty, options().no_repeat_ngram_size) == (1.0, 0)
 
 
 def test_cross_field_errors_name_the_field():

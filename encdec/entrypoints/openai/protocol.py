@@ -227,8 +227,9 @@ class TranslationRequest(OpenAIBaseModel):
     """The form fields of `/v1/audio/translations` besides `file`. Extras: openai-whisper's
     decoding options by their CLI names (`encdec.entrypoints.whisper_options`); unset, they
     keep `TranscribeOptions`' defaults (greedy, fallback on). As in vLLM, `language` (the
-    speech's, not detected then) and `stream` hold for translations too, and `seed` seeds the
-    sampled decodes (a fallback's, or all above temperature 0)."""
+    speech's, not detected then) and `stream` hold for translations too, `seed` seeds the
+    sampled decodes (a fallback's, or all above temperature 0), and `repetition_penalty` is
+    faster-whisper's (over what a decode makes, not its prompt)."""
 
     model: str
     language: Optional[str] = None
@@ -247,6 +248,8 @@ class TranslationRequest(OpenAIBaseModel):
     windows_at_once: Optional[bool] = None
     hotwords: Optional[str] = None
     vad_filter: Optional[bool] = None
+    repetition_penalty: Optional[float] = Field(None, gt=0.0)
+    no_repeat_ngram_size: Optional[int] = Field(None, ge=0)
     seed: Optional[int] = None
 
 
