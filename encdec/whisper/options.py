@@ -52,8 +52,10 @@ class TranscribeOptions:
     (openai-whisper's `patience`). A window's candidates (beams, or `best_of` samples) are
     ranked as openai-whisper ranks them: by their log-probability over their length, or with
     `length_penalty` over ((5 + length) / 6) ** length_penalty. faster-whisper's
-    `repetition_penalty` and `no_repeat_ngram_size` (0: none) act on what each decode has
-    decoded, not its prompt (`encdec.whisper.penalties`). Each window of an input starts
+    `repetition_penalty` and `no_repeat_ngram_size` (0: none), and vLLM's `presence_penalty` and
+    `frequency_penalty`, act on what each decode has decoded, not its prompt
+    (`encdec.whisper.penalties`); vLLM's `top_k` (0 or -1: none), `top_p` and `min_p` limit the
+    sampled decodes. Each window of an input starts
     where the last decode left off (openai-whisper's seek), so an input's windows run one after
     another (other inputs' windows fill the batch), prompted with the text before them
     (`condition_on_previous_text`; off, as in openai-whisper, only an input's first window is
@@ -96,6 +98,11 @@ class TranscribeOptions:
     hallucination_silence_threshold: Optional[float] = None
     repetition_penalty: float = 1.0
     no_repeat_ngram_size: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+    min_p: Optional[float] = None
 
     def __post_init__(self) -> None:
         for name in FLAGS:
@@ -129,6 +136,11 @@ class TranscribeOptions:
         self.seed = number("seed", self.seed, 0, MAX_SEED, integer=True, none=True)
         self.repetition_penalty = number("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
         self.no_repeat_ngram_size = number("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, integer=True)
+        for name in ("presence_penalty", "frequency_penalty"):
+            setattr(self, name, number(name, getattr(self, name), -2, 2))
+        self.top_k = None if self.top_k in (0, -1) else number("top_k", self.top_k, 1, integer=True, none=True)
+        self.top_p = number("top_p", self.top_p, 0, 1, above=True, none=True)
+        self.min_p = number("min_p", self.min_p, 0, 1, none=True)
         self.vad_parameters = VadOptions.of(self.vad_parameters)
         suppress = [] if self.suppress_tokens is None else self.suppress_tokens
         self.suppress_tokens = _numbers("suppress_tokens", suppress, int,

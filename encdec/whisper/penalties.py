@@ -1,24 +1,33 @@
-"""faster-whisper's `repetition_penalty` and `no_repeat_ngram_size` for a window's decode.
+"""faster-whisper's `repetition_penalty` and `no_repeat_ngram_size`, and OpenAI's
+`presence_penalty` and `frequency_penalty`, for a window's decode.
 
 They count the tokens the window decodes (its control tokens and text), not its prompt of
-earlier text, as CTranslate2 applies them; `SamplingParams`' own, Hugging Face's, count the
-prompt too. `OutputPenalties` is the window's first logits processor, so it acts before
+earlier text, as CTranslate2 applies the first two (and vLLM the others, to a request's output);
+`SamplingParams`' repetition penalty and n-grams, Hugging Face's, count the prompt too. `OutputPenalties` is the window's first logits processor, so it acts before
 Whisper's rules, as in CTranslate2.
 """
 from __future__ import annotations
 
 import torch
 
-from encdec.sampling.logits_processors import ban_repeated_ngrams, repetition_penalty
+from encdec.sampling.logits_processors import ban_repeated_ngrams, presence_frequency_penalties, repetition_penalty
 
 
 class OutputPenalties:
     """Logits processor `(output_token_ids, logits_row) -> logits_row`; the sampler runs those
     of a batch together (`process_batch`)."""
 
-    def __init__(self, repetition_penalty: float, no_repeat_ngram_size: int):
+    def __init__(self, repetition_penalty: float = 1.0, no_repeat_ngram_size: int = 0,
+                 presence_penalty: float = 0.0, frequency_penalty: float = 0.0):
         self.repetition_penalty = repetition_penalty
         self.no_repeat_ngram_size = no_repeat_ngram_size
+        self.presence_penalty = presence_penalty
+        self.frequency_penalty = frequency_penalty
+
+    @property
+    def any(self) -> bool:
+        return (self.repetition_penalty != 1.0 or bool(self.no_repeat_ngram_size) or bool(self.presence_penalty)
+                or bool(self.frequency_penalty))
 
     def __call__(self, output_token_ids: list[int], logits: torch.Tensor) -> torch.Tensor:
         self.process_batch(logits[None], [0], [output_token_ids], [self])
@@ -32,6 +41,11 @@ class OutputPenalties:
         if penalized:
             repetition_penalty(scores, [rows[k] for k in penalized], [histories[k] for k in penalized],
                                [processors[k].repetition_penalty for k in penalized])
+        penalized = [k for k, p in enumerate(processors) if p.presence_penalty or p.frequency_penalty]
+        if penalized:
+            presence_frequency_penalties(scores, [rows[k] for k in penalized], [histories[k] for k in penalized],
+                                         [processors[k].presence_penalty for k in penalized],
+                                         [processors[k].frequency_penalty for k in penalized])
         for size in sorted({p.no_repeat_ngram_size for p in processors if p.no_repeat_ngram_size}):
             picked = [k for k, p in enumerate(processors) if p.no_repeat_ngram_size == size]
             ban_repeated_ngrams(scores, [rows[k] for k in picked], [histories[k] for k in picked], size)

@@ -181,8 +181,9 @@ class TranscriptionJob:
         self.decode_timestamps = tokens.timestamp_begin is not None
         self.rules = DecodingRules(tokens, self.decode_timestamps, suppress_tokens=options.suppress_tokens,
                                    suppress_blank=options.suppress_blank)
-        self.penalties = ([OutputPenalties(options.repetition_penalty, options.no_repeat_ngram_size)]
-                          if options.repetition_penalty != 1.0 or options.no_repeat_ngram_size else [])
+        penalties = OutputPenalties(options.repetition_penalty, options.no_repeat_ngram_size,
+                                    options.presence_penalty, options.frequency_penalty)
+        self.penalties = [penalties] if penalties.any else []
         self.max_decoder_len = max_decoder_len
         self.initial = prompt_ids(tokens, tokenizer, options.initial_prompt, "initial_prompt")
         # faster-whisper's: empty hotwords are none
@@ -618,7 +619,7 @@ class TranscriptionJob:
         temperature = o.temperature[len(window.decodes)]
         if temperature > 0.0:
             seed = None if o.seed is None else decode_seed(o.seed, window.start, len(window.decodes))
-            return dict(temperature=temperature, n=o.best_of, seed=seed)
+            return dict(temperature=temperature, n=o.best_of, seed=seed, top_k=o.top_k, top_p=o.top_p, min_p=o.min_p)
         if o.beam_size and (o.beam_size > 1 or o.patience):  # every kept hypothesis, ranked by `_best_decode`
             return dict(temperature=0.0, use_beam_search=True, beam_width=o.beam_size,
                         beam_rules="whisper", patience=o.patience,

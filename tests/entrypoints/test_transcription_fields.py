@@ -36,6 +36,10 @@ def test_extra_fields():
     o = options(repetition_penalty="1.3", no_repeat_ngram_size="3")  # faster-whisper's (and vLLM's first)
     assert (o.repetition_penalty, o.no_repeat_ngram_size) == (1.3, 3)
     assert (options().repetition_penalty, options().no_repeat_ngram_size) == (1.0, 0)
+    o = options(TranslationRequest, top_k="0", top_p="0.6", min_p="0.1", presence_penalty="0.5",
+                frequency_penalty="-0.5")  # vLLM's
+    assert (o.top_k, o.top_p, o.min_p, o.presence_penalty, o.frequency_penalty) == (None, 0.6, 0.1, 0.5, -0.5)
+    assert options(top_k="5").top_k == 5
 
 
 def test_cross_field_errors_name_the_field():

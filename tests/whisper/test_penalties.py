@@ -1,6 +1,7 @@
 """faster-whisper's `repetition_penalty` and `no_repeat_ngram_size` on a long input whose windows
 are prompted with the text before them: the same text as faster-whisper's `WhisperModel` with
-the same settings (they count a decode's own tokens, not its prompt), greedy and with beams."""
+the same settings (they count a decode's own tokens, not its prompt), greedy and with beams.
+vLLM's presence and frequency penalties, and its limits on the sampled decodes."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,4 +39,20 @@ def test_penalties_decode_as_faster_whisper(tiny_en, tiny_en_assets, long_audio)
         theirs, ours = texts(**settings)
         assert wer([theirs], [ours]) <= 0.01, settings
         assert wer([plain], [ours]) >= 0.03, settings  # the penalties change the text
+    # vLLM's, which faster-whisper lacks, over the same tokens
+    ours = tiny_en.transcribe([(long_audio, 16000)], language="en", presence_penalty=1.0, frequency_penalty=0.5)
+    assert wer([plain], [ours[0].text]) >= 0.03
     assert_all_blocks_free(tiny_en)
+
+
+@pytest.mark.parametrize("limit", [dict(top_k=1), dict(top_p=1e-6), dict(min_p=1.0)])
+def test_sampling_limits_that_keep_one_token_sample_the_greedy_text(tiny_en, corpus, limit):
+    """vLLM's top_k, top_p and min_p limit the sampled decodes: kept to the likeliest token,
+    five samples at temperature 1 are the greedy decode."""
+    audio = [clip.pair for clip in corpus[:2]]
+    greedy = [t.text for t in tiny_en.transcribe(audio, language="en", temperature=0.0)]
+    sampled = [t.text for t in tiny_en.transcribe(audio, language="en", temperature=1.0, best_of=5, **limit)]
+    free = [t.text for t in tiny_en.transcribe(audio, language="en", temperature=1.0, best_of=5)]
+    assert sampled == greedy and free != greedy
+    assert_all_blocks_free(tiny_en)
+

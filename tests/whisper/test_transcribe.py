@@ -143,7 +143,7 @@ def test_vllms_whisper_prompt_starts_the_decoder_with_its_text(tiny_en, corpus):
     for prompt, message in (({"encoder_prompt": {"prompt": start, "multi_modal_data": audio}},
                              "encoder_prompt with multi_modal_data takes no text or token ids"),
                             ({"prompt": start, "multi_modal_data": 5},
-                             r"encoder_prompt\['multi_modal_data'\] must be a dict"),
+                             r"^prompt 0: prompt\['multi_modal_data'\] must be a dict"),
                             ({"prompt": "", "multi_modal_data": [[1]]}, r"must be a dict such as")):
         with pytest.raises(ValueError, match=message):
             tiny_en.generate(prompt, greedy, use_tqdm=False)

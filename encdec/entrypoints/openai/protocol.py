@@ -227,9 +227,10 @@ class TranslationRequest(OpenAIBaseModel):
     """The form fields of `/v1/audio/translations` besides `file`. Extras: openai-whisper's
     decoding options by their CLI names (`encdec.entrypoints.whisper_options`); unset, they
     keep `TranscribeOptions`' defaults (greedy, fallback on). As in vLLM, `language` (the
-    speech's, not detected then) and `stream` hold for translations too, `seed` seeds the
-    sampled decodes (a fallback's, or all above temperature 0), and `repetition_penalty` is
-    faster-whisper's (over what a decode makes, not its prompt)."""
+    speech's, not detected then) and `stream` hold for translations too, and vLLM's sampling
+    fields: `seed`, `top_k`, `top_p` and `min_p` for the sampled decodes (a fallback's, or all
+    above temperature 0), `repetition_penalty` (faster-whisper's), `presence_penalty` and
+    `frequency_penalty` over what each decode makes, not its prompt."""
 
     model: str
     language: Optional[str] = None
@@ -250,6 +251,11 @@ class TranslationRequest(OpenAIBaseModel):
     vad_filter: Optional[bool] = None
     repetition_penalty: Optional[float] = Field(None, gt=0.0)
     no_repeat_ngram_size: Optional[int] = Field(None, ge=0)
+    presence_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(None, ge=-2.0, le=2.0)
+    top_k: Optional[int] = None
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
+    min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     seed: Optional[int] = None
 
 
