@@ -56,8 +56,9 @@ def directory(value: str) -> str:
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto",
-                        choices=["auto", "float32", "float16", "bfloat16"],
-                        help="weight and activation dtype (default: auto, float32)")
+                        choices=["auto", "float32", "float16", "bfloat16", "float", "half"],
+                        help="weight and activation dtype; float and half are vLLM's names for "
+                             "float32 and float16 (default: auto, float32)")
     parser.add_argument("--quantization", default=None, choices=list(QUANTIZATION_METHODS),
                         help="int8: int8 weights for the layers' linears, float32 activations "
                              "(faster-whisper's compute_type int8; CPU, dtype float32)")

@@ -25,11 +25,13 @@ def memory_gib(device: torch.device) -> float:
 
 
 def check_serve(args: argparse.Namespace) -> None:
-    """The serve options that span several flags, before any model loads (UsageError): a name
-    and cache budgets for each --model, budgets within the memory of the machine serving."""
+    """The serve options that span several flags, before any model loads (UsageError): a model,
+    a name and cache budgets for each --model, budgets within the memory of the machine serving."""
     from encdec.entrypoints.openai.serving_models import (PER_MODEL_OPTIONS, ModelLoadError,
                                                           per_model_options, served_names)
 
+    if not args.models:
+        raise UsageError("no model to serve: give one (encdec serve MODEL) or --model, once per model")
     try:
         served_names(args.models, args.served_model_names)
         per_model_options({name: getattr(args, name) for name in PER_MODEL_OPTIONS}, len(args.models))
@@ -90,6 +92,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from encdec.entrypoints.openai.api_server import ListenError, run_server
     from encdec.entrypoints.openai.serving_models import ENGINE_OPTIONS, ModelLoadError
 
+    args.models = [args.model_tag, *args.models] if args.model_tag is not None else args.models
     check_serve(args)
     try:
         for model in args.models:  # as each engine checks it, but before Ray starts (no weights read)
@@ -177,7 +180,8 @@ class StoreOnce(argparse.Action):
         given = vars(namespace).setdefault("given_once", set())
         if self.dest in given:
             parser.error(f"{option_string} is given twice: each option takes one value for the whole "
-                         f"server (one per --model: only --num-gpu-blocks, --kv-cache-space, --swap-space)")
+                         f"server (one per --model: only --num-gpu-blocks, --kv-cache-space, --swap-space, "
+                         f"--max-model-len)")
         given.add(self.dest)
         setattr(namespace, self.dest, values)
 
@@ -189,7 +193,9 @@ def add_serve(subparsers) -> None:
                     "/v1/audio/transcriptions, /v1/audio/translations, /v1/models, /health, "
                     "/version, /metrics. Every request to a model joins its engine's batch.")
     p.register("action", None, StoreOnce)  # a value given twice is refused, not the last one taken
-    p.add_argument("--model", dest="models", action="append", required=True, metavar="MODEL",
+    p.add_argument("model_tag", nargs="?", metavar="MODEL",
+                   help="a model to serve first, as `vllm serve MODEL` names it (or --model)")
+    p.add_argument("--model", dest="models", action="append", default=[], metavar="MODEL",
                    help="a Whisper alias (tiny.en, base) or a local checkpoint directory; repeat "
                         "for several models, each with its own engine")
     p.add_argument("--served-model-name", dest="served_model_names", action="append", nargs="+",

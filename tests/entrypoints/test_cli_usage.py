@@ -112,9 +112,10 @@ def test_summarize(capsys, argv, message):
     # an option holds for every --model: a second value is refused, not quietly taken for all
     (["--dtype", "bfloat16", "--model", "base", "--dtype", "float32"],
      "--dtype is given twice: each option takes one value for the whole server (one per --model: "
-     "only --num-gpu-blocks, --kv-cache-space, --swap-space)"),
+     "only --num-gpu-blocks, --kv-cache-space, --swap-space, --max-model-len)"),
     (["--max-num-seqs", "8", "--max_num_seqs=16"], "--max-num-seqs is given twice: each option takes one "
-     "value for the whole server (one per --model: only --num-gpu-blocks, --kv-cache-space, --swap-space)"),
+     "value for the whole server (one per --model: only --num-gpu-blocks, --kv-cache-space, --swap-space, "
+     "--max-model-len)"),
     (["--shutdown-timeout", "0.5"], "argument --shutdown-timeout: expected a finite number >= 1, got '0.5'"),
     (["--api-key", " "], "argument --api-key: the key is empty (--api-key or $ENCDEC_API_KEY): give a key, "
                          "or neither for a server without one"),
@@ -123,6 +124,20 @@ def test_summarize(capsys, argv, message):
 ])
 def test_serve(capsys, argv, message):
     assert usage_error(capsys, SERVE + argv) == message
+
+
+def test_serve_takes_its_first_model_as_vllm_serve_does(capsys, monkeypatch):
+    """`encdec serve MODEL` as `vllm serve MODEL`: the first model, before any --model; no model
+    at all is a usage error; vLLM's dtype names."""
+    def check_model(model, flag):
+        raise ValueError(f"{flag} {model}: checked first")
+
+    monkeypatch.setattr(serve_cli, "check_model", check_model)
+    assert cli.main(["serve", "tiny.en", "--model", "base"]) == 2
+    assert capsys.readouterr().err.strip() == "encdec: error: --model tiny.en: checked first"
+    assert usage_error(capsys, ["serve", "--port", "0"]) == (
+        "no model to serve: give one (encdec serve MODEL) or --model, once per model")
+    assert cli.build_parser().parse_args(["serve", "tiny.en", "--dtype", "half"]).dtype == "half"
 
 
 def test_an_empty_api_key_in_the_environment_is_refused(capsys, monkeypatch):
