@@ -834,6 +834,27 @@ def test_a_model_that_is_not_there_is_refused_before_the_server_starts(monkeypat
         f"local checkpoint directory: no such directory"]
 
 
+def test_an_unknown_route_or_method_is_named_with_what_the_server_has():
+    """vLLM's own routes (/tokenize, chat) and a wrong method: a 404 or 405 in OpenAI's shape
+    that names the request and the routes, or the methods, the server has."""
+    app = build_app(ServedModels([]), ServerState())
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            return [await http.request(method, path) for method, path in (
+                ("POST", "/tokenize"), ("POST", "/v1/chat/completions"), ("GET", "/v1/completions"))]
+
+    tokenize, chat, get = asyncio.run(run())
+    routes = ("/health, /metrics, /v1/audio/transcriptions, /v1/audio/translations, /v1/completions, "
+              "/v1/models, /v1/models/{model_id}, /v1/summarize, /version")
+    assert (tokenize.status_code, tokenize.json()["error"]["message"]) == (
+        404, f"POST /tokenize: no such route; this server serves {routes}")
+    assert chat.json()["error"]["message"].startswith("POST /v1/chat/completions: no such route;")
+    assert (get.status_code, get.headers["allow"], get.json()["error"]) == (405, "POST", {
+        "message": "GET /v1/completions: the method is not allowed there; use POST",
+        "type": "invalid_request_error", "param": None, "code": None})
+
+
 def test_dead_engine_makes_health_503(tiny_bart_dir, monkeypatch):
     engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=64)
     app = build_app(ServedModels([ServedModel("bart", str(tiny_bart_dir), engine)]), ServerState())

@@ -13,6 +13,7 @@ from typing import Any, Optional
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -145,7 +146,7 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, err: HTTPException) -> JSONResponse:
-        return OpenAIError(err.status_code, str(err.detail), headers=err.headers).response()
+        return OpenAIError(err.status_code, routing_message(request, err), headers=err.headers).response()
 
     @app.exception_handler(EngineOverloaded)
     async def on_overloaded(request: Request, err: EngineOverloaded) -> JSONResponse:
@@ -162,3 +163,18 @@ def add_error_handlers(app: FastAPI) -> None:
     async def on_client_gone(request: Request, err: Exception) -> Response:
         logger.info("request %s: the client disconnected; its work was aborted", request.state.request_id)
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+
+MAX_PATH_SHOWN = 200  # characters of a request's path an error repeats
+
+
+def routing_message(request: Request, err: HTTPException) -> str:
+    """The router's "Not Found" and "Method Not Allowed" in words: the path asked for, and
+    the routes the server has (or the methods it takes there); any other detail as it is."""
+    where = f"{request.method} {request.url.path[:MAX_PATH_SHOWN]}"
+    if err.status_code == 404 and err.detail == "Not Found":
+        paths = sorted({route.path_format for route in request.app.routes if isinstance(route, APIRoute)})
+        return f"{where}: no such route; this server serves {', '.join(paths)}"
+    if err.status_code == 405 and err.detail == "Method Not Allowed":
+        return f"{where}: the method is not allowed there; use {(err.headers or {}).get('Allow', 'another')}"
+    return str(err.detail)
