@@ -169,7 +169,7 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
     (`use_beam_search=False`) no beams. A default `max_tokens` (the config's or the built-in
     one) is capped by the room the decoder has after the prompt; a request's own beyond it is
     refused, as vLLM refuses it. `ignore_eos` also drops the config's `forced_eos_token_id`
-    (a request's own stays). Raises ValueError for combinations that are invalid once the
+    (a request's own stays), and `allowed_token_ids` the config's forced tokens it leaves out. Raises ValueError for combinations that are invalid once the
     defaults are in.
     """
     config = {}
@@ -205,6 +205,10 @@ def resolve_sampling_params(params: SamplingParams, defaults: GenerationDefaults
                          f"encdec's); set max_tokens too")
     if params.ignore_eos and params.forced_eos_token_id is None:  # no EOS the request did not ask for
         values["forced_eos_token_id"] = None
+    for name in ("forced_bos_token_id", "forced_eos_token_id"):  # the config's give way to allowed tokens
+        if getattr(params, name) is None and params.allowed_token_ids is not None \
+                and values[name] not in params.allowed_token_ids:
+            values[name] = None
     if not params.ignore_eos:
         values["stop_token_ids"] = params.stop_token_ids + [
             t for t in defaults.eos_token_ids if t not in params.stop_token_ids]

@@ -167,8 +167,8 @@ def unusable_rows(scores: torch.Tensor, meta: SamplingMetadata, beam: list[bool]
         elif banned and (not is_beam or len(banned) == rows.stop - rows.start):
             failed[banned[0]] = ValueError(
                 f"every token is banned at output token {step} (by "
-                f"suppress_tokens, bad_words_ids, min_tokens, the stop tokens or a logits "
-                f"processor), so no token can be chosen")
+                f"suppress_tokens, bad_words_ids, min_tokens, the stop tokens, allowed_token_ids "
+                f"without a forced token, or a logits processor), so no token can be chosen")
     return failed
 
 

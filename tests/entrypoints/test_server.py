@@ -275,7 +275,8 @@ def test_completions_penalties_and_min_p(server, bart):
 
 
 def test_completions_logit_bias_and_vllms_extras(server, bart):
-    """OpenAI's logit_bias, and vLLM's ignore_eos, skip_special_tokens and truncate_prompt_tokens."""
+    """OpenAI's logit_bias, and vLLM's ignore_eos, skip_special_tokens, truncate_prompt_tokens and
+    allowed_token_ids."""
     ids = bart.get_tokenizer()(ARTICLES[1])["input_ids"]
     result = server.client().completions.create(
         model="bart", prompt=ids, max_tokens=8, temperature=0.0, logit_bias={"7": 30},
@@ -293,6 +294,12 @@ def test_completions_logit_bias_and_vllms_extras(server, bart):
         model="bart", prompt=ids, max_tokens=8, temperature=0.0, logit_bias={"7": 30},
         extra_body=dict(skip_special_tokens=False, truncate_prompt_tokens=5))
     assert forced.choices[0].text.endswith("</s>")
+    allowed = dict(temperature=1.0, seed=5, max_tokens=6, allowed_token_ids=[7, 9, 11])  # no forced EOS then
+    result = server.client().completions.create(model="bart", prompt=ARTICLES[0], **{
+        k: v for k, v in allowed.items() if k != "allowed_token_ids"}, extra_body={"allowed_token_ids": [7, 9, 11]})
+    [expected] = bart.generate(ARTICLES[0], SamplingParams(**allowed, config_per_field=True), use_tqdm=False)
+    assert result.choices[0].text == expected.outputs[0].text
+    assert set(expected.outputs[0].token_ids) <= {7, 9, 11}
 
 
 def test_completions_bad_words(server, bart):

@@ -107,6 +107,8 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "frequency_penalty": -3}, 400, "frequency_penalty"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "min_p": 1.5}, 400, "min_p"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "repetition_penalty": 1e-39}, 400, "repetition_penalty"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "allowed_token_ids": [99999]}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "allowed_token_ids": []}, 400, "allowed_token_ids"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "seed": 2**64, "temperature": 1}, 400, "seed"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": -1}, 400, "prompt_logprobs"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": 1001}, 400, "prompt_logprobs"),

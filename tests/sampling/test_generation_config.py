@@ -56,6 +56,17 @@ def test_ignore_eos_drops_the_configs_forced_eos():
     assert resolve(SamplingParams(ignore_eos=True, forced_eos_token_id=5)).forced_eos_token_id == 5
 
 
+def test_allowed_token_ids_drop_the_configs_forced_tokens_they_leave_out():
+    """vLLM's `allowed_token_ids` leave no room for a forced token outside them: the config's
+    forced BOS and EOS give way (a request's own stay, and fail on the step they are due)."""
+    p = resolve(SamplingParams(allowed_token_ids=[7, 9]))
+    assert (p.forced_bos_token_id, p.forced_eos_token_id) == (None, None)
+    p = resolve(SamplingParams(allowed_token_ids=[0, 2, 7]))
+    assert (p.forced_bos_token_id, p.forced_eos_token_id) == (0, 2)
+    p = resolve(SamplingParams(allowed_token_ids=[7], forced_eos_token_id=5))
+    assert (p.forced_bos_token_id, p.forced_eos_token_id) == (None, 5)
+
+
 def test_setting_temperature_asks_for_plain_vllm_decoding():
     p = resolve(SamplingParams(temperature=0.0))
     assert (p.use_beam_search, p.max_tokens, p.min_tokens, p.no_repeat_ngram_size) == (False, 16, 0, 0)

@@ -90,7 +90,7 @@ class CompletionRequest(JSONRequest):
     """OpenAI's `CreateCompletionRequest`; `prompt` goes to the encoder. encdec's extras:
     `decoder_prompt`, and `source_lang` / `target_lang`, which make text prompts translations
     as `encdec translate` makes them. Extras as in vLLM: `top_k`, `min_p`, `min_tokens`,
-    `repetition_penalty`, `stop_token_ids`, `bad_words`, `include_stop_str_in_output`, `ignore_eos`,
+    `repetition_penalty`, `stop_token_ids`, `bad_words`, `allowed_token_ids`, `include_stop_str_in_output`, `ignore_eos`,
     `skip_special_tokens`, `truncate_prompt_tokens`, `prompt_logprobs` (of the decoder prompt),
     `return_tokens_as_token_ids`, `use_beam_search` (unset: the checkpoint's `num_beams` decides)
     and `length_penalty` (of a beam search)."""
@@ -122,6 +122,7 @@ class CompletionRequest(JSONRequest):
     repetition_penalty: Optional[float] = Field(None, gt=0.0)
     stop_token_ids: list[int] = Field(default_factory=list)
     bad_words: list[str] = Field(default_factory=list)
+    allowed_token_ids: Optional[list[int]] = None
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True

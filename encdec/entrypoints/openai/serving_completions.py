@@ -98,7 +98,7 @@ def sampling_params(body: CompletionRequest, vocab_size: int, defaults: Generati
             logprobs=body.logprobs, prompt_logprobs=body.prompt_logprobs,
             stop=body.stop, include_stop_str_in_output=body.include_stop_str_in_output,
             repetition_penalty=body.repetition_penalty, stop_token_ids=body.stop_token_ids,
-            bad_words=body.bad_words,
+            bad_words=body.bad_words, allowed_token_ids=body.allowed_token_ids,
             ignore_eos=body.ignore_eos, skip_special_tokens=body.skip_special_tokens,
             truncate_prompt_tokens=body.truncate_prompt_tokens, use_beam_search=body.use_beam_search,
             length_penalty=body.length_penalty,
