@@ -44,8 +44,8 @@ class TranscribeOptions:
     `windows_at_once`) decodes again from there and skips the silence before one, by
     openai-whisper's rules.
     Sampling is seeded per window and fallback from `seed` (in [0, `MAX_SEED`]), so a transcript
-    does not depend on what else shares the batch; `seed=None` samples from the engine's generator, as
-    `SamplingParams(seed=None)`. `vad_filter`
+    does not depend on what else shares the batch; `seed=None` (or vLLM's -1) samples from the
+    engine's generator, as `SamplingParams(seed=None)`. `vad_filter`
     transcribes only the speech regions Silero VAD finds (`vad_parameters`: `VadOptions` or
     a dict of its fields; `encdec.whisper.vad`).
     At temperature 0 a window is decoded greedily, or with beam search of `beam_size` beams
@@ -133,7 +133,7 @@ class TranscribeOptions:
             setattr(self, name, number(name, getattr(self, name), none=True))
         self.prompt_reset_on_temperature = number("prompt_reset_on_temperature",
                                                   self.prompt_reset_on_temperature, 0, 2)
-        self.seed = number("seed", self.seed, 0, MAX_SEED, integer=True, none=True)
+        self.seed = None if self.seed == -1 else number("seed", self.seed, 0, MAX_SEED, integer=True, none=True)
         self.repetition_penalty = number("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
         self.no_repeat_ngram_size = number("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, integer=True)
         for name in ("presence_penalty", "frequency_penalty"):
