@@ -3,8 +3,9 @@
 
 They count the tokens the window decodes (its control tokens and text), not its prompt of
 earlier text, as CTranslate2 applies the first two (and vLLM the others, to a request's output);
-`SamplingParams`' repetition penalty and n-grams, Hugging Face's, count the prompt too. `OutputPenalties` is the window's first logits processor, so it acts before
-Whisper's rules, as in CTranslate2.
+`SamplingParams`' repetition penalty and n-grams, Hugging Face's, count the prompt too.
+`OutputPenalties` is the window's first logits processor, so it acts before Whisper's rules, as
+in CTranslate2.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class OutputPenalties:
         self.frequency_penalty = frequency_penalty
 
     @property
-    def any(self) -> bool:
+    def active(self) -> bool:
         return (self.repetition_penalty != 1.0 or bool(self.no_repeat_ngram_size) or bool(self.presence_penalty)
                 or bool(self.frequency_penalty))
 

@@ -183,7 +183,7 @@ class TranscriptionJob:
                                    suppress_blank=options.suppress_blank)
         penalties = OutputPenalties(options.repetition_penalty, options.no_repeat_ngram_size,
                                     options.presence_penalty, options.frequency_penalty)
-        self.penalties = [penalties] if penalties.any else []
+        self.penalties = [penalties] if penalties.active else []
         self.max_decoder_len = max_decoder_len
         self.initial = prompt_ids(tokens, tokenizer, options.initial_prompt, "initial_prompt")
         # faster-whisper's: empty hotwords are none
