@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence, Union
 
 from encdec.beam_search import BeamSearchOutput, BeamSearchParams
-from encdec.checks import number
+from encdec.checks import flag, number
 from encdec.engine.llm_engine import LLMEngine
 from encdec.outputs import RequestOutput
 from encdec.sampling.params import RequestOutputKind, SamplingParams
@@ -40,14 +40,17 @@ class LLM:
     the decoder positions a request may take to fewer than the model's
     (`ModelConfig.with_max_model_len`). vLLM's `limit_mm_per_prompt` is checked against what a
     prompt holds anyway: one audio for Whisper (`{"audio": 1}`, as vLLM's examples give it),
-    none for a text model.
+    none for a text model. vLLM's `enforce_eager` is taken either way: encdec has no CUDA
+    graphs to turn off, it always runs eagerly.
     """
 
-    def __init__(self, model: str, limit_mm_per_prompt: Optional[dict[str, int]] = None, **engine_options: Any):
+    def __init__(self, model: str, limit_mm_per_prompt: Optional[dict[str, int]] = None,
+                 enforce_eager: bool = False, **engine_options: Any):
         known = [name for name in inspect.signature(LLMEngine.from_model).parameters if name != "model"]
         if unknown := sorted(set(engine_options) - set(known)):
             raise TypeError(f"LLM() got unknown options {', '.join(unknown)}; it takes model, "
-                            f"limit_mm_per_prompt and {', '.join(known)}")
+                            f"limit_mm_per_prompt, enforce_eager and {', '.join(known)}")
+        flag("enforce_eager", enforce_eager)
         audios = audio_limit(limit_mm_per_prompt)
         self.llm_engine = LLMEngine.from_model(model, **engine_options)
         speech = self.llm_engine.input_preprocessor.audio_processor is not None

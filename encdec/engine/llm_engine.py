@@ -24,6 +24,7 @@ from encdec.core.scheduler import Scheduler
 from encdec.generation_config import GenerationDefaults, load_generation_defaults, resolve_sampling_params
 from encdec.inputs.data import is_explicit_encoder_decoder_prompt
 from encdec.inputs.preprocess import InputPreprocessor
+from encdec.inputs.tokenizing import TokenizerGroup
 from encdec.models.quantization import resolve_compute_type
 from encdec.engine.output_processor import OutputProcessor
 from encdec.outputs import RequestOutput
@@ -135,6 +136,10 @@ class LLMEngine:
     def get_tokenizer(self) -> Any:
         """The model's tokenizer (vLLM's call; also the `tokenizer` attribute)."""
         return self.tokenizer
+
+    def get_tokenizer_group(self) -> TokenizerGroup:
+        """vLLM's tokenizer group (`.encode(prompt=...)`) around the model's tokenizer."""
+        return TokenizerGroup(self.tokenizer)
 
     @property
     def block_manager(self):

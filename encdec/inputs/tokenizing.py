@@ -9,7 +9,7 @@ encdec's goes through `encode`, one at a time (decoding switches nothing).
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Optional
 
 _LOCK = threading.Lock()
 
@@ -18,3 +18,19 @@ def encode(tokenizer: Any, **text_and_options: Any) -> list[int]:
     """`tokenizer(text=..., ...)` or `tokenizer(text_target=..., ...)`'s input ids."""
     with _LOCK:
         return list(tokenizer(**text_and_options)["input_ids"])
+
+
+class TokenizerGroup:
+    """vLLM's tokenizer group around the model's tokenizer: its encoder/decoder example encodes
+    with `llm.llm_engine.get_tokenizer_group().encode(prompt=...)`."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def encode(self, prompt: str, add_special_tokens: Optional[bool] = None) -> list[int]:
+        """`prompt`'s token ids as the encoder reads it (special tokens added unless False)."""
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: give token ids")
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+        return encode(self.tokenizer, text=prompt, add_special_tokens=add_special_tokens is not False)

@@ -529,9 +529,16 @@ def test_bfloat16_greedy_tokens_start_like_float32s(tiny_bart_dir, llm):
 
 
 def test_vllms_llm_options_for_a_text_model(tiny_bart_dir, llm):
-    """vLLM's `limit_mm_per_prompt` allows no audio for a text model, and `lora_request` is
-    None or refused."""
-    LLM(model=str(tiny_bart_dir), num_gpu_blocks=16, limit_mm_per_prompt={"audio": 0})
+    """vLLM's encoder/decoder example: `LLM(model, dtype="float", enforce_eager=True)` and its
+    tokenizer group; `limit_mm_per_prompt` allows no audio for a text model, and `lora_request`
+    is None or refused."""
+    vllm_style = LLM(model=str(tiny_bart_dir), dtype="float", enforce_eager=True, num_gpu_blocks=16,
+                     limit_mm_per_prompt={"audio": 0})
+    ids = vllm_style.llm_engine.get_tokenizer_group().encode(prompt="The capital of France is")
+    assert ids == vllm_style.get_tokenizer()("The capital of France is")["input_ids"] and ids[0] == 0
+    assert vllm_style.llm_engine.get_tokenizer_group().encode("France", add_special_tokens=False)[0] != 0
+    with pytest.raises(ValueError, match=r"^enforce_eager must be True or False, got 'yes'$"):
+        LLM(model=str(tiny_bart_dir), enforce_eager="yes")
     with pytest.raises(ValueError, match=r"^limit_mm_per_prompt=\{'audio': 1\}: this model takes no audio$"):
         LLM(model=str(tiny_bart_dir), num_gpu_blocks=16, limit_mm_per_prompt={"audio": 1})
     assert llm.generate(TEXT, SamplingParams(max_tokens=3), use_tqdm=False, lora_request=None)[0].outputs[0].token_ids

@@ -54,10 +54,10 @@ def test_an_unknown_llm_option_names_itself_and_the_ones_taken(tmp_path):
     looked for (a missing checkpoint would be another error)."""
     from encdec import LLM
 
-    with pytest.raises(TypeError, match=r"^LLM\(\) got unknown options enforce_eager, gpu_memory_utilization; "
-                                        r"it takes model, limit_mm_per_prompt and dtype, device, .*, "
+    with pytest.raises(TypeError, match=r"^LLM\(\) got unknown options gpu_memory_utilization, kv_cache_dtype; "
+                                        r"it takes model, limit_mm_per_prompt, enforce_eager and dtype, device, .*, "
                                         r"max_model_len$"):
-        LLM(str(tmp_path / "no-such-model"), enforce_eager=True, gpu_memory_utilization=0.5)
+        LLM(str(tmp_path / "no-such-model"), kv_cache_dtype="fp8", gpu_memory_utilization=0.5)
 
 
 def test_max_running_requests_defaults_to_auto_and_reaches_each_engine(tiny_bart_dir):
