@@ -64,14 +64,14 @@ class LLM:
 
     def generate(self, prompts: Union[Any, Sequence[Any]],
                  sampling_params: Union[SamplingParams, Sequence[SamplingParams], None] = None,
-                 use_tqdm: bool = True, lora_request: None = None) -> list[RequestOutput]:
+                 use_tqdm: bool = True, lora_request: Optional[list[None]] = None) -> list[RequestOutput]:
         """Run every prompt to completion; outputs come back in input order.
 
         Sampling params left unset (or none given) take the checkpoint's generation config, as
         Hugging Face's `generate()` does; see `encdec.generation_config`. `lora_request` is
-        vLLM's, which its examples pass as None: encdec runs no LoRA adapters.
+        vLLM's, which its examples pass as None (or a None per prompt): encdec runs no LoRA adapters.
         """
-        if lora_request is not None:
+        if not (lora_request is None or (isinstance(lora_request, list) and all(r is None for r in lora_request))):
             raise ValueError(f"lora_request: encdec runs no LoRA adapters, got {lora_request!r}")
         if prompts is None or isinstance(prompts, (bytes, bytearray)) or not isinstance(prompts, Iterable):
             raise ValueError(f"prompts must be a prompt or a list of prompts, got {type(prompts).__name__}")

@@ -118,6 +118,10 @@ class LLMEngine:
         trim_heap()  # weights that loading converted (float32 ones a lower precision replaced) are free
         speech = loaded.audio_processor is not None
         loaded.model_config = loaded.model_config.with_max_model_len(max_model_len, speech)
+        if max_model_len is not None and max_model_len < len(loaded.default_decoder_prompt):
+            raise ValueError(f"max_model_len={max_model_len}: the model's decoder prompt "
+                             f"{loaded.default_decoder_prompt} takes {len(loaded.default_decoder_prompt)} "
+                             f"positions, so at least {len(loaded.default_decoder_prompt)}")
         if auto:
             scheduler_config = dataclasses.replace(scheduler_config, max_running_requests=auto_running_requests(
                 speech, device_config.device))

@@ -214,7 +214,9 @@ def _check_processor_kwargs(prompt: dict, field: str) -> None:
 def _one_audio(audio: Any) -> Any:
     """vLLM's list of audios for `multi_modal_data['audio']`, which for Whisper holds one, as
     that one; a (waveform, sample_rate) pair given as a list, or a list of samples, as it is."""
-    if (not isinstance(audio, list) or not audio or isinstance(audio[0], numbers.Number)
+    if isinstance(audio, list) and not audio:
+        raise ValueError("multi_modal_data['audio'] is an empty list: a Whisper prompt takes one audio")
+    if (not isinstance(audio, list) or isinstance(audio[0], numbers.Number)
             or (len(audio) == 2 and isinstance(audio[1], numbers.Number))):
         return audio
     if len(audio) != 1:

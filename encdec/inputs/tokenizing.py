@@ -27,8 +27,12 @@ class TokenizerGroup:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
 
-    def encode(self, prompt: str, add_special_tokens: Optional[bool] = None) -> list[int]:
-        """`prompt`'s token ids as the encoder reads it (special tokens added unless False)."""
+    def encode(self, prompt: str, request_id: Optional[str] = None, lora_request: None = None,
+               add_special_tokens: Optional[bool] = None) -> list[int]:
+        """`prompt`'s token ids as the encoder reads it (special tokens added unless False);
+        vLLM's `request_id` plays no part, and there is no LoRA adapter to ask for."""
+        if lora_request is not None:
+            raise ValueError(f"lora_request: encdec runs no LoRA adapters, got {lora_request!r}")
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: give token ids")
         if not isinstance(prompt, str):

@@ -182,8 +182,8 @@ class SamplingParams:
                f"config_task must be a task name or None, got {self.config_task!r}")
         for name in ("suppress_tokens", "begin_suppress_tokens", "allowed_token_ids"):
             value = getattr(self, name)
-            if value is not None:
-                setattr(self, name, _token_ids(name, value))
+            if value is not None:  # each id once: a step's work grows with the list
+                setattr(self, name, list(dict.fromkeys(_token_ids(name, value))))
         if self.logit_bias is not None:
             _check(isinstance(self.logit_bias, dict), f"logit_bias must be a dict of token id -> number, "
                                                       f"got {self.logit_bias!r}")

@@ -133,12 +133,19 @@ class TranscribeOptions:
             setattr(self, name, number(name, getattr(self, name), none=True))
         self.prompt_reset_on_temperature = number("prompt_reset_on_temperature",
                                                   self.prompt_reset_on_temperature, 0, 2)
-        self.seed = None if self.seed == -1 else number("seed", self.seed, 0, MAX_SEED, integer=True, none=True)
+        if self.seed is not None:
+            if not (is_number(self.seed, integer=True) and -1 <= self.seed <= MAX_SEED):
+                raise ValueError(f"seed must be an integer in [0, {MAX_SEED}], or -1 or None (unseeded), "
+                                 f"got {self.seed!r}")
+            self.seed = None if self.seed == -1 else int(self.seed)
         self.repetition_penalty = number("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
         self.no_repeat_ngram_size = number("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, integer=True)
         for name in ("presence_penalty", "frequency_penalty"):
             setattr(self, name, number(name, getattr(self, name), -2, 2))
-        self.top_k = None if self.top_k in (0, -1) else number("top_k", self.top_k, 1, integer=True, none=True)
+        if self.top_k is not None:
+            if not (is_number(self.top_k, integer=True) and self.top_k >= -1):
+                raise ValueError(f"top_k must be an integer >= 1, or 0, -1 or None (no top-k), got {self.top_k!r}")
+            self.top_k = None if self.top_k in (0, -1) else int(self.top_k)
         self.top_p = number("top_p", self.top_p, 0, 1, above=True, none=True)
         self.min_p = number("min_p", self.min_p, 0, 1, none=True)
         self.vad_parameters = VadOptions.of(self.vad_parameters)

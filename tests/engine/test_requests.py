@@ -144,6 +144,7 @@ def test_vllms_spellings_mean_what_they_mean_there(llm):
 
     assert sample(top_k=0, seed=7).token_ids == sample(top_k=-1, seed=7).token_ids
     assert SamplingParams(seed=-1).seed is None and SamplingParams(logprobs=True).logprobs == 1
+    assert SamplingParams(allowed_token_ids=[7, 5, 7, 5]).allowed_token_ids == [7, 5]  # each once
     vocab = llm.llm_engine.model_config.vocab_size
     entries = sample(seed=7, logprobs=-1).logprobs
     assert len(entries) == 8 and all(len(entry) == vocab for entry in entries)
@@ -537,11 +538,16 @@ def test_vllms_llm_options_for_a_text_model(tiny_bart_dir, llm):
     ids = vllm_style.llm_engine.get_tokenizer_group().encode(prompt="The capital of France is")
     assert ids == vllm_style.get_tokenizer()("The capital of France is")["input_ids"] and ids[0] == 0
     assert vllm_style.llm_engine.get_tokenizer_group().encode("France", add_special_tokens=False)[0] != 0
+    assert vllm_style.llm_engine.get_tokenizer_group().encode(prompt="France", request_id="1", lora_request=None)
+    with pytest.raises(ValueError, match=r"^max_model_len=1: the model's decoder prompt \[2, 0\] takes 2 positions, "
+                                         r"so at least 2$"):
+        LLM(model=str(tiny_bart_dir), num_gpu_blocks=16, max_model_len=1)
     with pytest.raises(ValueError, match=r"^enforce_eager must be True or False, got 'yes'$"):
         LLM(model=str(tiny_bart_dir), enforce_eager="yes")
     with pytest.raises(ValueError, match=r"^limit_mm_per_prompt=\{'audio': 1\}: this model takes no audio$"):
         LLM(model=str(tiny_bart_dir), num_gpu_blocks=16, limit_mm_per_prompt={"audio": 1})
     assert llm.generate(TEXT, SamplingParams(max_tokens=3), use_tqdm=False, lora_request=None)[0].outputs[0].token_ids
+    assert len(llm.generate([TEXT, TEXT], SamplingParams(max_tokens=3), use_tqdm=False, lora_request=[None] * 2)) == 2
     with pytest.raises(ValueError, match=r"^lora_request: encdec runs no LoRA adapters, got 'sql-lora'$"):
         llm.generate(TEXT, SamplingParams(max_tokens=3), use_tqdm=False, lora_request="sql-lora")
     assert_all_blocks_free(llm)

@@ -300,6 +300,15 @@ def test_completions_logit_bias_and_vllms_extras(server, bart):
     [expected] = bart.generate(ARTICLES[0], SamplingParams(**allowed, config_per_field=True), use_tqdm=False)
     assert result.choices[0].text == expected.outputs[0].text
     assert set(expected.outputs[0].token_ids) <= {7, 9, 11}
+    # one token allowed: the beams are one, and so are the choices (as offline), not n
+    beams = dict(max_tokens=5, n=2, best_of=4)
+    result = server.client().completions.create(model="bart", prompt=ARTICLES[0], **beams,
+                                                extra_body=dict(allowed_token_ids=[100], use_beam_search=True))
+    [expected] = bart.generate(ARTICLES[0], SamplingParams(max_tokens=5, n=2, beam_width=4, use_beam_search=True,
+                                                           allowed_token_ids=[100], config_per_field=True),
+                               use_tqdm=False)
+    assert [(c.text, c.finish_reason) for c in result.choices] == [(o.text, o.finish_reason) for o in expected.outputs]
+    assert len(result.choices) == 1
 
 
 def test_completions_bad_words(server, bart):

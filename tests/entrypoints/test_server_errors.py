@@ -109,6 +109,8 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "repetition_penalty": 1e-39}, 400, "repetition_penalty"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "allowed_token_ids": [99999]}, 400, "allowed_token_ids"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "allowed_token_ids": []}, 400, "allowed_token_ids"),
+    ("/v1/completions", {"model": "bart", "prompt": TEXT, "allowed_token_ids": [5] * (2**18 + 1)}, 400,
+     "allowed_token_ids"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "seed": 2**64, "temperature": 1}, 400, "seed"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": -1}, 400, "prompt_logprobs"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "prompt_logprobs": 1001}, 400, "prompt_logprobs"),

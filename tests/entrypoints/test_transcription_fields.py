@@ -52,7 +52,7 @@ def test_cross_field_errors_name_the_field():
     assert options(TranslationRequest, seed="-1").seed is None  # vLLM's: the engine's generator
     with pytest.raises(OpenAIError) as err:
         options(TranslationRequest, seed="-2")
-    assert (err.value.param, str(err.value)) == ("seed", "seed must be an integer in [0, 4294967295] or None, got -2")
+    assert (err.value.param, str(err.value)) == ("seed", "seed must be an integer in [0, 4294967295], or -1 or None (unseeded), got -2")
 
 
 def test_an_unknown_chunking_strategy_is_refused_in_words():

@@ -140,6 +140,9 @@ def test_the_prompts_of_vllms_whisper_examples(tiny_en, clips):
                                          r"prompt takes one$"):
         tiny_en.generate([forms[0], {"prompt": start, "multi_modal_data": {"audio": [pair, pair]}}],
                          params, use_tqdm=False)
+    with pytest.raises(ValueError, match=r"^prompt 0: multi_modal_data\['audio'\] is an empty list: a Whisper "
+                                         r"prompt takes one audio$"):
+        tiny_en.generate({"prompt": start, "multi_modal_data": {"audio": []}}, params, use_tqdm=False)
     with pytest.raises(ValueError, match=r"^prompt 0: waveform: expected a sequence of samples, got a nest"):
         tiny_en.generate({"prompt": start, "multi_modal_data": {"audio": (pair, 16000)}}, params, use_tqdm=False)
     assert_all_blocks_free(tiny_en)

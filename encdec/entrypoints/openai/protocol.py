@@ -84,6 +84,7 @@ MAX_LOGPROBS = 20  # vLLM's default --max-logprobs: alternatives per generated o
 # Stop strings and bad words a request may send (OpenAI takes 4 stop strings, vLLM any number):
 # each one is looked for at every step, and 5000 made a request ten times slower.
 MAX_STRINGS = 64
+MAX_ALLOWED_TOKEN_IDS = 2**18  # more than any vocabulary encdec serves (mBART-50's: 250054)
 
 
 class CompletionRequest(JSONRequest):
@@ -122,7 +123,7 @@ class CompletionRequest(JSONRequest):
     repetition_penalty: Optional[float] = Field(None, gt=0.0)
     stop_token_ids: list[int] = Field(default_factory=list)
     bad_words: list[str] = Field(default_factory=list)
-    allowed_token_ids: Optional[list[int]] = None
+    allowed_token_ids: Optional[list[int]] = Field(None, max_length=MAX_ALLOWED_TOKEN_IDS)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     skip_special_tokens: bool = True

@@ -107,7 +107,7 @@ async def collect(merged: AsyncIterator[tuple[int, RequestOutput]], counter: Out
                   n: int = 1) -> tuple[list[list[Generated]], list[Optional[PromptLogprobs]]]:
     """The `n` completions of each of `num_prompts` prompts, added up from the merged DELTA
     outputs of their engine requests (each counted), and each prompt's prompt_logprobs (None
-    unless asked for)."""
+    unless asked for). A beam search whose beams ran out of tokens returns fewer than `n`."""
     generated = [[Generated() for _ in range(n)] for _ in range(num_prompts)]
     prompt_logprobs: list[Optional[PromptLogprobs]] = [None] * num_prompts
     async for i, out in merged:
@@ -116,4 +116,4 @@ async def collect(merged: AsyncIterator[tuple[int, RequestOutput]], counter: Out
             prompt_logprobs[i] = out.prompt_logprobs
         for delta in out.outputs:
             generated[i][delta.index].add(delta)
-    return generated, prompt_logprobs
+    return [[g for g in completions if g.finish_reason is not None] for completions in generated], prompt_logprobs
