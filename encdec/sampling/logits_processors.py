@@ -10,7 +10,7 @@ rows, exactly where Hugging Face applies them. Every function modifies `scores` 
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -26,18 +26,8 @@ def apply_logits_processors(scores: torch.Tensor, rows: Sequence[Row],
     """Process `scores` [len(rows), vocab] in place; `rows` hold resolved SamplingParams.
     Returns the rows whose own processors failed (raised, or returned something other than
     the row), with the error: their requests fail alone."""
-    penalized = [i for i, (_, p) in enumerate(rows) if p.repetition_penalty != 1.0]
-    if penalized:
-        repetition_penalty(scores, penalized, _histories(rows, penalized),
-                           [rows[i][1].repetition_penalty for i in penalized])
-    penalized = [i for i, (_, p) in enumerate(rows) if p.presence_penalty or p.frequency_penalty]
-    if penalized:
-        presence_frequency_penalties(scores, penalized, [rows[i][0].output_token_ids for i in penalized],
-                                     [rows[i][1].presence_penalty for i in penalized],
-                                     [rows[i][1].frequency_penalty for i in penalized])
-    for size in sorted({p.no_repeat_ngram_size for _, p in rows if p.no_repeat_ngram_size}):
-        picked = [i for i, (_, p) in enumerate(rows) if p.no_repeat_ngram_size == size]
-        ban_repeated_ngrams(scores, picked, _histories(rows, picked), size)
+    apply_penalties(scores, list(range(len(rows))), [p for _, p in rows],
+                    lambda i: rows[i][0].get_token_ids(), lambda i: rows[i][0].output_token_ids)
     _ban(scores, [(i, t) for i, (data, p) in enumerate(rows) if p.bad_words_ids
                   for t in bad_word_ends(data.get_token_ids(), p.bad_words_ids, eos_token_id)])
     _ban(scores, [(i, t) for i, (data, p) in enumerate(rows)
@@ -98,6 +88,25 @@ def _request_processors(scores: torch.Tensor, rows: Sequence[Row]) -> dict[int, 
             except Exception as err:
                 failed.update(dict.fromkeys(picked, err))
     return failed
+
+
+def apply_penalties(scores: torch.Tensor, rows: list[int], settings: Sequence[Any],
+                    history: Callable[[int], list[int]], output: Callable[[int], list[int]]) -> None:
+    """The penalties of `settings[k]` (named as in SamplingParams) on row `rows[k]`, in Hugging
+    Face's order: repetition penalty, presence and frequency penalties, no-repeat n-grams. The
+    first and the last count `history(k)`, the others `output(k)`."""
+    picked = [k for k, s in enumerate(settings) if s.repetition_penalty != 1.0]
+    if picked:
+        repetition_penalty(scores, [rows[k] for k in picked], [history(k) for k in picked],
+                           [settings[k].repetition_penalty for k in picked])
+    picked = [k for k, s in enumerate(settings) if s.presence_penalty or s.frequency_penalty]
+    if picked:
+        presence_frequency_penalties(scores, [rows[k] for k in picked], [output(k) for k in picked],
+                                     [settings[k].presence_penalty for k in picked],
+                                     [settings[k].frequency_penalty for k in picked])
+    for size in sorted({s.no_repeat_ngram_size for s in settings if s.no_repeat_ngram_size}):
+        picked = [k for k, s in enumerate(settings) if s.no_repeat_ngram_size == size]
+        ban_repeated_ngrams(scores, [rows[k] for k in picked], [history(k) for k in picked], size)
 
 
 def repetition_penalty(scores: torch.Tensor, rows: list[int], histories: list[list[int]],
@@ -191,10 +200,6 @@ def force_tokens(scores: torch.Tensor, rows: list[int], tokens: list[int]) -> No
     index = torch.tensor(rows)
     scores[index] = -float("inf")
     scores[index, torch.tensor(tokens)] = 0.0
-
-
-def _histories(rows: Sequence[Row], picked: list[int]) -> list[list[int]]:
-    return [rows[i][0].get_token_ids() for i in picked]
 
 
 def _stop_ids(params: SamplingParams, eos_token_id: Optional[int]) -> list[int]:

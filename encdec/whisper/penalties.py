@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from encdec.sampling.logits_processors import ban_repeated_ngrams, presence_frequency_penalties, repetition_penalty
+from encdec.sampling.logits_processors import apply_penalties
 
 
 class OutputPenalties:
@@ -38,15 +38,4 @@ class OutputPenalties:
     def process_batch(scores: torch.Tensor, rows: list[int], histories: list[list[int]],
                       processors: list["OutputPenalties"]) -> None:
         """`processors[k]` on row `rows[k]` of `scores`, whose decoded tokens are `histories[k]`."""
-        penalized = [k for k, p in enumerate(processors) if p.repetition_penalty != 1.0]
-        if penalized:
-            repetition_penalty(scores, [rows[k] for k in penalized], [histories[k] for k in penalized],
-                               [processors[k].repetition_penalty for k in penalized])
-        penalized = [k for k, p in enumerate(processors) if p.presence_penalty or p.frequency_penalty]
-        if penalized:
-            presence_frequency_penalties(scores, [rows[k] for k in penalized], [histories[k] for k in penalized],
-                                         [processors[k].presence_penalty for k in penalized],
-                                         [processors[k].frequency_penalty for k in penalized])
-        for size in sorted({p.no_repeat_ngram_size for p in processors if p.no_repeat_ngram_size}):
-            picked = [k for k, p in enumerate(processors) if p.no_repeat_ngram_size == size]
-            ban_repeated_ngrams(scores, [rows[k] for k in picked], [histories[k] for k in picked], size)
+        apply_penalties(scores, rows, processors, histories.__getitem__, histories.__getitem__)
