@@ -1,4 +1,4 @@
-"""`encdec summarize`: summaries of texts with a BART-family checkpoint, one per line on stdout.
+"""`encdec summarize`: summaries of texts (BART, T5, PEGASUS, ... checkpoints), one per line on stdout.
 
 Texts longer than the encoder's positions are cut to fit (a note on stderr) unless
 --no-truncate; decoding follows the checkpoint's generation config, with its summarization task

@@ -131,6 +131,9 @@ def add_decoding(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no_repeat_ngram_size", type=number(int, 0), default=DEFAULTS["no_repeat_ngram_size"],
                    help="never repeat an n-gram of this size within a decode (faster-whisper's; "
                         "default: 0, none)")
+    g.add_argument("--max_new_tokens", type=number(int, 1, none=True), default=DEFAULTS["max_new_tokens"],
+                   help="tokens each window's decode makes at most, its timestamps and end "
+                        "counted (openai-whisper's sample_len; default: 224)")
     g.add_argument("--windows_at_once", **BOOL, default=DEFAULTS["windows_at_once"],
                    help="cut a file at quiet points and decode all its windows at once, not "
                         "conditioned: faster on one long file, less consistent (default: False)")

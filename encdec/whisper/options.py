@@ -54,7 +54,9 @@ class TranscribeOptions:
     `length_penalty` over ((5 + length) / 6) ** length_penalty. faster-whisper's
     `repetition_penalty` and `no_repeat_ngram_size` (0: none), and vLLM's `presence_penalty` and
     `frequency_penalty`, act on what each decode has decoded, not its prompt
-    (`encdec.whisper.penalties`); vLLM's `top_k` (0 or -1: none), `top_p` and `min_p` limit the
+    (`encdec.whisper.penalties`). A decode makes at most `max_new_tokens` tokens after its
+    control tokens, its timestamps and end counted (openai-whisper's `sample_len`, by
+    faster-whisper's name; None: 224), and never more than the decoder has room for. vLLM's `top_k` (0 or -1: none), `top_p` and `min_p` limit the
     sampled decodes. Each window of an input starts
     where the last decode left off (openai-whisper's seek), so an input's windows run one after
     another (other inputs' windows fill the batch), prompted with the text before them
@@ -103,6 +105,7 @@ class TranscribeOptions:
     top_k: Optional[int] = None
     top_p: Optional[float] = None
     min_p: Optional[float] = None
+    max_new_tokens: Optional[int] = None
 
     def __post_init__(self) -> None:
         for name in FLAGS:
@@ -140,6 +143,7 @@ class TranscribeOptions:
             self.seed = None if self.seed == -1 else int(self.seed)
         self.repetition_penalty = number("repetition_penalty", self.repetition_penalty, *REPETITION_PENALTY_RANGE)
         self.no_repeat_ngram_size = number("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, integer=True)
+        self.max_new_tokens = number("max_new_tokens", self.max_new_tokens, 1, integer=True, none=True)
         for name in ("presence_penalty", "frequency_penalty"):
             setattr(self, name, number(name, getattr(self, name), -2, 2))
         if self.top_k is not None:

@@ -437,6 +437,8 @@ class TranscriptionJob:
             self._progress(window.duration)
             return self._seek_window(window, window.end) if self.seek else None
         spans = split_spans(decode.sampled, self.tokens)
+        if self.seek and self.decode_timestamps and not spans:  # no text: one segment, emptied, as openai-whisper's
+            spans = [(self._last_timestamp(decode.sampled), None, [])]
         texts = [decode_text(self.tokenizer, ids, self.tokens) for _, _, ids in spans]
         if self.seek:
             plan = plan_seek(spans, texts, self.decode_timestamps,
@@ -627,10 +629,10 @@ class TranscriptionJob:
         return dict(temperature=0.0)
 
     def _max_tokens(self, decoder_prompt: list[int], num_control: int = MAX_CONTROL_TOKENS) -> int:
-        """Tokens a window may sample after its `num_control` control tokens: openai-whisper's
-        n_text_ctx // 2, and no more than the decoder has room for (the last one takes no
-        position, as openai-whisper never feeds it back)."""
-        return min(SAMPLE_LEN, decoder_room(self.max_decoder_len, len(decoder_prompt)) - num_control)
+        """Tokens a window may sample after its `num_control` control tokens: `max_new_tokens`,
+        else openai-whisper's n_text_ctx // 2, and no more than the decoder has room for (the
+        last one takes no position, as openai-whisper never feeds it back)."""
+        return min(self.options.max_new_tokens or SAMPLE_LEN, decoder_room(self.max_decoder_len, len(decoder_prompt)) - num_control)
 
     def _audio(self, window: Window) -> np.ndarray:
         return self.audios[window.input_index][window.start:window.end]

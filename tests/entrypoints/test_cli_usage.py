@@ -98,12 +98,12 @@ def test_summarize(capsys, argv, message):
     (["--served-model-name", "a", "--served-model-name", "b"],
      "--served-model-name was given 2 times for 1 --model(s): give the names of each model, or none"),
     (["--served-model-name", "a", "a"], "'a' is given as the name of two models, or twice: give each "
-                                        "--model names of its own"),
+                                        "--model names of its own (--served-model-name)"),
     (["--kv-cache-space", "1", "--kv-cache-space", "2"],
      "--kv-cache-space was given 2 times for 1 --model(s): give one value for every model, or one "
      "per model"),
     (["--model", "tiny.en"], "'tiny.en' is given as the name of two models, or twice: give each "
-                             "--model names of its own"),
+                             "--model names of its own (--served-model-name)"),
     (["--quantization", "int8", "--dtype", "float16"],
      "--quantization int8 runs with float32 activations, not --dtype float16"),
     (["--replicas", "2"], "--replicas: Ray Serve options; add --ray to serve through Ray"),

@@ -93,7 +93,8 @@ def test_a_model_answers_to_each_of_its_names(server, hello):
     assert server.metrics()[key] == pytest.approx(before + hello.duration)
     with server.http() as http:
         assert http.post("/v1/completions", json={"model": "whisper-1", "prompt": "Hi"}).json()["error"][
-            "message"] == "model 'whisper-1' cannot serve this endpoint: it needs a text (BART-family) model"
+            "message"] == ("model 'whisper-1' cannot serve this endpoint: it needs a text model (BART, T5, "
+                           "PEGASUS, Marian, mBART)")
 
 
 def test_get_routes_answer_head(server):

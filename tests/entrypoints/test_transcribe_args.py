@@ -80,6 +80,7 @@ def test_defaults_are_openai_whispers(llm):
     (["--beam_size", "4", "--patience", "1.5"], dict(beam_size=4, patience=1.5)),
     (["--length_penalty", "0.6"], dict(length_penalty=0.6)),
     (["--repetition_penalty", "1.3", "--no_repeat_ngram_size", "3"], dict(repetition_penalty=1.3, no_repeat_ngram_size=3)),
+    (["--max_new_tokens", "12"], dict(max_new_tokens=12)),
     (["--best_of", "None"], dict(best_of=1)),  # openai-whisper's optional_int
     (["--compression_ratio_threshold", "None", "--logprob_threshold", "-0.5",
       "--no_speech_threshold", "0.3"],
@@ -246,6 +247,7 @@ def test_option_errors_name_the_flag(llm, capsys, argv, message):
     (["--vad_speech_pad_ms", "-1"], "argument --vad_speech_pad_ms: expected a finite number >= 0, got '-1'"),
     (["--max_line_width", "0"], "argument --max_line_width: expected an integer >= 1"),
     (["--repetition_penalty", "0"], "argument --repetition_penalty: expected a finite number > 0, got '0'"),
+    (["--max_new_tokens", "0"], "argument --max_new_tokens: expected an integer >= 1 or None, got '0'"),
     (["--threads", "-1"], f"argument --threads: expected an integer in [0, {cli_args.MAX_THREADS}], got '-1'"),
     (["-f", "doc"], "argument --output_format/-f: invalid choice: 'doc'"),
 ])
@@ -260,7 +262,7 @@ def test_help_groups_the_flags(capsys):
     groups = {"model and input": ["--model", "--language", "--task", "--threads", "--batch_size"],
               "decoding": ["--beam_size", "--best_of", "--patience", "--length_penalty", "--temperature ",
                            "--suppress_tokens", "--suppress_blank", "--condition_on_previous_text",
-                           "--repetition_penalty", "--no_repeat_ngram_size"],
+                           "--repetition_penalty", "--no_repeat_ngram_size", "--max_new_tokens"],
               "temperature fallback and thresholds": [
                   "--temperature_increment_on_fallback", "--no_fallback",
                   "--compression_ratio_threshold", "--logprob_threshold", "--no_speech_threshold"],

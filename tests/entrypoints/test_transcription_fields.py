@@ -40,6 +40,12 @@ def test_extra_fields():
                 frequency_penalty="-0.5")  # vLLM's
     assert (o.top_k, o.top_p, o.min_p, o.presence_penalty, o.frequency_penalty) == (None, 0.6, 0.1, 0.5, -0.5)
     assert options(top_k="5").top_k == 5
+    assert options(TranslationRequest, max_completion_tokens="12").max_new_tokens == 12  # vLLM's name
+    assert options().max_new_tokens is None
+    with pytest.raises(OpenAIError) as err:
+        request_error(max_completion_tokens="0")
+    assert (err.value.param, str(err.value)) == ("max_completion_tokens",
+                                                 "max_completion_tokens: Input should be greater than or equal to 1")
 
 
 def test_cross_field_errors_name_the_field():

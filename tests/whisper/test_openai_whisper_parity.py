@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.conftest import assert_all_blocks_free
 from tests.openai_whisper_ref import assert_words_equal, openai_whisper_model
 
 whisper = pytest.importorskip("whisper")
@@ -54,6 +55,19 @@ def test_long_audio_segments_equal_openai_whisper(tiny_en, reference, long_clips
     audio = long_clips[clip].audio
     (ours,) = tiny_en.transcribe([(audio, 16000)], **options)
     assert_segments_equal(ours, segments_of(whisper.transcribe(reference, audio, fp16=False, **options)))
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 6])
+def test_max_new_tokens_is_openai_whispers_sample_len(tiny_en, reference, corpus, max_new_tokens):
+    """Each window's decode stops after `max_new_tokens` tokens, its timestamps counted, as
+    openai-whisper's after `sample_len`. One token is a lone timestamp: each window is one
+    segment without text, as there."""
+    audio = np.concatenate([clip.audio for clip in corpus[:12]])
+    (ours,) = tiny_en.transcribe([(audio, 16000)], max_new_tokens=max_new_tokens)
+    assert len(ours.segments) >= 2 and (max_new_tokens > 1 or not ours.text)
+    assert_segments_equal(ours, segments_of(whisper.transcribe(reference, audio, fp16=False,
+                                                               sample_len=max_new_tokens)))
+    assert_all_blocks_free(tiny_en)
 
 
 def assert_segments_equal(transcript, expected: list[tuple]) -> None:

@@ -232,7 +232,8 @@ class TranslationRequest(OpenAIBaseModel):
     speech's, not detected then) and `stream` hold for translations too, and vLLM's sampling
     fields: `seed`, `top_k`, `top_p` and `min_p` for the sampled decodes (a fallback's, or all
     above temperature 0), `repetition_penalty` (faster-whisper's), `presence_penalty` and
-    `frequency_penalty` over what each decode makes, not its prompt."""
+    `frequency_penalty` over what each decode makes, not its prompt, and `max_completion_tokens`
+    (each window's at most: `max_new_tokens`)."""
 
     model: str
     language: Optional[str] = None
@@ -259,6 +260,7 @@ class TranslationRequest(OpenAIBaseModel):
     top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     min_p: Optional[float] = Field(None, ge=0.0, le=1.0)
     seed: Optional[int] = None
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
 
 
 class ServerVad(OpenAIBaseModel):

@@ -61,7 +61,7 @@ class ServedModels:
             raise OpenAIError(404, f"The model `{name}` does not exist; this server serves "
                               f"{sorted(self.by_name)}", "model", "model_not_found")
         if served.is_whisper != whisper:
-            needed = "a Whisper model" if whisper else "a text (BART-family) model"
+            needed = "a Whisper model" if whisper else "a text model (BART, T5, PEGASUS, Marian, mBART)"
             raise bad_request(f"model {name!r} cannot serve this endpoint: it needs {needed}", "model")
         if served.engine.dead_error is not None:
             raise OpenAIError(503, f"model {name!r} stopped after an error: "
@@ -107,7 +107,7 @@ def served_names(models: Sequence[str], names: ServedNames) -> list[list[str]]:
     twice = [name for name in every if every.count(name) > 1]
     if twice:
         raise ModelLoadError(f"{twice[0]!r} is given as the name of two models, or twice: give each "
-                             f"--model names of its own")
+                             f"--model names of its own (--served-model-name)")
     return named
 
 

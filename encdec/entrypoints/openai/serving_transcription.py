@@ -46,7 +46,7 @@ ERROR_FIELDS = (("translate", "model"), ("language", "language"), ("initial_prom
 OPTION_FIELDS = set(NAMES) & set(TranscriptionRequest.model_fields) - {"language"}
 # option names in transcribe_options' errors -> form fields
 OPTION_PARAMS = {**{name: name for name in OPTION_FIELDS}, "initial_prompt": "prompt",
-                 "word_timestamps": "timestamp_granularities[]"}
+                 "word_timestamps": "timestamp_granularities[]", "max_new_tokens": "max_completion_tokens"}
 
 
 class OpenAIServingTranscription:
@@ -188,6 +188,8 @@ def request_options(body: AudioRequest) -> dict:
     values = body.model_dump(include=OPTION_FIELDS, exclude_unset=True)
     values.update(temperature=body.temperature, initial_prompt=body.prompt or None,  # OpenAI's "": none
                   word_timestamps="word" in granularities(body))
+    if body.max_completion_tokens is not None:  # vLLM's name
+        values["max_new_tokens"] = body.max_completion_tokens
     vad = getattr(body, "chunking_strategy", None)
     if isinstance(vad, ServerVad):
         values["vad_filter"] = True

@@ -59,7 +59,7 @@ def add_batch(subparsers) -> None:
     transcribe.add_argument("--output-format", choices=[*FORMATS, "all"], default=None,
                             help="also write each transcript as OUTPUT/BASENAME.EXT (default: none)")
     summarize = jobs.add_parser(
-        "summarize", help="summarize documents with a BART-family checkpoint",
+        "summarize", help="summarize documents with a text checkpoint (BART, T5, PEGASUS, ...)",
         description="Summarize documents on a Ray cluster, one engine per actor, decoding as "
                     "`encdec summarize` does.",
         epilog=BATCH_EPILOG.format(id="the text file's path, or the JSONL/Parquet id as a string",
