@@ -5,8 +5,9 @@ UTF-8 character, and SentencePiece drops the space of a word that starts the tex
 So each step decodes a short window, `ids[prefix_offset:]`, and takes what it adds to the
 already-read part `ids[prefix_offset:read_offset]` (both see the same leading token, so its
 quirks cancel). A piece waits for the next token when it ends in U+FFFD (bytes of a
-character still to come) or in a SentencePiece byte-fallback token (`<0xE2>`: how it reads
-depends on the bytes after it, a lone "<" can turn into U+FFFD). On the last step the piece is
+character still to come) or in a SentencePiece byte-fallback token the tokenizer decodes as
+a byte (`<0xE2>`: how it reads depends on the bytes after it, a lone "<" can turn into
+U+FFFD); a tokenizer that prints them as they are (`"<0xE2>"`) streams them at once. On the last step the piece is
 whatever the full decode adds to the text given so far, so the pieces add up to
 `tokenizer.decode(ids)` exactly (unless that decode rewrites text already given: then the last
 piece is empty).
@@ -32,11 +33,15 @@ def decode(tokenizer: Any, ids: list[int], skip_special_tokens: bool) -> str:
 
 
 def byte_token_ids(tokenizer: Any) -> frozenset[int]:
-    """Ids of the tokenizer's byte-fallback tokens `<0x00>` .. `<0xFF>` (none for byte-level BPE)."""
+    """Ids of the tokenizer's byte-fallback tokens `<0x00>` .. `<0xFF>` when it decodes them as
+    bytes (`<0x41>` as "A"); none for byte-level BPE, nor where they read as they are written."""
     ids = _byte_tokens.get(tokenizer)
     if ids is None:
-        ids = _byte_tokens[tokenizer] = frozenset(i for token, i in tokenizer.get_vocab().items()
-                                                  if _BYTE_TOKEN.match(token))
+        vocab = tokenizer.get_vocab()
+        letter = vocab.get("<0x41>")
+        as_bytes = letter is not None and decode(tokenizer, [letter], False) == "A"
+        ids = _byte_tokens[tokenizer] = frozenset(i for token, i in vocab.items()
+                                                  if as_bytes and _BYTE_TOKEN.match(token))
     return ids
 
 

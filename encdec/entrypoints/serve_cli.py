@@ -133,6 +133,9 @@ def api_key(value: str) -> str:
     if not value.strip():
         raise argparse.ArgumentTypeError("the key is empty (--api-key or $ENCDEC_API_KEY): give a "
                                          "key, or neither for a server without one")
+    if not (value.strip().isascii() and value.strip().isprintable()):
+        raise argparse.ArgumentTypeError("the key (--api-key or $ENCDEC_API_KEY) must be printable "
+                                         "ASCII: clients send it in an HTTP header")
     return value.strip()
 
 

@@ -41,3 +41,19 @@ def test_pieces_of_random_ids_add_up(tokenizer, skip_special_tokens):
         got = pieces(tokenizer, ids, skip_special_tokens)
         assert "".join(got) == decode(tokenizer, ids, skip_special_tokens)
         assert not any(p.endswith(REPLACEMENT_CHAR) for p in got[:-1])
+
+
+def test_byte_tokens_printed_as_written_stream_at_once(tmp_path):
+    """A T5 tokenizer converted by Hugging Face reads its byte-fallback tokens as written
+    (`<0xC3>`): each is final text, so it is given out as it comes (a stop string in a run of
+    them is caught there); one that decodes them as bytes holds them for the next token."""
+    from encdec.engine.detokenizer import byte_token_ids
+    from tests.family_checkpoints import t5_tokenizer
+
+    t5 = t5_tokenizer(tmp_path / "t5")
+    ids = t5("Café", add_special_tokens=False)["input_ids"] + [t5.convert_tokens_to_ids(f"<0x{b:02X}>")
+                                                                for b in "€".encode()]
+    assert decode(t5, ids, True).endswith("<0xE2><0x82><0xAC>") and not byte_token_ids(t5)
+    got = pieces(t5, ids)
+    assert got[-3:] == ["<0xE2>", "<0x82>", "<0xAC>"] and "".join(got) == decode(t5, ids, True)
+    assert len(byte_token_ids(sentencepiece_bpe())) == 256

@@ -97,6 +97,8 @@ def test_summarize(capsys, argv, message):
     (["--device", "foo"], "argument --device: expected cpu, cuda or cuda:N, got 'foo'"),
     (["--served-model-name", "a", "--served-model-name", "b"],
      "--served-model-name was given 2 times for 1 --model(s): give the names of each model, or none"),
+    (["--model", "base", "--served-model-name", "a"],
+     "--served-model-name was given once for 2 --model(s): give the names of each model, or none"),
     (["--served-model-name", "a", "a"], "'a' is given as the name of two models, or twice: give each "
                                         "--model names of its own (--served-model-name)"),
     (["--kv-cache-space", "1", "--kv-cache-space", "2"],
@@ -117,6 +119,8 @@ def test_summarize(capsys, argv, message):
      "value for the whole server (one per --model: only --num-gpu-blocks, --kv-cache-space, --swap-space, "
      "--max-model-len)"),
     (["--shutdown-timeout", "0.5"], "argument --shutdown-timeout: expected a finite number >= 1, got '0.5'"),
+    (["--api-key", "clé"], "argument --api-key: the key (--api-key or $ENCDEC_API_KEY) must be printable ASCII: "
+                           "clients send it in an HTTP header"),
     (["--api-key", " "], "argument --api-key: the key is empty (--api-key or $ENCDEC_API_KEY): give a key, "
                          "or neither for a server without one"),
     (["--autoscale", "1,4", "--cpus-per-replica", "2", "--ray-address", "auto"],

@@ -729,6 +729,17 @@ def test_metrics_show_the_requests_in_flight(server, hello):
     server.wait_requests_in_flight(0, timeout=10)
 
 
+def test_metrics_show_the_process(server):
+    """The process's own metrics, as vLLM's server has them: resident memory (the server
+    process's), CPU time; Python's garbage collections."""
+    metrics = server.metrics()
+    with open(f"/proc/{server.proc.pid}/status") as status:
+        rss_kib = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+    assert metrics[("process_resident_memory_bytes", ())] == pytest.approx(rss_kib * 1024, rel=0.2)
+    assert metrics[("process_cpu_seconds_total", ())] > 1  # loading the models, at least
+    assert metrics[("python_gc_collections_total", (("generation", "0"),))] > 0
+
+
 def test_translation(server):
     expected = LLM("base", num_gpu_blocks=240, swap_space=0.05).transcribe(str(SAMPLE), task="translate")[0]
     with open(SAMPLE, "rb") as audio:

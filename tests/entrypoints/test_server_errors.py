@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 
 import httpx
 import numpy as np
@@ -806,6 +807,44 @@ def test_what_the_shutdown_timeout_cuts_off_gets_openai_errors(tiny_bart_dir):
         remote.stop()
 
 
+# loaded by the server's interpreter at start (PYTHONPATH): while the file exists, a step hangs
+HANGING_STEP = """
+import os, time
+from encdec.engine import llm_engine
+step = llm_engine.LLMEngine.step
+def hanging_step(self, *args, **kwargs):
+    if os.path.exists({hang!r}):
+        time.sleep(120)
+    return step(self, *args, **kwargs)
+llm_engine.LLMEngine.step = hanging_step
+"""
+
+
+def test_a_second_signal_stops_at_once(tiny_bart_dir, tmp_path, monkeypatch):
+    """A step that does not end (a hung device): after SIGTERM the server waits for it; a second
+    SIGTERM ends the process at once."""
+    hang = tmp_path / "hang"
+    (tmp_path / "sitecustomize.py").write_text(HANGING_STEP.format(hang=str(hang)))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
+                           "--num-gpu-blocks", "256", "--shutdown-timeout", "1"])
+    try:
+        hang.touch()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(httpx.post, remote.url + "/v1/completions", json={"model": "bart", "prompt": TEXT},
+                        timeout=30)
+            time.sleep(1)
+            remote.proc.send_signal(signal.SIGTERM)
+            time.sleep(3)
+            assert remote.proc.poll() is None  # waiting for the step
+            remote.proc.send_signal(signal.SIGTERM)
+            start = time.monotonic()
+            assert remote.proc.wait(timeout=30) == -signal.SIGTERM
+            assert time.monotonic() - start < 3
+    finally:
+        remote.stop()
+
+
 def test_model_that_fails_to_load_stops_start_up(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # a checkpoint directory, of no model
     done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--model", str(tmp_path), "--port", "0"],
@@ -846,9 +885,15 @@ def test_an_unknown_route_or_method_is_named_with_what_the_server_has():
     async def run():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
             return [await http.request(method, path) for method, path in (
-                ("POST", "/tokenize"), ("POST", "/v1/chat/completions"), ("GET", "/v1/completions"))]
+                ("POST", "/tokenize"), ("POST", "/v1/chat/completions"), ("GET", "/v1/completions"),
+                ("POST", "/health"), ("GET", "/openapi.json"))]
 
-    tokenize, chat, get = asyncio.run(run())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # FastAPI's warning of an operation id used twice
+        tokenize, chat, get, post, schema = asyncio.run(run())
+    assert (post.status_code, post.headers["allow"]) == (405, "GET, HEAD")  # of the GET and HEAD routes
+    assert post.json()["error"]["message"] == "POST /health: the method is not allowed there; use GET, HEAD"
+    assert schema.json()["paths"]["/health"].keys() == {"get"}
     routes = ("/health, /metrics, /v1/audio/transcriptions, /v1/audio/translations, /v1/completions, "
               "/v1/models, /v1/models/{model_id}, /v1/summarize, /version")
     assert (tokenize.status_code, tokenize.json()["error"]["message"]) == (
@@ -881,6 +926,34 @@ def test_dead_engine_makes_health_503(tiny_bart_dir, monkeypatch):
     assert failed.status_code == 500 and failed.json()["error"]["code"] == "engine_dead"
     assert_error(health, 503, None)
     assert_error(refused, 503, "model")
+
+
+def test_an_engine_that_dies_mid_stream_ends_it_with_engine_dead(tiny_bart_dir, monkeypatch):
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=64)
+    app = build_app(ServedModels([ServedModel("bart", str(tiny_bart_dir), engine)]), ServerState())
+    step, steps = engine.engine.step, []
+
+    def step_then_fail():
+        steps.append(1)
+        if len(steps) > 3:
+            raise RuntimeError("device lost")
+        return step()
+
+    monkeypatch.setattr(engine.engine, "step", step_then_fail)
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            async with http.stream("POST", "/v1/completions", json={"model": "bart", "prompt": TEXT, "stream": True,
+                                                                    **LONG}) as response:
+                events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+        await engine.shutdown()
+        return response.status_code, events
+
+    status, events = asyncio.run(run())
+    assert status == 200 and events[-1] == "data: [DONE]" and len(events) >= 3
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert (error["type"], error["code"]) == ("server_error", "engine_dead")
+    assert error["message"].startswith("the engine failed") and "device lost" in error["message"], error
 
 
 def test_probes_and_scrapes_are_logged_at_debug(tiny_bart_dir, caplog):

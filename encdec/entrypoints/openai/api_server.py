@@ -73,7 +73,12 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        await asyncio.gather(*(m.engine.shutdown() for m in models))
+        engines = asyncio.gather(*(m.engine.shutdown() for m in models))
+        stop_now = asyncio.ensure_future(state.stop_now.wait())  # not for a step to end
+        await asyncio.wait([engines, stop_now], return_when=asyncio.FIRST_COMPLETED)
+        stop_now.cancel()
+        if engines.done():
+            engines.result()
 
     app = FastAPI(title="encdec", version=__version__, lifespan=lifespan)
     add_error_handlers(app)
@@ -86,8 +91,13 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     json_body = [Depends(require_json)]
 
     def get(path: str, **options):
-        """A GET route that answers HEAD too (its headers, no body), as Starlette's own do."""
-        return app.api_route(path, methods=["GET", "HEAD"], **options)
+        """A GET route that answers HEAD too (its headers, no body), as Starlette's own do; the
+        HEAD route stays out of the OpenAPI schema (one operation id per route)."""
+        def register(endpoint):
+            route = app.get(path, **options)(endpoint)
+            app.head(path, include_in_schema=False, **options)(endpoint)
+            return route
+        return register
 
     @get("/health")
     async def health() -> Response:
@@ -145,6 +155,9 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
+        if self.state.draining and self.loop is not None:  # a second signal: stop at once
+            self.force_exit = True
+            self.loop.call_soon_threadsafe(self.state.stop_now.set)
         if self.state.draining or self.loop is None:
             super().handle_exit(sig, frame)
             return

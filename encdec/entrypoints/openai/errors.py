@@ -17,6 +17,7 @@ from fastapi.routing import APIRoute
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 
 from encdec.engine.async_engine import EngineDeadError, EngineOverloaded
 
@@ -146,7 +147,10 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, err: HTTPException) -> JSONResponse:
-        return OpenAIError(err.status_code, routing_message(request, err), headers=err.headers).response()
+        headers = err.headers
+        if err.status_code == 405:  # the methods of every route at the path, not the first one's
+            headers = {**(headers or {}), "Allow": ", ".join(allowed_methods(request))}
+        return OpenAIError(err.status_code, routing_message(request, err), headers=headers).response()
 
     @app.exception_handler(EngineOverloaded)
     async def on_overloaded(request: Request, err: EngineOverloaded) -> JSONResponse:
@@ -168,6 +172,12 @@ def add_error_handlers(app: FastAPI) -> None:
 MAX_PATH_SHOWN = 200  # characters of a request's path an error repeats
 
 
+def allowed_methods(request: Request) -> list[str]:
+    """The methods the app's routes at the request's path take."""
+    return sorted({method for route in request.app.routes if isinstance(route, APIRoute)
+                   and route.matches(request.scope)[0] != Match.NONE for method in route.methods})
+
+
 def routing_message(request: Request, err: HTTPException) -> str:
     """The router's "Not Found" and "Method Not Allowed" in words: the path asked for, and
     the routes the server has (or the methods it takes there); any other detail as it is."""
@@ -176,5 +186,5 @@ def routing_message(request: Request, err: HTTPException) -> str:
         paths = sorted({route.path_format for route in request.app.routes if isinstance(route, APIRoute)})
         return f"{where}: no such route; this server serves {', '.join(paths)}"
     if err.status_code == 405 and err.detail == "Method Not Allowed":
-        return f"{where}: the method is not allowed there; use {(err.headers or {}).get('Allow', 'another')}"
+        return f"{where}: the method is not allowed there; use {', '.join(allowed_methods(request))}"
     return str(err.detail)

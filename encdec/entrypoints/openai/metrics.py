@@ -8,7 +8,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector,
+                               ProcessCollector, generate_latest)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from encdec.entrypoints.openai.serving_models import ServedModels
@@ -69,10 +70,13 @@ class EngineCollector:
 
 
 class ServerMetrics:
-    """The server's own registry (not the process-wide default one)."""
+    """The server's own registry (not the process-wide default one), with the process's
+    (`process_resident_memory_bytes`, ...), Python's and its garbage collector's metrics."""
 
     def __init__(self, models: ServedModels, state: ServerState):
         self.registry = CollectorRegistry()
+        for collector in (ProcessCollector, PlatformCollector, GCCollector):
+            collector(registry=self.registry)
         Gauge("encdec_http_requests_in_flight", "HTTP requests being answered (not /health or "
               "/metrics); a graceful shutdown waits for them.",
               registry=self.registry).set_function(lambda: state.inflight)
@@ -82,7 +86,8 @@ class ServerMetrics:
                                  "Time from request to the end of the response, by endpoint.",
                                  ["endpoint"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.first_token = Histogram("encdec_time_to_first_token_seconds",
-                                     "Time from request to the first generated token.",
+                                     "Time from request to the first generated token: each "
+                                     "prompt's; a transcription's once, its first window's.",
                                      ["model"], buckets=FIRST_TOKEN_BUCKETS, registry=self.registry)
         self.prompt_tokens = Counter("encdec_prompt_tokens", "Prompt tokens of the engine's requests: "
                                      "encoder (for Whisper, its audio positions) and decoder.",

@@ -98,7 +98,8 @@ def served_names(models: Sequence[str], names: ServedNames) -> list[list[str]]:
     """The names each model is served as: those of its --served-model-name (a name, or several
     as vLLM's), else its --model value."""
     if names and len(names) != len(models):
-        raise ModelLoadError(f"--served-model-name was given {len(names)} times for "
+        times = "once" if len(names) == 1 else f"{len(names)} times"
+        raise ModelLoadError(f"--served-model-name was given {times} for "
                              f"{len(models)} --model(s): give the names of each model, or none")
     named = [[group] if isinstance(group, str) else list(group) for group in names] or [[m] for m in models]
     if not all(named):

@@ -79,8 +79,10 @@ def error_event(err: BaseException, request_id: str) -> str:
         return sse(err.body())
     if isinstance(err, ValueError):
         return sse(OpenAIError(400, str(err)).body())
-    if not isinstance(err, EngineDeadError):
-        logger.exception("request %s: stream failed", request_id, exc_info=err)
+    if isinstance(err, EngineDeadError):  # as the plain response's (`add_error_handlers`)
+        logger.error("request %s: %s", request_id, err)
+        return sse(OpenAIError(500, str(err), code="engine_dead").body())
+    logger.exception("request %s: stream failed", request_id, exc_info=err)
     return sse(OpenAIError(500, f"{type(err).__name__}: {err}").body())
 
 
