@@ -5,6 +5,10 @@ from __future__ import annotations
 import contextlib
 import os
 
+# The servers the tests start listen on loopback: never through a proxy the machine may set.
+for _name in ("NO_PROXY", "no_proxy"):
+    os.environ[_name] = ",".join(filter(None, [os.environ.get(_name), "127.0.0.1", "localhost"]))
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # The workers share the cores: one thread each, for the servers and kernels they start too.
     os.environ["OMP_NUM_THREADS"] = "1"

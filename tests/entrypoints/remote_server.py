@@ -100,11 +100,18 @@ class RemoteServer:
         return {key: value for key, value in self.metrics().items() if key[0] in names and value}
 
     def wait_all_blocks_free(self, timeout: float = 15) -> None:
-        """Every engine idle and every KV block free (aborts land between engine steps)."""
+        """Every engine idle and every KV block free (aborts land between engine steps), read
+        from gauges every served model shows (so that none free by being missing)."""
         deadline = time.monotonic() + timeout
         while (busy := self.engine_load()) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert not busy, f"engines still hold requests or blocks: {busy}"
+        metrics = self.metrics()
+        models = {dict(labels)["model"] for (name, labels), value in metrics.items()
+                  if name == "encdec_kv_blocks_capacity" and value > 0}
+        shown = {tuple(sorted(dict(labels).items())) for name, labels in metrics if name == "encdec_kv_blocks_in_use"}
+        assert models and shown == {(("attention", kind), ("model", model))
+                                    for model in models for kind in ("cross", "self")}, shown
 
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():

@@ -55,6 +55,16 @@ def server(tiny_bart_dir):
     remote.stop()
 
 
+@pytest.fixture(autouse=True)
+def server_whole_after(request):
+    """After each test on the module's server: every block free, no upload's audio held."""
+    yield
+    if "server" in request.fixturenames:
+        server = request.getfixturevalue("server")
+        server.wait_all_blocks_free()
+        assert server.metrics()[("encdec_audio_seconds_in_flight", ())] == 0
+
+
 def wav_bytes(seconds: float) -> bytes:
     out = io.BytesIO()
     noise = np.random.default_rng(0).normal(0, 0.1, int(16000 * seconds)).astype(np.float32)
@@ -491,6 +501,7 @@ def test_a_stated_length_is_counted_in_flight_before_the_upload_decodes(server):
             assert first.result().status_code == 200, first.result().text
             if refused is not None and refused.status_code == 429:
                 break
+    assert refused is not None, "the first upload was never seen in flight"
     assert assert_error(refused, 429, "file")["code"] == "audio_in_flight"
     assert ("cut.flac: the server is transcribing 4.5 s of audio already, and 4.5 s more would pass its limit "
             "of 8 s in flight") in refused.text
@@ -723,10 +734,16 @@ def stalled_exchange(server, sent: bytes) -> tuple[bytes, dict, float]:
 
 
 def test_still_serving_after_errors(server, tiny_bart_dir):
-    expected = LLM(str(tiny_bart_dir), num_gpu_blocks=256).generate(
-        TEXT, SamplingParams(temperature=0.0, max_tokens=8, config_per_field=True), use_tqdm=False)[0].outputs[0].text
-    result = server.client().completions.create(model="bart", prompt=TEXT, max_tokens=8, temperature=0)
-    assert result.choices[0].text == expected
+    """After the bad requests above, both models answer as the offline LLM does."""
+    [expected] = LLM(str(tiny_bart_dir), num_gpu_blocks=256).generate(
+        TEXT, SamplingParams(temperature=0.0, max_tokens=8, config_per_field=True), use_tqdm=False)[0].outputs
+    result = server.client().completions.create(model="bart", prompt=TEXT, max_tokens=8, temperature=0, logprobs=0,
+                                                extra_body={"return_tokens_as_token_ids": True})
+    assert result.choices[0].text == expected.text
+    assert result.choices[0].logprobs.tokens == [f"token_id:{t}" for t in expected.token_ids]
+    transcript = LLM("tiny.en", num_gpu_blocks=256).transcribe(str(SAMPLE))[0]
+    with open(SAMPLE, "rb") as audio:
+        assert server.client().audio.transcriptions.create(model="tiny.en", file=audio).text == transcript.text
     server.wait_all_blocks_free()
 
 
@@ -748,8 +765,9 @@ def test_sigterm_drains_then_exits(tiny_bart_dir):
                     "encdec_num_requests_running", "encdec_num_requests_waiting")) < 3:
                 await asyncio.sleep(0.02)
             remote.proc.send_signal(signal.SIGTERM)
-            await asyncio.sleep(0.2)
-            refused = await http.get("/v1/models")
+            deadline = time.monotonic() + 10
+            while (refused := await http.get("/v1/models")).status_code == 200 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # until the signal is handled
             scraped = await http.get("/metrics")  # a scrape may watch the drain
             return await asyncio.gather(*streams), refused, scraped
 
@@ -814,6 +832,7 @@ from encdec.engine import llm_engine
 step = llm_engine.LLMEngine.step
 def hanging_step(self, *args, **kwargs):
     if os.path.exists({hang!r}):
+        open({hang!r} + ".stepping", "w").close()
         time.sleep(120)
     return step(self, *args, **kwargs)
 llm_engine.LLMEngine.step = hanging_step
@@ -833,7 +852,10 @@ def test_a_second_signal_stops_at_once(tiny_bart_dir, tmp_path, monkeypatch):
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             pool.submit(httpx.post, remote.url + "/v1/completions", json={"model": "bart", "prompt": TEXT},
                         timeout=30)
-            time.sleep(1)
+            deadline = time.monotonic() + 30
+            while not os.path.exists(f"{hang}.stepping"):  # the request's step hangs
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
             remote.proc.send_signal(signal.SIGTERM)
             time.sleep(3)
             assert remote.proc.poll() is None  # waiting for the step

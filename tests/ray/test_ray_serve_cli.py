@@ -5,6 +5,7 @@ local instance are refused instead of waited for, and replicas that cannot load 
 the server with the reason on one line, as Ray that does not start stops it (and a batch job)."""
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -42,6 +43,44 @@ def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones():
         response = held.finish()
         assert response.status_code == 200 and response.json()["text"] == expected
         assert remote.proc.wait(timeout=120) == 0
+    finally:
+        if held:
+            held.release.set()
+        remote.stop()
+
+
+def test_a_full_queue_gets_429_and_a_second_signal_stops_at_once(tiny_bart_dir):
+    """Behind Serve as without it: past --max-waiting-requests a request is refused (429), not
+    held back in Serve's queue; while the drain waits for a request in flight, a second SIGTERM
+    ends the server at once."""
+    remote = RemoteServer(["--ray", "--replicas", "1", "--cpus-per-replica", "0.5", "--model", "tiny.en",
+                           "--model", str(tiny_bart_dir), "--served-model-name", "tiny.en", "--served-model-name",
+                           "bart", "--max-num-seqs", "1", "--max-waiting-requests", "1", "--num-gpu-blocks", "600",
+                           "--swap-space", "0.01"], startup_timeout=300)
+    held = None
+    try:
+        body = {"model": "bart", "prompt": "The rain in spain.", "min_tokens": 250, "max_tokens": 250,
+                "temperature": 0}
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda _: httpx.post(f"{remote.url}/v1/completions", json=body, timeout=120),
+                                    range(6)))
+        statuses = sorted(answer.status_code for answer in answers)
+        assert statuses[0] == 200 and statuses[-1] == 429, statuses  # one runs, one waits, the rest refused
+        refused = next(answer for answer in answers if answer.status_code == 429)
+        assert refused.headers["retry-after"] == "1" and refused.json()["error"]["code"] == "engine_overloaded"
+
+        held = HeldUpload(remote.url, "tiny.en", SAMPLE)
+        remote.wait_requests_in_flight(1)
+        remote.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10  # the replica hears of the drain within 2 s
+        while httpx.get(f"{remote.url}/health", timeout=5).status_code == 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        remote.proc.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        assert remote.proc.wait(timeout=60) == 128 + signal.SIGTERM
+        assert time.monotonic() - start < 30  # not the drain's 30 s and Serve's as many again
+        assert "a second signal: stopping at once" in remote.output()
     finally:
         if held:
             held.release.set()

@@ -4,9 +4,11 @@ Each replica loads the models of `encdec serve` (one engine per model per replic
 the same app, streaming included; Serve's proxy listens on --host/--port and routes each request
 to a replica; `/metrics` shows every replica's series, and SIGTERM drains every replica as
 `encdec serve` drains itself (`replica_board`). A replica that dies is replaced by Serve, and
-requests go to the others meanwhile. Each replica takes up to `--max-num-seqs` requests at once,
-the size of its engine's batch. With `--autoscale MIN,MAX` Serve adds and removes replicas so
-that each has about TARGET_ONGOING_REQUESTS requests in flight.
+requests go to the others meanwhile. Each replica takes the requests its engines run and queue
+(`max_ongoing_requests`), so that past `--max-waiting-requests` it refuses them (429) as
+`encdec serve` does, rather than Serve holding them back, and probes and scrapes besides, which
+would otherwise wait behind busy requests. With `--autoscale MIN,MAX` Serve adds and removes
+replicas so that each has about TARGET_ONGOING_REQUESTS requests in flight.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ APP_NAME = "encdec"
 REPLICAS, CPUS_PER_REPLICA = 1, 1.0  # the defaults of --replicas and --cpus-per-replica
 PROXY_CHECK_SECONDS = 30  # Serve's proxy readiness and health checks (Ray's defaults: 5 s and 10 s)
 TARGET_ONGOING_REQUESTS = 16  # per replica under --autoscale: where a CPU engine's throughput levels off
+PROBE_ROOM = 8  # requests a replica takes past its engines' queues: probes, scrapes, refusals
+UNBOUNDED_QUEUE = 10_000  # an engine's queue without --max-waiting-requests, as Serve counts it
 
 
 class EncdecReplica:
@@ -111,6 +115,11 @@ def replica_options(args: argparse.Namespace) -> dict[str, Any]:
         "target_ongoing_requests": min(TARGET_ONGOING_REQUESTS, args.max_num_seqs)}}
 
 
+def max_ongoing_requests(args: argparse.Namespace) -> int:
+    """Requests a replica takes at once: what its engines run and queue, and PROBE_ROOM."""
+    return len(args.models) * (args.max_num_seqs + (args.max_waiting_requests or UNBOUNDED_QUEUE)) + PROBE_ROOM
+
+
 def application(args: argparse.Namespace):
     """The Serve application `encdec serve --ray` runs, from its parsed arguments."""
     from ray import serve
@@ -119,7 +128,7 @@ def application(args: argparse.Namespace):
 
     deployment = serve.deployment(
         serve.ingress()(EncdecReplica), name="EncdecReplica", **replica_options(args),
-        max_ongoing_requests=args.max_num_seqs, graceful_shutdown_timeout_s=args.shutdown_timeout,
+        max_ongoing_requests=max_ongoing_requests(args), graceful_shutdown_timeout_s=args.shutdown_timeout,
         ray_actor_options={"num_cpus": args.cpus_per_replica})
     app_options = dict(api_key=args.api_key, max_upload_mb=args.max_upload_mb,
                        max_audio_seconds=args.max_audio_seconds,
@@ -186,12 +195,14 @@ def run_ray_server(args: argparse.Namespace) -> int:
         error(str(err))
         return 1
     stop = threading.Event()
+    signals: list[int] = []
 
-    def on_signal(*_) -> None:
+    def on_signal(sig: int, _) -> None:
+        signals.append(sig)
         starting = board is None and not stop.is_set()
         stop.set()
-        if starting:
-            raise KeyboardInterrupt  # out of the wait for the replicas
+        if starting or len(signals) > 1:
+            raise KeyboardInterrupt  # out of the wait for the replicas, or (a second signal) the drain
 
     board = None
     for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which sets its own
@@ -221,11 +232,16 @@ def run_ray_server(args: argparse.Namespace) -> int:
         stop.wait()
         logger.info("shutting down: refusing new requests; waiting up to %g s for those in flight",
                     args.shutdown_timeout)
-        if not drain(board, args.shutdown_timeout):
-            logger.warning("the Ray cluster does not answer; stopping without draining")
-            return 1
-        serve.delete(APP_NAME)  # what is still in flight gets Serve's graceful shutdown
-        serve.shutdown()
+        try:
+            if not drain(board, args.shutdown_timeout):
+                logger.warning("the Ray cluster does not answer; stopping without draining")
+                return 1
+            serve.delete(APP_NAME)  # what is still in flight gets Serve's graceful shutdown
+            serve.shutdown()
+        except KeyboardInterrupt:  # a local instance's replicas end with it, a cluster's app stays
+            logger.warning("a second signal: stopping at once%s",
+                           "" if args.ray_address is None else f" ('serve delete {APP_NAME}' removes the app)")
+            return 128 + signals[-1]
     finally:
         ray.shutdown()
     return 0
