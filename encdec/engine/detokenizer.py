@@ -7,8 +7,8 @@ already-read part `ids[prefix_offset:read_offset]` (both see the same leading to
 quirks cancel). A piece waits for the next token when it ends in U+FFFD (bytes of a
 character still to come) or in a SentencePiece byte-fallback token the tokenizer decodes as
 a byte (`<0xE2>`: how it reads depends on the bytes after it, a lone "<" can turn into
-U+FFFD); a tokenizer that prints them as they are (`"<0xE2>"`) streams them at once. On the last step the piece is
-whatever the full decode adds to the text given so far, so the pieces add up to
+U+FFFD); one that prints them as written (`"<0xE2>"`) gives them out at once. On the last
+step the piece is whatever the full decode adds to the text given so far, so the pieces add up to
 `tokenizer.decode(ids)` exactly (unless that decode rewrites text already given: then the last
 piece is empty).
 
