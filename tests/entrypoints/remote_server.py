@@ -155,11 +155,15 @@ class HeldUpload:
         yield f"\r\n--{self.BOUNDARY}--\r\n".encode()
 
     def _post(self) -> None:
-        self.response = httpx.post(f"{self.url}/v1/audio/transcriptions", content=self._body(), timeout=120,
-                                   headers={"Content-Type": f"multipart/form-data; boundary={self.BOUNDARY}"})
+        try:
+            self.response = httpx.post(f"{self.url}/v1/audio/transcriptions", content=self._body(), timeout=120,
+                                       headers={"Content-Type": f"multipart/form-data; boundary={self.BOUNDARY}"})
+        except httpx.HTTPError:  # the server went away first: no response
+            pass
 
     def finish(self, timeout: float = 120) -> Optional[httpx.Response]:
-        """Send the rest of the upload; the response (None if none came within `timeout`)."""
+        """Send the rest of the upload; the response (None if none came within `timeout`, or
+        the server closed the connection first)."""
         self.release.set()
         self.thread.join(timeout)
         return self.response
