@@ -978,6 +978,25 @@ def test_an_engine_that_dies_mid_stream_ends_it_with_engine_dead(tiny_bart_dir, 
     assert error["message"].startswith("the engine failed") and "device lost" in error["message"], error
 
 
+def test_each_models_series_start_at_zero(tiny_bart_dir):
+    """Before any request, /metrics has each model's counters and histograms at 0 (a rate over
+    them is 0, not missing); audio seconds only for a Whisper model."""
+    engine = AsyncLLMEngine.from_model(str(tiny_bart_dir), num_gpu_blocks=64)
+    app = build_app(ServedModels([ServedModel("bart", str(tiny_bart_dir), engine)]), ServerState())
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            text = (await http.get("/metrics")).text
+        await engine.shutdown()
+        return text
+
+    lines = asyncio.run(run()).splitlines()
+    for sample in ("encdec_prompt_tokens_total", "encdec_generation_tokens_total",
+                   "encdec_time_to_first_token_seconds_count"):
+        assert f'{sample}{{model="bart"}} 0.0' in lines, sample
+    assert not any(line.startswith("encdec_audio_seconds_total") for line in lines)
+
+
 def test_probes_and_scrapes_are_logged_at_debug(tiny_bart_dir, caplog):
     """A health probe or a scrape that succeeds comes every few seconds: logged at DEBUG, every
     other request at INFO."""

@@ -100,6 +100,11 @@ class ServerMetrics:
         self.audio_in_flight = Gauge("encdec_audio_seconds_in_flight", "Seconds of audio the uploads "
                                      "being transcribed hold (--max-audio-seconds-in-flight bounds it).",
                                      registry=self.registry)
+        for served in models:  # each model's series from 0, before its first request
+            for metric in (self.first_token, self.prompt_tokens, self.generation_tokens):
+                metric.labels(served.name)
+            if served.is_whisper:
+                self.audio_seconds.labels(served.name)
         self.registry.register(EngineCollector(models))
 
     def observe_first_token(self, model: str, output: RequestOutput, start: float) -> None:
