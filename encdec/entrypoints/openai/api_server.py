@@ -189,6 +189,15 @@ def configure_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("encdec").setLevel(getattr(logging, level.upper()))
+    logging.getLogger("uvicorn.error").addFilter(expected_cancel_as_warning)
+
+
+def expected_cancel_as_warning(record: logging.LogRecord) -> bool:
+    """uvicorn's "Cancel N running task(s)" at the shutdown timeout is what the timeout is for
+    (encdec has said "aborting N requests" already): a warning, not an error."""
+    if str(record.msg).startswith("Cancel %s running task(s)"):
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+    return True
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
