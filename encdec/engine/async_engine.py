@@ -51,7 +51,6 @@ logger = logging.getLogger(__name__)
 # Seconds the engine waits idle before it gives its steps' freed memory back to the system:
 # long enough that a client sending its next request gets warm pages.
 IDLE_TRIM_SECONDS = 1.0
-SHUTDOWN_POLL_SECONDS = 0.01  # how often shutdown() looks whether the engine thread has ended
 
 
 class EngineOverloaded(RuntimeError):
@@ -413,8 +412,8 @@ class AsyncLLMEngine:
         """Stop the loop: requests in flight end with EngineDeadError, their blocks freed."""
         self._stopping = True
         self._wakeup.set()
-        while self._thread is not None and self._thread.is_alive():  # no executor thread blocked on it
-            await asyncio.sleep(SHUTDOWN_POLL_SECONDS)
+        if self._thread is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
 
 
 def _engine_thread(ref: weakref.ref, wakeup: threading.Event) -> None:

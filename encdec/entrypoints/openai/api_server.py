@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -73,12 +74,7 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        engines = asyncio.gather(*(m.engine.shutdown() for m in models))
-        stop_now = asyncio.ensure_future(state.stop_now.wait())  # not for a step to end
-        await asyncio.wait([engines, stop_now], return_when=asyncio.FIRST_COMPLETED)
-        stop_now.cancel()
-        if engines.done():
-            engines.result()
+        await asyncio.gather(*(m.engine.shutdown() for m in models))
 
     app = FastAPI(title="encdec", version=__version__, lifespan=lifespan)
     add_error_handlers(app)
@@ -155,10 +151,10 @@ class DrainingServer(uvicorn.Server):
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: Optional[FrameType]) -> None:
-        if self.state.draining and self.loop is not None:  # a second signal: stop at once
-            self.force_exit = True
-            self.loop.call_soon_threadsafe(self.state.stop_now.set)
-        if self.state.draining or self.loop is None:
+        if self.state.draining:  # a second signal: stop at once, not after an engine step ends
+            logger.warning("%s again: stopping at once", signal.Signals(sig).name)  # written at once
+            os._exit(128 + sig)
+        if self.loop is None:
             super().handle_exit(sig, frame)
             return
         self.state.draining = True

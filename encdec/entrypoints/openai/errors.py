@@ -174,8 +174,8 @@ MAX_PATH_SHOWN = 200  # characters of a request's path an error repeats
 
 def allowed_methods(request: Request) -> list[str]:
     """The methods the app's routes at the request's path take."""
-    return sorted({method for route in request.app.routes if isinstance(route, APIRoute)
-                   and route.matches(request.scope)[0] != Match.NONE for method in route.methods})
+    return sorted({method for route in request.app.routes if route.matches(request.scope)[0] != Match.NONE
+                   for method in getattr(route, "methods", None) or ()})
 
 
 def routing_message(request: Request, err: HTTPException) -> str:

@@ -25,7 +25,7 @@ import logging
 import re
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from starlette.datastructures import Headers, MutableHeaders
@@ -55,7 +55,6 @@ class ConnectionGone(Exception):
 @dataclass
 class ServerState:
     draining: bool = False  # shutting down: new requests get 503
-    stop_now: asyncio.Event = field(default_factory=asyncio.Event)  # a second signal: wait for nothing
     inflight: int = 0
     idle_trim: Optional[asyncio.TimerHandle] = None  # the heap trim due if no request comes first
 
