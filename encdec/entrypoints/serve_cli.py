@@ -4,6 +4,7 @@ or of Ray Serve (`encdec.entrypoints.ray.serve`)."""
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import ssl
 from typing import Optional, Union
@@ -38,6 +39,7 @@ def check_serve(args: argparse.Namespace) -> None:
     except ModelLoadError as err:
         raise UsageError(str(err)) from None
     check_tls(args.ssl_keyfile, args.ssl_certfile)
+    args.stats_interval = None if args.disable_log_stats else stats_interval()
     if unused := ray_options_without_ray(args):
         raise UsageError(f"{', '.join(unused)}: Ray Serve options; add --ray to serve through Ray")
     if args.ray:
@@ -51,6 +53,23 @@ def check_serve(args: argparse.Namespace) -> None:
             if value > limit:
                 where = "this machine" if device.type == "cpu" else device
                 raise UsageError(f"{flag} {value:g}: more than {where}'s {limit:.1f} GiB of memory")
+
+
+def stats_interval() -> float:
+    """The seconds between stats lines: $ENCDEC_LOG_STATS_INTERVAL (vLLM's VLLM_LOG_STATS_INTERVAL),
+    else 10."""
+    from encdec.entrypoints.openai.metrics import STATS_INTERVAL_SECONDS
+
+    value = os.environ.get("ENCDEC_LOG_STATS_INTERVAL")
+    if value is None:
+        return STATS_INTERVAL_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise UsageError(f"ENCDEC_LOG_STATS_INTERVAL must be a number of seconds above 0, got {value!r}")
+    return seconds
 
 
 class EncryptedKey(Exception):
@@ -246,6 +265,9 @@ def add_serve(subparsers) -> None:
                         "exit status 143) (default: 30)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"],
                    help="log level (default: info)")
+    p.add_argument("--disable-log-stats", action="store_true",
+                   help="do not log each model's stats line (throughput, requests, KV cache "
+                        "usage) every $ENCDEC_LOG_STATS_INTERVAL seconds it has work (default: 10)")
     add_engine_options(p)
     add_ray_options(p)
     p.set_defaults(handler=run_serve)

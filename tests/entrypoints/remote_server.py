@@ -33,11 +33,12 @@ def free_port() -> int:
 
 class RemoteServer:
     def __init__(self, args: list[str], api_key: Optional[str] = None, startup_timeout: float = 180,
-                 verify: Union[bool, str] = True):
-        """`verify`: for a server on HTTPS, the CA file its certificate is checked with."""
+                 verify: Union[bool, str] = True, env: Optional[dict[str, str]] = None):
+        """`verify`: for a server on HTTPS, the CA file its certificate is checked with; `env`:
+        more environment variables for the server."""
         self.api_key, self.verify = api_key, verify
         self.log = tempfile.NamedTemporaryFile("w+", prefix="encdec-serve-", suffix=".log", delete=False)
-        env = {**os.environ, "ENCDEC_API_KEY": api_key or ""}
+        env = {**os.environ, **(env or {}), "ENCDEC_API_KEY": api_key or ""}
         if not api_key:
             env.pop("ENCDEC_API_KEY")
         self.proc = subprocess.Popen(

@@ -158,6 +158,13 @@ def test_an_empty_api_key_in_the_environment_is_refused(capsys, monkeypatch):
     assert cli.build_parser().parse_args(SERVE).api_key == "sekret"
 
 
+@pytest.mark.parametrize("value", ["0", "-1", "ten", "inf", "nan", ""])
+def test_a_bad_stats_interval_is_refused(capsys, monkeypatch, value):
+    monkeypatch.setenv("ENCDEC_LOG_STATS_INTERVAL", value)
+    assert usage_error(capsys, SERVE) == (
+        f"ENCDEC_LOG_STATS_INTERVAL must be a number of seconds above 0, got {value!r}")
+
+
 @pytest.mark.parametrize("argv, field, value", [
     (SUMMARIZE + ["--max_tokens", "7"], "max_tokens", 7),
     (SUMMARIZE + ["--no_repeat_ngram_size=3"], "no_repeat_ngram_size", 3),

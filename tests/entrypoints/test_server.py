@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import re
 import socket
 import time
 
@@ -38,7 +39,8 @@ def server(tiny_bart_dir):
     remote = RemoteServer(["--model", str(tiny_bart_dir), "--served-model-name", "bart",
                            "--model", "tiny.en", "--served-model-name", "tiny.en", "whisper-1",
                            "--model", "base", "--served-model-name", "base",
-                           "--num-gpu-blocks", "2200", "--swap-space", "0.05"])
+                           "--num-gpu-blocks", "2200", "--swap-space", "0.05"],
+                          env={"ENCDEC_LOG_STATS_INTERVAL": "0.5"})
     yield remote
     remote.stop()
 
@@ -722,14 +724,14 @@ def test_a_streamed_transcription_is_server_sent_events(server, hello, response_
     assert "".join(d["delta"] for d in deltas).strip() == hello.text
 
 
-def generated_tokens(llm: LLM, path) -> int:
-    """The tokens `llm`'s engine generates to transcribe `path` (every window and sample)."""
-    engine, step, total = llm.llm_engine, llm.llm_engine.step, 0
+def finished_lengths(llm: LLM, path) -> list[list[int]]:
+    """The tokens of each sequence of each engine request (every window and sample) that `llm`
+    makes to transcribe `path`."""
+    engine, step, lengths = llm.llm_engine, llm.llm_engine.step, []
 
     def counting_step():
-        nonlocal total
         outputs = step()
-        total += sum(len(c.token_ids) for o in outputs if o.finished for c in o.outputs)
+        lengths.extend([len(c.token_ids) for c in o.outputs] for o in outputs if o.finished)
         return outputs
 
     engine.step = counting_step
@@ -737,26 +739,34 @@ def generated_tokens(llm: LLM, path) -> int:
         llm.transcribe(str(path))
     finally:
         del engine.step
-    return total
+    return lengths
 
 
 def test_metrics_time_to_first_token_and_prompt_tokens(server, bart, tiny_en, hello):
-    """/metrics: a completion's prompts each get a time to first token and count their prompt
-    and generated tokens (usage's); a transcription, plain or streamed, gets one time to first
-    token (its first window's) and counts its windows' prompt tokens, the tokens the engine
+    """/metrics: a completion's prompts each get a time to first token, a queue time and a time
+    per output token and count their prompt and generated tokens (usage's); a transcription,
+    plain or streamed, gets one time to first token (its first window's), each window's queue
+    time and time per output token, and counts its windows' prompt tokens, the tokens the engine
     generated for it and its audio seconds."""
-    def changes(before, after, model):
-        names = ("encdec_time_to_first_token_seconds_count", "encdec_time_to_first_token_seconds_sum",
-                 "encdec_prompt_tokens_total", "encdec_audio_seconds_total", "encdec_generation_tokens_total")
+    def changes(before, after, model, names=("encdec_time_to_first_token_seconds_count",
+                                             "encdec_time_to_first_token_seconds_sum", "encdec_prompt_tokens_total",
+                                             "encdec_audio_seconds_total", "encdec_generation_tokens_total")):
         key = (("model", model),)
         return [after.get((n, key), 0.0) - before.get((n, key), 0.0) for n in names]
 
     before, start = server.metrics(), time.monotonic()
-    result = server.client().completions.create(model="bart", prompt=ARTICLES, max_tokens=4)
-    after = server.metrics()
+    result = server.client().completions.create(model="bart", prompt=ARTICLES, max_tokens=4,
+                                                extra_body={"min_tokens": 4})
+    after, elapsed = server.metrics(), time.monotonic() - start
     count, seconds, prompt, _, generated = changes(before, after, "bart")
     assert (count, prompt, generated) == (2, result.usage.prompt_tokens, result.usage.completion_tokens)
-    assert 0 < seconds < 2 * (time.monotonic() - start)
+    assert generated == 8  # min_tokens
+    assert 0 < seconds < 2 * elapsed
+    # each prompt's queue time, and its time per output token: its 3 steps after the first token
+    queued, queued_seconds, decoded, decode_seconds = changes(before, after, "bart", tuple(
+        f"encdec_{family}_seconds_{part}" for family in ("request_queue_time", "time_per_output_token")
+        for part in ("count", "sum")))
+    assert (queued, decoded) == (2, 2) and 0 <= queued_seconds < 2 * elapsed and 0 < decode_seconds < elapsed
     latency = [after.get((f"encdec_http_request_duration_seconds_{part}", (("endpoint", "/v1/completions"),)), 0.0)
                - before.get((f"encdec_http_request_duration_seconds_{part}", (("endpoint", "/v1/completions"),)), 0.0)
                for part in ("count", "sum")]
@@ -767,11 +777,16 @@ def test_metrics_time_to_first_token_and_prompt_tokens(server, bart, tiny_en, he
         server.client().audio.transcriptions.create(model="tiny.en", file=audio)
     with open(SAMPLE, "rb") as audio:
         list(server.client().audio.transcriptions.create(model="tiny.en", file=audio, stream=True))
-    count, seconds, prompt, audio_seconds, generated = changes(before, server.metrics(), "tiny.en")
+    after = server.metrics()
+    count, seconds, prompt, audio_seconds, generated = changes(before, after, "tiny.en")
     assert count == 2 and 0 < seconds < 2 * (time.monotonic() - start)
+    lengths = finished_lengths(tiny_en, SAMPLE)
+    windows = changes(before, after, "tiny.en", ("encdec_request_queue_time_seconds_count",
+                                                 "encdec_time_per_output_token_seconds_count"))
+    assert windows == [2 * len(lengths), 2 * sum(max(n) > 1 for n in lengths)]
     assert prompt >= 2 and prompt % 2 == 0  # the same windows twice
     assert audio_seconds == pytest.approx(2 * hello.duration)
-    assert generated == 2 * generated_tokens(tiny_en, SAMPLE) > 2 * sum(len(s.tokens) for s in hello.segments)
+    assert generated == 2 * sum(map(sum, lengths)) > 2 * sum(len(s.tokens) for s in hello.segments)
 
 
 def test_metrics_show_the_requests_in_flight(server, hello):
@@ -807,12 +822,28 @@ def test_metrics_families(server):
         "encdec_prompt_tokens": ("counter", per_model), "encdec_generation_tokens": ("counter", per_model),
         "encdec_audio_seconds": ("counter", per_model), "encdec_audio_seconds_in_flight": ("gauge", set()),
         "encdec_time_to_first_token_seconds": ("histogram", per_model),
+        "encdec_request_queue_time_seconds": ("histogram", per_model),
+        "encdec_time_per_output_token_seconds": ("histogram", per_model),
         "encdec_num_requests_running": ("gauge", per_model), "encdec_num_requests_waiting": ("gauge", per_model),
         "encdec_num_requests_swapped": ("gauge", per_model),
         "encdec_kv_blocks_in_use": ("gauge", {"model", "attention"}),
         "encdec_kv_swap_blocks_in_use": ("gauge", per_model), "encdec_kv_blocks_capacity": ("gauge", per_model),
         "encdec_num_preemptions": ("counter", per_model), "encdec_num_aborted_requests": ("counter", per_model)}
     assert {name: families.get(name) for name in expected} == expected
+
+
+def test_the_stats_line(server):
+    """Every interval in which a model has work ($ENCDEC_LOG_STATS_INTERVAL s, 0.5 here), its
+    stats line in the log, as vLLM's server logs its own."""
+    line = re.compile(r"encdec\.server: bart: Avg prompt throughput: ([\d.]+) tokens/s, Avg generation "
+                      r"throughput: ([\d.]+) tokens/s, Running: \d+ reqs, Swapped: \d+ reqs, Pending: \d+ "
+                      r"reqs, KV cache usage: [\d.]+%$", re.MULTILINE)
+    logged = len(server.output())
+    server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=4, extra_body={"min_tokens": 4})
+    deadline = time.monotonic() + 5
+    while not (lines := line.findall(server.output()[logged:])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert lines and sum(float(prompt) for prompt, _ in lines) > 0 and sum(float(g) for _, g in lines) > 0
 
 
 def test_metrics_show_the_process(server):

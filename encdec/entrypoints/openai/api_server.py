@@ -29,7 +29,7 @@ from encdec import __version__
 from encdec.entrypoints.cli_messages import os_reason
 from encdec.entrypoints.openai.errors import OpenAIError, add_error_handlers, bad_request
 from encdec.entrypoints.openai.http_protocol import HEADER_TIMEOUT_SECONDS, head_timeout_protocol
-from encdec.entrypoints.openai.metrics import ServerMetrics
+from encdec.entrypoints.openai.metrics import STATS_INTERVAL_SECONDS, LoggingStatLogger, ServerMetrics
 from encdec.entrypoints.openai.middleware import BODY_TIMEOUT_SECONDS, ServerState, ServingMiddleware
 from encdec.entrypoints.openai.protocol import (CompletionRequest, CompletionResponse, ModelCard,
                                                 ModelList, SummarizeRequest, SummarizeResponse)
@@ -57,11 +57,13 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
               max_upload_mb: float = 25, max_audio_seconds: float = 3600,
               max_audio_seconds_in_flight: float = 14400,
               metrics: Optional[ServerMetrics] = None, allowed_origins: Sequence[str] = ("*",),
-              request_body_timeout: float = BODY_TIMEOUT_SECONDS) -> FastAPI:
+              request_body_timeout: float = BODY_TIMEOUT_SECONDS,
+              stats_interval: Optional[float] = STATS_INTERVAL_SECONDS) -> FastAPI:
     """The server's app over `models`; `metrics` are its own unless given (Ray Serve's replicas
     render every replica's). Browsers at `allowed_origins` may call it (CORS, as vLLM's server:
     preflights are answered before the API key is asked for); none: same-origin only. An
-    `api_key` of only spaces is refused: it would let anyone in."""
+    `api_key` of only spaces is refused: it would let anyone in. Every `stats_interval` seconds
+    with work, each model's stats line is logged (None: never)."""
     if api_key is not None and not api_key.strip():
         raise ValueError("api_key is empty: give a key, or None for a server without one")
     metrics = metrics or ServerMetrics(models, state)
@@ -73,7 +75,11 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        stats = None if stats_interval is None else asyncio.ensure_future(
+            LoggingStatLogger(metrics, models, stats_interval).run())
         yield
+        if stats is not None:
+            stats.cancel()
         await asyncio.gather(*(m.engine.shutdown() for m in models))
 
     app = FastAPI(title="encdec", version=__version__, lifespan=lifespan)
@@ -240,7 +246,8 @@ def run_server(args: argparse.Namespace) -> int:
     state = ServerState()
     app = build_app(served, state, args.api_key, args.max_upload_mb, args.max_audio_seconds,
                     args.max_audio_seconds_in_flight, allowed_origins=args.allowed_origins,
-                    request_body_timeout=args.request_body_timeout)
+                    request_body_timeout=args.request_body_timeout,
+                    stats_interval=args.stats_interval)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections import Counter
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Optional, TypeVar, Union
@@ -83,20 +84,25 @@ class Generated:
 
 class OutputCounter:
     """Counts a request's tokens into the metrics as its outputs arrive; observes the time to
-    the first output of each engine request."""
+    the first output of each engine request, and its times once it finishes."""
 
     def __init__(self, metrics: ServerMetrics, model: str, request: Request):
         self.metrics, self.model = metrics, model
         self.start = request.state.start_time
-        self.seen: set[str] = set()
+        self.lengths: dict[str, Counter[int]] = {}  # each engine request's sequences' tokens so far
         self.prompt_tokens = self.completion_tokens = 0
 
     def count(self, output: RequestOutput) -> None:
-        if output.request_id not in self.seen:
-            self.seen.add(output.request_id)
+        if output.request_id not in self.lengths:
+            self.lengths[output.request_id] = Counter()
             self.metrics.observe_first_token(self.model, output, self.start)
             self.prompt_tokens += self.metrics.count_prompt(self.model, output)
         self.completion_tokens += self.metrics.count_generated(self.model, output.outputs)
+        lengths = self.lengths[output.request_id]
+        for delta in output.outputs:
+            lengths[delta.index] += len(delta.token_ids)
+        if output.finished:
+            self.metrics.observe_finished(self.model, output, max(lengths.values(), default=0))
 
     def usage(self) -> UsageInfo:
         return UsageInfo(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,

@@ -134,8 +134,8 @@ class OpenAIServingTranscription:
 
 class WindowCounter:
     """Counts a transcription's windows into the metrics as each finishes: their prompt and
-    generated tokens, and once, the time from the request to the first token of the first window
-    to finish."""
+    generated tokens and times, and once, the time from the request to the first token of the
+    first window to finish."""
 
     def __init__(self, metrics: ServerMetrics, model: str, start: float):
         self.metrics, self.model, self.start = metrics, model, start
@@ -147,6 +147,7 @@ class WindowCounter:
             self.metrics.observe_first_token(self.model, output, self.start)
         self.metrics.count_prompt(self.model, output)
         self.metrics.count_generated(self.model, output.outputs)
+        self.metrics.observe_finished(self.model, output, max((len(c.token_ids) for c in output.outputs), default=0))
 
 
 def transcribe_error(err: ValueError) -> OpenAIError:

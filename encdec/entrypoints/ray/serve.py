@@ -133,7 +133,8 @@ def application(args: argparse.Namespace):
     app_options = dict(api_key=args.api_key, max_upload_mb=args.max_upload_mb,
                        max_audio_seconds=args.max_audio_seconds,
                        max_audio_seconds_in_flight=args.max_audio_seconds_in_flight,
-                       allowed_origins=args.allowed_origins, request_body_timeout=args.request_body_timeout)
+                       allowed_origins=args.allowed_origins, request_body_timeout=args.request_body_timeout,
+                       stats_interval=args.stats_interval)
     return deployment.bind(args.models, args.served_model_names, args.max_waiting_requests,
                            engine_options(args), app_options,
                            max(1, math.floor(args.cpus_per_replica)), args.log_level)
