@@ -4,7 +4,6 @@ or of Ray Serve (`encdec.entrypoints.ray.serve`)."""
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import ssl
 from typing import Optional, Union
@@ -28,6 +27,7 @@ def memory_gib(device: torch.device) -> float:
 def check_serve(args: argparse.Namespace) -> None:
     """The serve options that span several flags, before any model loads (UsageError): a model,
     a name and cache budgets for each --model, budgets within the memory of the machine serving."""
+    from encdec.entrypoints.openai.metrics import log_stats_interval
     from encdec.entrypoints.openai.serving_models import (PER_MODEL_OPTIONS, ModelLoadError,
                                                           per_model_options, served_names)
 
@@ -39,7 +39,10 @@ def check_serve(args: argparse.Namespace) -> None:
     except ModelLoadError as err:
         raise UsageError(str(err)) from None
     check_tls(args.ssl_keyfile, args.ssl_certfile)
-    args.stats_interval = None if args.disable_log_stats else stats_interval()
+    try:
+        log_stats_interval(args.disable_log_stats)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     if unused := ray_options_without_ray(args):
         raise UsageError(f"{', '.join(unused)}: Ray Serve options; add --ray to serve through Ray")
     if args.ray:
@@ -53,23 +56,6 @@ def check_serve(args: argparse.Namespace) -> None:
             if value > limit:
                 where = "this machine" if device.type == "cpu" else device
                 raise UsageError(f"{flag} {value:g}: more than {where}'s {limit:.1f} GiB of memory")
-
-
-def stats_interval() -> float:
-    """The seconds between stats lines: $ENCDEC_LOG_STATS_INTERVAL (vLLM's VLLM_LOG_STATS_INTERVAL),
-    else 10."""
-    from encdec.entrypoints.openai.metrics import STATS_INTERVAL_SECONDS
-
-    value = os.environ.get("ENCDEC_LOG_STATS_INTERVAL")
-    if value is None:
-        return STATS_INTERVAL_SECONDS
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = math.nan
-    if not 0 < seconds < math.inf:
-        raise UsageError(f"ENCDEC_LOG_STATS_INTERVAL must be a number of seconds above 0, got {value!r}")
-    return seconds
 
 
 class EncryptedKey(Exception):

@@ -84,6 +84,15 @@ def test_openai_client_gets_offline_results(served, bart_expected):
         assert client(served).audio.transcriptions.create(model="tiny.en", file=audio).text == expected.text
 
 
+def test_one_request_id_goes_back(served):
+    """Serve's proxy sends the request id back, the client's or its own: the app sends none of
+    its own beside it."""
+    base = served.removesuffix("/v1")
+    given = httpx.get(f"{base}/v1/models", headers={"X-Request-Id": "client-7"}, timeout=30)
+    assert given.headers.get_list("x-request-id") == ["client-7"]
+    assert len(httpx.get(f"{base}/v1/models", timeout=30).headers.get_list("x-request-id")) == 1
+
+
 def completions_by_replica(url: str) -> dict[str, float]:
     """`/metrics`: the completions each replica answered (200), by replica."""
     text = httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import os
 import time
 from collections import Counter as Tally
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, GCCollector, Histogram, PlatformCollector,
                                ProcessCollector, generate_latest)
@@ -154,6 +156,23 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def log_stats_interval(disabled: bool) -> Optional[float]:
+    """The seconds between stats lines (None if `disabled`): $ENCDEC_LOG_STATS_INTERVAL, as
+    vLLM's VLLM_LOG_STATS_INTERVAL, else 10. ValueError if it is not a number above 0."""
+    if disabled:
+        return None
+    value = os.environ.get("ENCDEC_LOG_STATS_INTERVAL")
+    if value is None:
+        return STATS_INTERVAL_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"ENCDEC_LOG_STATS_INTERVAL must be a number of seconds above 0, got {value!r}")
+    return seconds
 
 
 class LoggingStatLogger:

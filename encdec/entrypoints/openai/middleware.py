@@ -4,7 +4,8 @@ line.
 
 A plain ASGI middleware (it sees streamed responses to their end). The request id is the
 client's `x-request-id` when it sends a usable one, else a new one; it goes back in the
-`x-request-id` header and into every log line about the request. A body other than a multipart
+`x-request-id` header (unless a proxy in front sets that header itself: Ray Serve's) and into
+every log line about the request. A body other than a multipart
 upload to a route that reads one (`uploads.read_form` counts it as it streams) is read here
 whole, up to the limit, so that a chunked body without a Content-Length gets the same 413 as
 one that declares its size.
@@ -62,8 +63,10 @@ class ServerState:
 class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: ServerState, metrics: ServerMetrics,
                  api_key: Optional[str], max_body_bytes: int, routes: Sequence[BaseRoute] = (),
-                 body_timeout: float = BODY_TIMEOUT_SECONDS, form_paths: Sequence[str] = ()):
+                 body_timeout: float = BODY_TIMEOUT_SECONDS, form_paths: Sequence[str] = (),
+                 echo_request_id: bool = True):
         self.app, self.state, self.metrics, self.routes = app, state, metrics, routes
+        self.echo_request_id = echo_request_id
         self.form_paths = form_paths  # where a multipart body is the route's to count (read_form)
         self.max_body_bytes, self.body_timeout = max_body_bytes, body_timeout
         self.api_key = None if api_key is None else api_key.strip().encode()  # compared with the sent key, stripped
@@ -85,7 +88,8 @@ class ServingMiddleware:
             if message["type"] == "http.response.start":
                 status, started = message["status"], True
                 headers = MutableHeaders(scope=message)
-                headers["x-request-id"] = request_id
+                if self.echo_request_id:
+                    headers["x-request-id"] = request_id
                 streaming = headers.get("content-type", "").startswith("text/event-stream")
             try:
                 await send(message)

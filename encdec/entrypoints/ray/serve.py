@@ -52,7 +52,8 @@ class EncdecReplica:
         served = ServedModels(load_models(models, names, max_waiting_requests, engine_options))
         state = ServerState()
         metrics = ReplicaMetrics(served, serve.get_replica_context().replica_id.unique_id, state)
-        self.encdec_app = build_app(served, state, **app_options, metrics=metrics)
+        # Serve's proxy sends the request id back (the client's, else its own): not a second header
+        self.encdec_app = build_app(served, state, **app_options, metrics=metrics, echo_request_id=False)
 
     def __serve_build_asgi_app__(self):
         return self.encdec_app
@@ -124,6 +125,7 @@ def application(args: argparse.Namespace):
     """The Serve application `encdec serve --ray` runs, from its parsed arguments."""
     from ray import serve
 
+    from encdec.entrypoints.openai.metrics import log_stats_interval
     from encdec.entrypoints.openai.serving_models import engine_options
 
     deployment = serve.deployment(
@@ -134,7 +136,7 @@ def application(args: argparse.Namespace):
                        max_audio_seconds=args.max_audio_seconds,
                        max_audio_seconds_in_flight=args.max_audio_seconds_in_flight,
                        allowed_origins=args.allowed_origins, request_body_timeout=args.request_body_timeout,
-                       stats_interval=args.stats_interval)
+                       stats_interval=log_stats_interval(args.disable_log_stats))
     return deployment.bind(args.models, args.served_model_names, args.max_waiting_requests,
                            engine_options(args), app_options,
                            max(1, math.floor(args.cpus_per_replica)), args.log_level)
