@@ -46,6 +46,12 @@ def test_extra_fields():
         request_error(max_completion_tokens="0")
     assert (err.value.param, str(err.value)) == ("max_completion_tokens",
                                                  "max_completion_tokens: Input should be greater than or equal to 1")
+    for value in ("2.0", "2e0", "two"):  # a whole number only, as in the JSON endpoints
+        with pytest.raises(OpenAIError) as err:
+            request_error(max_completion_tokens=value)
+        assert (err.value.param, str(err.value)) == ("max_completion_tokens", "max_completion_tokens: "
+                                                     f"expected an integer, got {value!r}")
+    assert options(TranslationRequest, max_completion_tokens=" +2 ").max_new_tokens == 2
 
 
 def test_cross_field_errors_name_the_field():

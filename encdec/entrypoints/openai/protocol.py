@@ -5,11 +5,13 @@ Requests forbid unknown fields, so a misspelt option is a 400 naming it, not sil
 from __future__ import annotations
 
 import json
+import re
 import time
+import typing
 from typing import Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, field_validator,
-                      model_serializer, model_validator)
+from pydantic import (BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationInfo,
+                      field_validator, model_serializer, model_validator)
 
 
 class OpenAIBaseModel(BaseModel):
@@ -225,7 +227,21 @@ class SummarizeResponse(BaseModel):
 ResponseFormat = Literal["json", "text", "srt", "verbose_json", "vtt"]
 
 
-class TranslationRequest(OpenAIBaseModel):
+class FormRequest(OpenAIBaseModel):
+    """Form fields: text, read as each field's type; an integer field takes a whole number only
+    ("2.0" is refused, where pydantic's lax mode would take it as 2)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def whole_number(cls, value: Any, info: ValidationInfo) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        if (isinstance(value, str) and int in (annotation, *typing.get_args(annotation))
+                and not re.fullmatch(r"\s*[+-]?\d+\s*", value)):
+            raise ValueError(f"expected an integer, got {value!r}")
+        return value
+
+
+class TranslationRequest(FormRequest):
     """The form fields of `/v1/audio/translations` besides `file`. Extras: openai-whisper's
     decoding options by their CLI names (`encdec.entrypoints.whisper_options`); unset, they
     keep `TranscribeOptions`' defaults (greedy, fallback on). As in vLLM, `language` (the
@@ -263,7 +279,7 @@ class TranslationRequest(OpenAIBaseModel):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
 
 
-class ServerVad(OpenAIBaseModel):
+class ServerVad(FormRequest):
     """OpenAI's `chunking_strategy` of type `server_vad`: encdec's VAD filter, its silence and
     padding in milliseconds; unset fields take OpenAI's defaults."""
 
