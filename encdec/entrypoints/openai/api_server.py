@@ -179,7 +179,8 @@ class DrainingServer(uvicorn.Server):
         while self.state.inflight > 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         if self.state.inflight:
-            logger.warning("aborting %d requests still in flight", self.state.inflight)
+            logger.warning("%d requests still in flight: aborting those not done in %g s",
+                           self.state.inflight, CANCEL_AFTER_DRAIN_SECONDS)
         super().handle_exit(sig, None)
 
 
@@ -198,7 +199,7 @@ def configure_logging(level: str) -> None:
 
 def expected_cancel_as_warning(record: logging.LogRecord) -> bool:
     """uvicorn's "Cancel N running task(s)" at the shutdown timeout is what the timeout is for
-    (encdec has said "aborting N requests" already): a warning, not an error."""
+    (encdec has said "N requests still in flight: aborting ..." already): a warning, not an error."""
     if str(record.msg).startswith("Cancel %s running task(s)"):
         record.levelno, record.levelname = logging.WARNING, "WARNING"
     return True

@@ -30,9 +30,13 @@ from encdec.entrypoints.openai.errors import OpenAIError, bad_request
 
 MAX_FORM_FIELDS = 32
 FORM_FIELDS_BYTES = 1024 * 1024  # what a form may carry beside its file: framing, text fields (a prompt)
-# starlette's refusals of a form's other fields, which do not name the field (each of them is
-# at most starlette's 1 MiB)
-FIELD_REFUSALS = ("Too many fields", "Part exceeded maximum size")
+MAX_FIELD_BYTES = 1024 * 1024  # each of those fields (starlette's default)
+# starlette's refusals of a form's other fields, by the start of their words, in the server's
+# (starlette does not say which field)
+FIELD_REFUSALS = {
+    "Too many fields": f"the form has more than {MAX_FORM_FIELDS} fields",
+    "Part exceeded maximum size": f"a form field is larger than {MAX_FIELD_BYTES // (1024 * 1024)} MiB, the "
+                                  f"limit of each field other than the file"}
 # the first bytes of the containers whose header states their length exactly (libsndfile reads it)
 COUNTED_CONTAINERS = (b"RIFF", b"RF64", b"fLaC", b"OggS", b"FORM", b"caff")
 MAX_UPLOAD_RATE = 48_000  # Hz: an upload of the longest audio taken has at most this many samples a second
@@ -93,13 +97,16 @@ async def read_form(request: Request, max_bytes: int) -> FormData:
         return message
 
     try:
-        form = await Request(request.scope, counting_receive).form(max_files=1, max_fields=MAX_FORM_FIELDS)
+        form = await Request(request.scope, counting_receive).form(max_files=1, max_fields=MAX_FORM_FIELDS,
+                                                                   max_part_size=MAX_FIELD_BYTES)
     except UploadTooLarge as err:
         await discard_body(request.receive, max_body, err.last)
         raise too_large(max_bytes) from None
     except HTTPException as err:  # starlette's 400 for a malformed form
-        param = None if err.detail.startswith(FIELD_REFUSALS) else "file"
-        raise bad_request(f"the multipart form cannot be read: {err.detail}", param) from None
+        refusal = next((words for start, words in FIELD_REFUSALS.items() if err.detail.startswith(start)), None)
+        if refusal is not None:
+            raise bad_request(refusal) from None
+        raise bad_request(f"the multipart form cannot be read: {err.detail}", "file") from None
     if not closed:  # the parser drops a last part left open
         await form.close()
         raise bad_request("the multipart form is cut short: it ends before its closing boundary", "file")
