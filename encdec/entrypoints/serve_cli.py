@@ -254,6 +254,9 @@ def add_serve(subparsers) -> None:
     p.add_argument("--disable-log-stats", action="store_true",
                    help="do not log each model's stats line (throughput, requests, KV cache "
                         "usage) every $ENCDEC_LOG_STATS_INTERVAL seconds it has work (default: 10)")
+    p.add_argument("--disable-log-requests", action="store_true",
+                   help="log only the requests that fail (4xx, 5xx), not each one answered, as "
+                        "vLLM's --disable-log-requests (the lines go to --log-level debug)")
     add_engine_options(p)
     add_ray_options(p)
     p.set_defaults(handler=run_serve)

@@ -846,6 +846,17 @@ def test_the_stats_line(server):
     assert lines and sum(float(prompt) for prompt, _ in lines) > 0 and sum(float(g) for _, g in lines) > 0
 
 
+def test_each_request_has_a_log_line(server):
+    """Its id (the client's x-request-id), method, path, status and time."""
+    answer = server.http().get("/v1/models", headers={"X-Request-Id": "listed-1"})
+    assert (answer.status_code, answer.headers["x-request-id"]) == (200, "listed-1")
+    line = re.compile(r"INFO encdec\.server: request listed-1: GET /v1/models -> 200 in \d+\.\d{3} s$", re.MULTILINE)
+    deadline = time.monotonic() + 5
+    while not line.search(server.output()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert line.search(server.output())
+
+
 def test_metrics_show_the_process(server):
     """The process's own metrics, as vLLM's server has them: resident memory (the server
     process's), CPU time; Python's garbage collections."""

@@ -50,7 +50,8 @@ def server(tiny_bart_dir):
                            "--max-audio-seconds-in-flight", "8",
                            "--max-num-seqs", "5", "--max-waiting-requests", "2",
                            "--request-body-timeout", str(BODY_TIMEOUT),
-                           "--request-header-timeout", str(HEADER_TIMEOUT)], api_key=API_KEY)
+                           "--request-header-timeout", str(HEADER_TIMEOUT), "--disable-log-requests"],
+                          api_key=API_KEY)
     yield remote
     remote.stop()
 
@@ -171,6 +172,22 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 2, "best_of": 6, "temperature": 1}, 400, "best_of"),
     ("/v1/completions", {"model": "bart", "prompt": TEXT, "n": 6, "temperature": 1}, 400, "n"),
 ]
+
+
+def test_only_failed_requests_are_logged_with_disable_log_requests(server):
+    """`--disable-log-requests`, as vLLM's: a request that fails still gets its log line (its id,
+    method, path, status and time), one answered does not."""
+    with server.http() as http:
+        headers = {"X-Request-Id": "answered-1"}
+        assert http.post("/v1/completions", headers=headers, json={"model": "bart", "prompt": TEXT,
+                                                                     "max_tokens": 2}).status_code == 200
+        assert_error(http.post("/v1/completions", headers={"X-Request-Id": "refused-1"},
+                               json={"model": "nope", "prompt": TEXT}), 404, "model")
+    deadline = time.monotonic() + 5
+    while "refused-1" not in server.output() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert re.search(r"request refused-1: POST /v1/completions -> 404 in \d+\.\d{3} s$", server.output(), re.MULTILINE)
+    assert "answered-1" not in server.output()
 
 
 def test_bad_json_requests(server):

@@ -58,12 +58,14 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
               max_audio_seconds_in_flight: float = 14400,
               metrics: Optional[ServerMetrics] = None, allowed_origins: Sequence[str] = ("*",),
               request_body_timeout: float = BODY_TIMEOUT_SECONDS,
-              stats_interval: Optional[float] = STATS_INTERVAL_SECONDS, echo_request_id: bool = True) -> FastAPI:
+              stats_interval: Optional[float] = STATS_INTERVAL_SECONDS, echo_request_id: bool = True,
+              log_requests: bool = True) -> FastAPI:
     """The server's app over `models`; `metrics` are its own unless given (Ray Serve's replicas
     render every replica's). Browsers at `allowed_origins` may call it (CORS, as vLLM's server:
     preflights are answered before the API key is asked for); none: same-origin only. An
     `api_key` of only spaces is refused: it would let anyone in. Every `stats_interval` seconds
-    with work, each model's stats line is logged (None: never). The request id goes back in the
+    with work, each model's stats line is logged (None: never); each answered request's line,
+    unless `log_requests` is false (then only those that failed). The request id goes back in the
     `x-request-id` header unless `echo_request_id` is false (behind Ray Serve, whose proxy sends it)."""
     if api_key is not None and not api_key.strip():
         raise ValueError("api_key is empty: give a key, or None for a server without one")
@@ -88,7 +90,7 @@ def build_app(models: ServedModels, state: ServerState, api_key: Optional[str] =
     app.add_middleware(ServingMiddleware, state=state, metrics=metrics, api_key=api_key,
                        max_body_bytes=max_body_bytes, routes=app.routes,  # filled in below
                        body_timeout=request_body_timeout, form_paths=(TRANSCRIPTIONS, TRANSLATIONS),
-                       echo_request_id=echo_request_id)
+                       echo_request_id=echo_request_id, log_requests=log_requests)
     if allowed_origins:  # added last: the outermost layer
         app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
                            allow_headers=["*"])
@@ -250,7 +252,8 @@ def run_server(args: argparse.Namespace) -> int:
     app = build_app(served, state, args.api_key, args.max_upload_mb, args.max_audio_seconds,
                     args.max_audio_seconds_in_flight, allowed_origins=args.allowed_origins,
                     request_body_timeout=args.request_body_timeout,
-                    stats_interval=log_stats_interval(args.disable_log_stats))
+                    stats_interval=log_stats_interval(args.disable_log_stats),
+                    log_requests=not args.disable_log_requests)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_config=None,
                             log_level=args.log_level, access_log=False,
                             timeout_graceful_shutdown=CANCEL_AFTER_DRAIN_SECONDS,

@@ -64,9 +64,9 @@ class ServingMiddleware:
     def __init__(self, app: ASGIApp, state: ServerState, metrics: ServerMetrics,
                  api_key: Optional[str], max_body_bytes: int, routes: Sequence[BaseRoute] = (),
                  body_timeout: float = BODY_TIMEOUT_SECONDS, form_paths: Sequence[str] = (),
-                 echo_request_id: bool = True):
+                 echo_request_id: bool = True, log_requests: bool = True):
         self.app, self.state, self.metrics, self.routes = app, state, metrics, routes
-        self.echo_request_id = echo_request_id
+        self.echo_request_id, self.log_requests = echo_request_id, log_requests
         self.form_paths = form_paths  # where a multipart body is the route's to count (read_form)
         self.max_body_bytes, self.body_timeout = max_body_bytes, body_timeout
         self.api_key = None if api_key is None else api_key.strip().encode()  # compared with the sent key, stripped
@@ -142,7 +142,8 @@ class ServingMiddleware:
             seconds = time.monotonic() - start
             self.metrics.requests.labels(endpoint, str(status)).inc()
             self.metrics.latency.labels(endpoint).observe(seconds)
-            level = logging.DEBUG if path in QUIET_PATHS and status < 400 else logging.INFO
+            quiet = path in QUIET_PATHS or not self.log_requests
+            level = logging.DEBUG if quiet and status < 400 else logging.INFO
             logger.log(level, "request %s: %s %s -> %d in %.3f s", request_id, scope["method"], path,
                        status, seconds)
 

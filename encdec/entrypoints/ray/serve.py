@@ -136,7 +136,8 @@ def application(args: argparse.Namespace):
                        max_audio_seconds=args.max_audio_seconds,
                        max_audio_seconds_in_flight=args.max_audio_seconds_in_flight,
                        allowed_origins=args.allowed_origins, request_body_timeout=args.request_body_timeout,
-                       stats_interval=log_stats_interval(args.disable_log_stats))
+                       stats_interval=log_stats_interval(args.disable_log_stats),
+                       log_requests=not args.disable_log_requests)
     return deployment.bind(args.models, args.served_model_names, args.max_waiting_requests,
                            engine_options(args), app_options,
                            max(1, math.floor(args.cpus_per_replica)), args.log_level)
