@@ -16,7 +16,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Union
+from typing import Callable, Optional, Union
 
 import httpx
 import openai
@@ -123,6 +123,14 @@ class RemoteServer:
     def output(self) -> str:
         self.log.flush()
         return Path(self.log.name).read_text()
+
+    def wait_output(self, logged: Callable[[str], bool], start: int = 0, timeout: float = 5) -> str:
+        """The output past `start` once `logged` holds for it, or when `timeout` seconds are over
+        (the server writes its log lines after it answers)."""
+        deadline = time.monotonic() + timeout
+        while not logged(output := self.output()[start:]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return output
 
     def stop(self) -> None:
         if self.proc.poll() is None:

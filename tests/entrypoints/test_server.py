@@ -841,14 +841,11 @@ def test_the_stats_line(server):
     logged = len(server.output())
     server.client().completions.create(model="bart", prompt=ARTICLES[0], max_tokens=4, extra_body={"min_tokens": 4})
 
-    def counted() -> bool:  # a line logged while the request ran has its tokens still to come
-        lines = line.findall(server.output()[logged:])
+    def counted(output: str) -> bool:  # a line logged while the request ran has its tokens still to come
+        lines = line.findall(output)
         return sum(float(prompt) for prompt, _ in lines) > 0 and sum(float(g) for _, g in lines) > 0
 
-    deadline = time.monotonic() + 5
-    while not counted() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert counted()
+    assert counted(server.wait_output(counted, start=logged))
 
 
 def test_each_request_has_a_log_line(server):
@@ -856,10 +853,7 @@ def test_each_request_has_a_log_line(server):
     answer = server.http().get("/v1/models", headers={"X-Request-Id": "listed-1"})
     assert (answer.status_code, answer.headers["x-request-id"]) == (200, "listed-1")
     line = re.compile(r"INFO encdec\.server: request listed-1: GET /v1/models -> 200 in \d+\.\d{3} s$", re.MULTILINE)
-    deadline = time.monotonic() + 5
-    while not line.search(server.output()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert line.search(server.output())
+    assert line.search(server.wait_output(line.search))
 
 
 def test_metrics_show_the_process(server):
