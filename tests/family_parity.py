@@ -76,7 +76,7 @@ class FamilyParity:
     def test_greedy_and_beam_search_match_hugging_face(self, plain_outputs):
         assert len(plain_outputs) == 2 * NUM_PROMPTS
 
-    @pytest.mark.parametrize("mode", ["swap", "recompute"])
+    @pytest.mark.parametrize("mode", ["swap", pytest.param("recompute", marks=pytest.mark.extended)])
     def test_parity_under_preemption(self, family_dir, reference, decoding, plain_outputs, mode):
         llm, _ = run_batch(family_dir, reference, decoding, preemption_mode=mode,
                            num_gpu_blocks=small_cache(plain_outputs))

@@ -44,6 +44,7 @@ def translate(server, model: str, **body) -> list[str]:
     return [choice.text for choice in result.choices]
 
 
+@pytest.mark.extended
 def test_mbart50_beams_rank_as_hugging_faces(server, checkpoints):
     """The target code is the forced first token, counted as generated: the beams' length
     penalty ranks them as Hugging Face's (with the code as decoder prompt it did not)."""

@@ -109,6 +109,7 @@ def test_a_model_the_actors_cannot_read_is_named(tiny_bart_dir, documents, tmp_p
         f"encdec: error: RuntimeError: cannot load model {str(broken)!r}: ")
 
 
+@pytest.mark.extended
 def test_killed_actor_still_gives_each_input_once(tiny_bart_dir, documents, offline_summaries, tmp_path):
     from encdec.entrypoints.ray.batch import PoolOptions, summarize_dataset
 

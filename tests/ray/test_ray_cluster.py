@@ -42,6 +42,7 @@ def test_summarize_on_both_nodes(node_ids, tiny_bart_dir, documents_jsonl, offli
     assert {r["node_id"] for r in rows} == node_ids
 
 
+@pytest.mark.extended
 def test_transcribe_on_both_nodes(node_ids, clip_paths, offline_transcripts, tmp_path):
     assert main(["batch", "transcribe", *clip_paths, "--output", str(tmp_path), "--replicas", "2",
                  "--batch-size", "2", "--output-format", "txt", *SMALL_CACHE]) == 0

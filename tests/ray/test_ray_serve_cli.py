@@ -23,6 +23,7 @@ pytest.importorskip("ray.serve")
 pytestmark = pytest.mark.ray
 
 
+@pytest.mark.extended
 def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones():
     expected = LLM("tiny.en", num_gpu_blocks=600, swap_space=0.01).transcribe(str(SAMPLE))[0].text
     remote = RemoteServer(["--ray", "--replicas", "1", "--cpus-per-replica", "0.5", "--model", "tiny.en",
@@ -49,6 +50,7 @@ def test_sigterm_drains_the_request_in_flight_and_refuses_new_ones():
         remote.stop()
 
 
+@pytest.mark.extended
 def test_a_full_queue_gets_429_and_a_second_signal_stops_at_once(tiny_bart_dir):
     """Behind Serve as without it: past --max-waiting-requests a request is refused (429), not
     held back in Serve's queue; while the drain waits for a request in flight, a second SIGTERM
@@ -96,6 +98,7 @@ def test_replicas_that_cannot_fit_the_local_instance_are_refused():
             f"cluster has {cpus} (the server could never start)") in done.stderr
 
 
+@pytest.mark.extended
 def test_replicas_that_cannot_load_the_model_stop_the_server(tmp_path):
     (tmp_path / "config.json").write_text("{}")  # a checkpoint directory, of no model
     done = subprocess.run([sys.executable, "-m", "encdec", "serve", "--ray", "--model", str(tmp_path),

@@ -94,6 +94,7 @@ def test_silence_still_has_a_language(base):
     assert_all_blocks_free(base)
 
 
+@pytest.mark.extended
 def test_a_prompt_does_not_sway_the_detected_language(base, base_assets, ct2_dir, language_clips):
     """The language is read after <|startoftranscript|> alone, as both references read it,
     not after the prompt (a French prompt before English speech used to make it French)."""
@@ -134,6 +135,7 @@ def test_an_input_has_the_language_of_its_first_30_seconds(base, language_clips,
     assert_all_blocks_free(base)
 
 
+@pytest.mark.extended
 def test_verbose_announces_the_detected_language_as_openai_whisper_does(base, language_clips, tmp_path, capsys):
     """`verbose=True`: openai-whisper's two lines on the language, then the segments; `False`:
     its one line (the bar goes to stderr). The Spanish clip, where both detect Spanish, greedy

@@ -58,6 +58,7 @@ def check_against_faster_whisper(llm, assets_dir: str, clips, name: str) -> None
         assert min(coverage) >= 0.5, [s for s, c in zip(clip.sentences, coverage) if c < 0.5]
 
 
+@pytest.mark.extended
 def test_tiny_en_long_clips_match_faster_whisper(tiny_en, tiny_en_assets, long_clips):
     check_against_faster_whisper(tiny_en, str(tiny_en_assets.bin_parts[0].parent), long_clips, "tiny.en")
 

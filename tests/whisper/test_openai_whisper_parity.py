@@ -26,12 +26,12 @@ def segments_of(result) -> list[tuple]:
             for s in result["segments"]]
 
 
-@pytest.mark.parametrize("options, num_clips", [({}, 20), ({"beam_size": 5, "best_of": 5}, 20),
-                                                ({"beam_size": 3, "patience": 2.0}, 10),
-                                                ({"beam_size": 1, "patience": 2.0}, 10),
-                                                ({"beam_size": 3, "length_penalty": 1.0}, 10),
-                                                ({"initial_prompt": "", "temperature": 0.0}, 4)],
-                         ids=["defaults", "beam5", "patience2", "one-beam-patience2", "length_penalty", "empty-prompt"])
+@pytest.mark.parametrize("options, num_clips", [
+    pytest.param({}, 20, id="defaults"), pytest.param({"beam_size": 5, "best_of": 5}, 20, id="beam5"),
+    pytest.param({"beam_size": 3, "patience": 2.0}, 10, id="patience2", marks=pytest.mark.extended),
+    pytest.param({"beam_size": 1, "patience": 2.0}, 10, id="one-beam-patience2", marks=pytest.mark.extended),
+    pytest.param({"beam_size": 3, "length_penalty": 1.0}, 10, id="length_penalty", marks=pytest.mark.extended),
+    pytest.param({"initial_prompt": "", "temperature": 0.0}, 4, id="empty-prompt")])
 def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options, num_clips):
     """The whole corpus with the defaults and the command line's beams; half of it where one
     beam option changes (openai-whisper's beam search is the slow part)."""
@@ -41,11 +41,11 @@ def test_segments_equal_openai_whisper(tiny_en, reference, corpus, options, num_
         assert_segments_equal(transcript, segments_of(whisper.transcribe(reference, clip.audio, fp16=False, **options)))
 
 
-@pytest.mark.parametrize("clip, options", [(2, {"clip_timestamps": "33.3"}),
-                                           (2, {"initial_prompt": "Museum, harvest, bakery.", "temperature": 0.0}),
-                                           (2, {"initial_prompt": "Museum, harvest, bakery.", "temperature": 0.0,
-                                                "condition_on_previous_text": False})],
-                         ids=["86s-from-33.3s", "86s-prompted", "86s-not-conditioned"])
+@pytest.mark.parametrize("clip, options", [
+    pytest.param(2, {"clip_timestamps": "33.3"}, id="86s-from-33.3s", marks=pytest.mark.extended),
+    pytest.param(2, {"initial_prompt": "Museum, harvest, bakery.", "temperature": 0.0}, id="86s-prompted"),
+    pytest.param(2, {"initial_prompt": "Museum, harvest, bakery.", "temperature": 0.0,
+                     "condition_on_previous_text": False}, id="86s-not-conditioned", marks=pytest.mark.extended)])
 def test_long_audio_segments_equal_openai_whisper(tiny_en, reference, long_clips, clip, options):
     """Past 30 s (the defaults on the 102 s clip: test_verbose_prints_what_openai_whisper_prints;
     the 86 s clip whole: test_words_equal_openai_whisper), a clip that starts mid-input hears the
@@ -175,6 +175,7 @@ def test_a_wordless_decode_the_model_is_sure_of_stays(tiny_en, reference):
     assert_segments_equal(ours, expected)
 
 
+@pytest.mark.extended
 def test_quiet_speech_and_a_noise_floor_equal_openai_whisper(tiny_en, reference, corpus):
     """Speech peaking at -52 dBFS is transcribed (only dither-level windows are passed over);
     30 s of a -55 dBFS noise floor decodes to lone marks (" .", a space first), whose word
@@ -191,6 +192,7 @@ def test_quiet_speech_and_a_noise_floor_equal_openai_whisper(tiny_en, reference,
     assert ours[0].text and any(w.word == " ." for s in ours[1].segments for w in s.words)
 
 
+@pytest.mark.extended
 def test_hallucination_silence_threshold_equals_openai_whisper(tiny_en, reference, corpus):
     """`hallucination_silence_threshold` by openai-whisper's rules, on speech after murmur and
     noise that tiny.en turns into words: the silence before a first segment that looks like a

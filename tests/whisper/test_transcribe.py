@@ -253,6 +253,7 @@ def test_default_fallback_samples_fit_a_small_engine(corpus):
     assert_all_blocks_free(small)
 
 
+@pytest.mark.extended
 def test_openai_defaults_beam_search_matches_faster_whisper(tiny_en, reference_model, corpus):
     """openai-whisper's CLI defaults (beam 5, best_of 5, temperature fallback) against
     faster-whisper's defaults (the same)."""
