@@ -78,6 +78,7 @@ def summary_params(defaults: GenerationDefaults, max_tokens: Optional[int] = Non
                    min_tokens: Optional[int] = None, num_beams: Optional[int] = None,
                    length_penalty: Optional[float] = None,
                    no_repeat_ngram_size: Optional[int] = None, temperature: Optional[float] = None,
+                   top_k: Optional[int] = None, top_p: Optional[float] = None,
                    seed: Optional[int] = None,
                    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY,
                    task: Optional[str] = SUMMARIZATION) -> SamplingParams:
@@ -85,12 +86,25 @@ def summary_params(defaults: GenerationDefaults, max_tokens: Optional[int] = Non
     config with its `task` parameters over it (so a bart-large-cnn or t5-small directory decodes
     like Hugging Face's summarization pipeline), also when `temperature` is set: 0 keeps the
     config's beam search, above 0 samples with the config's lengths, `no_repeat_ngram_size` and
-    forced tokens. A checkpoint without a config decodes greedily, at most 128 tokens."""
-    if not defaults.for_task(task).found:
+    forced tokens. A checkpoint without a config decodes greedily, at most 128 tokens. `top_k`
+    and `top_p` shape the sampling: refused with `num_beams` > 1 (as a temperature above 0 is),
+    ignored at temperature 0 (as in vLLM) and, with `temperature` unset, where the config does
+    not sample (as Hugging Face's pipeline ignores them without `do_sample`)."""
+    config = defaults.for_task(task)
+    if not config.found:
         temperature = 0.0 if temperature is None else temperature
         max_tokens = max_tokens or DEFAULT_MAX_TOKENS
+    SamplingParams(top_k=top_k, top_p=top_p)  # their ranges, checked where they are ignored too
+    if num_beams is not None and num_beams > 1:
+        for name, value, off in (("top_k", top_k, (None, -1, 0)), ("top_p", top_p, (None, 1.0))):
+            if value not in off:
+                raise ValueError(f"{name}={value}: a beam search of {num_beams} beams does not "
+                                 f"sample; leave {name} out, or sample with one beam and a "
+                                 f"temperature above 0")
+    if not (temperature > 0 if temperature is not None else bool(config.get("do_sample"))):
+        top_k = top_p = None
     beams = {} if num_beams is None else dict(beam_width=num_beams, use_beam_search=num_beams > 1)
     return SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, length_penalty=length_penalty,
                           no_repeat_ngram_size=no_repeat_ngram_size, temperature=temperature,
-                          seed=seed, output_kind=output_kind, config_per_field=True, config_task=task,
+                          top_k=top_k, top_p=top_p, seed=seed, output_kind=output_kind, config_per_field=True, config_task=task,
                           **beams)

@@ -30,7 +30,7 @@ from encdec.weights.loader import checkpoint_dir_problem, has_tokenizer, is_whis
 OPTIONS = {"max_tokens": "--max-tokens", "min_tokens": "--min-tokens", "beam_width": "--num-beams",
            "use_beam_search": "--num-beams", "length_penalty": "--length-penalty",
            "no_repeat_ngram_size": "--no-repeat-ngram-size", "temperature": "--temperature",
-           "seed": "--seed"}
+           "top_k": "--top-k", "top_p": "--top-p", "seed": "--seed"}
 
 
 def read_texts(args: argparse.Namespace) -> tuple[list[tuple[str, Optional[str]]], int]:
@@ -127,7 +127,7 @@ def decoding_options(args: argparse.Namespace) -> dict:
     takes them (unset ones are None)."""
     return dict(max_tokens=args.max_tokens, min_tokens=args.min_tokens, num_beams=args.num_beams,
                 length_penalty=args.length_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
-                temperature=args.temperature, seed=args.seed)
+                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
 def decoding_params(defaults: GenerationDefaults, args: argparse.Namespace,
@@ -226,6 +226,12 @@ def add_decoding_options(p: argparse.ArgumentParser) -> None:
                    help="in [0, 2]: 0 decodes greedily (or with the config's beam search), "
                         "higher samples, without the config's beams (default: the generation "
                         "config's decoding)")
+    p.add_argument("--top-k", type=number(int, -1), default=None,
+                   help="sampling: draw from the k likeliest tokens; -1 or 0 from all (default: "
+                        "the generation config's when it samples, else all)")
+    p.add_argument("--top-p", type=number(float, 0, 1, above=True), default=None,
+                   help="sampling: draw from the likeliest tokens whose probabilities add up to "
+                        "this, in (0, 1] (default: the generation config's when it samples, else 1)")
     p.add_argument("--seed", type=int, default=None, help="seed for sampling")
     p.add_argument("--truncate", action=argparse.BooleanOptionalAction, default=True,
                    help="cut texts longer than the model's input limit to fit, with a note on "

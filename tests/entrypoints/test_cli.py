@@ -302,8 +302,8 @@ def test_when_no_text_can_be_summarized_each_keeps_an_empty_line(tiny_bart_dir, 
 
 
 def test_summarize_decoding_options_decode_as_the_llm_does(tiny_bart_dir, capsys, monkeypatch):
-    """--temperature with --seed, and --no-repeat-ngram-size, give what `LLM.generate` gives
-    with them (each changes the output here); --file - reads standard input."""
+    """--temperature with --seed, --no-repeat-ngram-size, and --top-k with --top-p give what
+    `LLM.generate` gives with them (each changes the output here); --file - reads standard input."""
     from encdec import LLM, SamplingParams
 
     text = "The encoder reads the whole document once; the decoder writes the summary."
@@ -317,6 +317,8 @@ def test_summarize_decoding_options_decode_as_the_llm_does(tiny_bart_dir, capsys
         (["--temperature", "1", "--seed", "3"], dict(temperature=1.0, seed=3), dict(temperature=1.0, seed=4)),
         (["--temperature", "0", "--no-repeat-ngram-size", "1"], dict(temperature=0.0, no_repeat_ngram_size=1),
          dict(temperature=0.0)),
+        (["--temperature", "1", "--seed", "3", "--top-k", "3", "--top-p", "0.6"],
+         dict(temperature=1.0, seed=3, top_k=3, top_p=0.6), dict(temperature=1.0, seed=3)),
     ]:
         assert offline(**fields) != offline(**other)  # the option matters here
         monkeypatch.setattr(sys, "stdin", io.StringIO(text))

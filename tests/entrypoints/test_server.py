@@ -579,11 +579,19 @@ def test_summarize_plain_and_streamed(server, bart):
 
 def test_summarize_decoding_fields(server, bart):
     """/v1/summarize's decoding fields decode as the offline LLM does with the same settings."""
+    assert offline_texts(bart, summary_prompts(bart, ARTICLES), SamplingParams(temperature=0.9, seed=4)) != \
+        offline_texts(bart, summary_prompts(bart, ARTICLES), SamplingParams(temperature=0.9, seed=4, top_k=3,
+                                                                            top_p=0.6))  # they matter here
     fields = dict(max_tokens=16, min_tokens=6, length_penalty=2.0, no_repeat_ngram_size=2)
     params = dict(max_tokens=16, min_tokens=6, length_penalty=2.0, no_repeat_ngram_size=2)
     cases = [({"num_beams": 3, **fields}, SamplingParams(use_beam_search=True, beam_width=3, **params)),
              ({"temperature": 0, **fields}, SamplingParams(temperature=0.0, **params)),
-             ({"temperature": 0.9, "seed": 4, **fields}, SamplingParams(temperature=0.9, seed=4, **params))]
+             ({"temperature": 0.9, "seed": 4, **fields}, SamplingParams(temperature=0.9, seed=4, **params)),
+             ({"temperature": 0.9, "seed": 4, "top_k": 3, "top_p": 0.6, **fields},
+              SamplingParams(temperature=0.9, seed=4, top_k=3, top_p=0.6, **params)),
+             # one candidate is the likeliest; a summary that does not sample ignores them (as HF)
+             ({"temperature": 0.9, "seed": 4, "top_k": 1, **fields}, SamplingParams(temperature=0.0, **params)),
+             ({"top_k": 3, "top_p": 0.6, **fields}, SamplingParams(temperature=0.0, **params))]
     with server.http() as http:
         for body, expected in cases:
             result = http.post("/v1/summarize", json={"model": "bart", "input": ARTICLES, **body}).json()

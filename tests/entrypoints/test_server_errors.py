@@ -142,6 +142,9 @@ JSON_CASES = [  # (path, body or raw text, status, param)
     ("/v1/summarize", {"model": "bart", "input": TEXT, "temperature": -1}, 400, "temperature"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "num_beams": 2, "temperature": 0.5}, 400, "temperature"),
     ("/v1/summarize", {"model": "bart", "input": TEXT, "seed": -2**63 - 1}, 400, "seed"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "top_k": -2}, 400, "top_k"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "top_p": 0}, 400, "top_p"),
+    ("/v1/summarize", {"model": "bart", "input": TEXT, "num_beams": 2, "top_p": 0.5}, 400, "top_p"),
     # JSON's lone surrogates are not Unicode: refused before they reach a tokenizer or a reply
     ("/v1/completions", '{"model": "bart", "prompt": "ab\\ud800cd"}', 400, "prompt"),
     ("/v1/completions", '{"model": "bart", "prompt": "x", "decoder_prompt": "\\udfff"}', 400, "decoder_prompt"),

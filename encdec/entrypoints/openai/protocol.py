@@ -200,6 +200,8 @@ class SummarizeRequest(JSONRequest):
     length_penalty: Optional[float] = None
     no_repeat_ngram_size: Optional[int] = Field(None, ge=0)
     temperature: Optional[float] = Field(None, ge=0.0, le=2.0)
+    top_k: Optional[int] = Field(None, ge=-1)  # vLLM's: -1 or 0 for all
+    top_p: Optional[float] = Field(None, gt=0.0, le=1.0)
     seed: Optional[int] = None
     truncate: bool = True
     stream: bool = False

@@ -40,7 +40,7 @@ class OpenAIServingSummarize:
                 served.engine.engine.generation_defaults, max_tokens=body.max_tokens,
                 min_tokens=body.min_tokens, num_beams=body.num_beams, length_penalty=body.length_penalty,
                 no_repeat_ngram_size=body.no_repeat_ngram_size, temperature=body.temperature,
-                seed=body.seed, output_kind=RequestOutputKind.DELTA)
+                top_k=body.top_k, top_p=body.top_p, seed=body.seed, output_kind=RequestOutputKind.DELTA)
             response_id = random_id("sum")
             counter = OutputCounter(self.metrics, served.name, request)
             admission = Admission(len(articles))  # the articles are taken or refused (429) together
