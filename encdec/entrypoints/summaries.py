@@ -106,5 +106,5 @@ def summary_params(defaults: GenerationDefaults, max_tokens: Optional[int] = Non
     beams = {} if num_beams is None else dict(beam_width=num_beams, use_beam_search=num_beams > 1)
     return SamplingParams(max_tokens=max_tokens, min_tokens=min_tokens, length_penalty=length_penalty,
                           no_repeat_ngram_size=no_repeat_ngram_size, temperature=temperature,
-                          top_k=top_k, top_p=top_p, seed=seed, output_kind=output_kind, config_per_field=True, config_task=task,
-                          **beams)
+                          top_k=top_k, top_p=top_p, seed=seed, output_kind=output_kind,
+                          config_per_field=True, config_task=task, **beams)
