@@ -174,14 +174,19 @@ def _decode(source: Union[Path, io.BytesIO], name: str, sr: int, max_samples: Op
             except ValueError as error:
                 raise UnreadableAudio(str(error)) from None
             mono = av.AudioResampler(format="s16", layout="mono", rate=sr)
-            decoded = 0
+            resampling, decoded = False, 0
             for frame in itertools.chain(_decodable_frames(container.decode(stream)), [None]):  # None: flush
                 if frame is not None:
                     decoded += frame.samples
                     if max_samples is not None and decoded > max_samples:
                         raise TooManySamples(f"{name}: more than {max_samples} samples per channel",
                                              decoded / frame.sample_rate)
-                pieces.extend(out.to_ndarray().reshape(-1) for out in mono.resample(frame))
+                    # the resampler would copy such a frame as it is, at twice the cost of decoding it
+                    resampling = resampling or not _is_mono_s16(frame, sr)
+                if resampling:
+                    pieces.extend(out.to_ndarray().reshape(-1) for out in mono.resample(frame))
+                elif frame is not None:
+                    pieces.append(frame.to_ndarray().reshape(-1))
     except (TooManySamples, UnreadableAudio):
         raise
     except Exception as error:  # FFmpeg's own words, without its error number and the file's name
@@ -192,6 +197,11 @@ def _decode(source: Union[Path, io.BytesIO], name: str, sr: int, max_samples: Op
     if not pieces:
         return np.zeros(0, np.float32)
     return np.concatenate(pieces).astype(np.float32) / np.float32(32768)
+
+
+def _is_mono_s16(frame: Any, sr: int) -> bool:
+    """Whether an FFmpeg audio frame is already what `_decode` resamples to."""
+    return frame.format.name == "s16" and frame.layout.nb_channels == 1 and frame.sample_rate == sr
 
 
 def _decodable_frames(frames: Iterator[Any]) -> Iterator[Any]:

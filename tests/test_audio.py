@@ -267,7 +267,7 @@ def _file_recipe(name: str, files: dict, tmp_path: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["wav8k", "wav22k", "stereo44k", "ogg", "stereo-48k.flac", "5.1.m4a",
+@pytest.mark.parametrize("name", ["wav16k", "wav8k", "wav22k", "stereo44k", "ogg", "stereo-48k.flac", "5.1.m4a",
                                   "corrupt.mp3", "tagged.mp3"])
 def test_files_decode_to_faster_whispers_samples(files, tmp_path, name):
     """Sample for sample: FFmpeg decodes, mixes down and resamples (to 16-bit) as for the
