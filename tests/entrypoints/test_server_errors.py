@@ -24,6 +24,7 @@ import numpy as np
 import openai
 import pytest
 import soundfile
+from prometheus_client.parser import text_string_to_metric_families
 
 from encdec import LLM, SamplingParams
 from encdec.engine.async_engine import AsyncLLMEngine
@@ -848,6 +849,7 @@ def test_what_the_shutdown_timeout_cuts_off_gets_openai_errors(tiny_bart_dir):
         # uvicorn's cancel of what is left is what the timeout is for: a warning
         assert "WARNING uvicorn.error: Cancel " in remote.output()
         assert " ERROR " not in remote.output()
+        assert "POST /v1/completions -> 503 (an error event ending its stream) in " in remote.output()
     finally:
         remote.stop()
 
@@ -997,14 +999,18 @@ def test_an_engine_that_dies_mid_stream_ends_it_with_engine_dead(tiny_bart_dir, 
             async with http.stream("POST", "/v1/completions", json={"model": "bart", "prompt": TEXT, "stream": True,
                                                                     **LONG}) as response:
                 events = [line async for line in response.aiter_lines() if line.startswith("data: ")]
+            metrics = (await http.get("/metrics")).text
         await engine.shutdown()
-        return response.status_code, events
+        return response.status_code, events, metrics
 
-    status, events = asyncio.run(run())
+    status, events, metrics = asyncio.run(run())
     assert status == 200 and events[-1] == "data: [DONE]" and len(events) >= 3
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert (error["type"], error["code"]) == ("server_error", "engine_dead")
     assert error["message"].startswith("the engine failed") and "device lost" in error["message"], error
+    counted = {s.labels["status"]: s.value for f in text_string_to_metric_families(metrics) for s in f.samples
+               if s.name == "encdec_http_requests_total" and s.labels["endpoint"] == "/v1/completions"}
+    assert counted == {"500": 1.0}  # the error event's status, not the status line's
 
 
 def test_each_models_series_start_at_zero(tiny_bart_dir):

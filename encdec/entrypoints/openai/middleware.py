@@ -125,6 +125,7 @@ class ServingMiddleware:
                 if not started:
                     await cut_off.response()(scope, receive, send_with_id)
                 elif streaming:
+                    scope["state"]["stream_status"] = cut_off.status
                     await send_with_id({"type": "http.response.body", "more_body": False,
                                         "body": (sse(cut_off.body()) + DONE).encode()})
         except Exception as err:  # a real fault: the client still gets OpenAI's shape
@@ -140,12 +141,15 @@ class ServingMiddleware:
                 self._trim_when_idle()
             endpoint = self._endpoint(scope)
             seconds = time.monotonic() - start
+            # a stream ended by an error event is counted and logged with the error's status
+            in_stream = scope["state"].get("stream_status") if status == 200 else None
+            status = in_stream or status
             self.metrics.requests.labels(endpoint, str(status)).inc()
             self.metrics.latency.labels(endpoint).observe(seconds)
             quiet = path in QUIET_PATHS or not self.log_requests
             level = logging.DEBUG if quiet and status < 400 else logging.INFO
-            logger.log(level, "request %s: %s %s -> %d in %.3f s", request_id, scope["method"], path,
-                       status, seconds)
+            logger.log(level, "request %s: %s %s -> %d%s in %.3f s", request_id, scope["method"], path,
+                       status, " (an error event ending its stream)" if in_stream else "", seconds)
 
     def _trim_when_idle(self) -> None:
         """In IDLE_TRIM_SECONDS, unless a request comes in meanwhile: `trim_heap` off the loop."""

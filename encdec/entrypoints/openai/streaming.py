@@ -73,17 +73,18 @@ async def cancel_on_disconnect(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-def error_event(err: BaseException, request_id: str) -> str:
-    """An error inside a stream that has already started (the client raises it as APIError)."""
+def stream_error(err: BaseException, request_id: str) -> OpenAIError:
+    """What an error inside a stream that has already started tells the client (an error
+    event, which the client raises as APIError)."""
     if isinstance(err, OpenAIError):
-        return sse(err.body())
+        return err
     if isinstance(err, ValueError):
-        return sse(OpenAIError(400, str(err)).body())
+        return OpenAIError(400, str(err))
     if isinstance(err, EngineDeadError):  # as the plain response's (`add_error_handlers`)
         logger.error("request %s: %s", request_id, err)
-        return sse(OpenAIError(500, str(err), code="engine_dead").body())
+        return OpenAIError(500, str(err), code="engine_dead")
     logger.exception("request %s: stream failed", request_id, exc_info=err)
-    return sse(OpenAIError(500, f"{type(err).__name__}: {err}").body())
+    return OpenAIError(500, f"{type(err).__name__}: {err}")
 
 
 async def event_stream(request: Request, events: AsyncIterator[str],
@@ -113,7 +114,9 @@ async def event_stream(request: Request, events: AsyncIterator[str],
             async for event in events:
                 yield event
         except Exception as err:  # the status line is sent: report it in the stream, then end it
-            yield error_event(err, request_id)  # as vLLM does, with [DONE]
+            error = stream_error(err, request_id)
+            request.state.stream_status = error.status  # what the middleware counts and logs
+            yield sse(error.body())  # as vLLM does, with [DONE]
             yield DONE
         finally:
             if not first.done():
