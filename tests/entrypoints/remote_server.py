@@ -31,6 +31,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def metric_samples(text: str) -> dict[tuple[str, tuple], float]:
+    """`{(sample name, sorted labels): value}` of a /metrics text."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 class RemoteServer:
     def __init__(self, args: list[str], api_key: Optional[str] = None, startup_timeout: float = 180,
                  verify: Union[bool, str] = True, env: Optional[dict[str, str]] = None):
@@ -78,9 +84,8 @@ class RemoteServer:
 
     def metrics(self) -> dict[tuple[str, tuple], float]:
         """`{(sample name, sorted labels): value}` of /metrics."""
-        text = httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10, verify=self.verify).text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return metric_samples(httpx.get(f"{self.url}/metrics", headers=self.headers, timeout=10,
+                                        verify=self.verify).text)
 
     def requests_in_flight(self) -> float:
         """HTTP requests being answered (every replica's, behind Ray Serve)."""

@@ -24,7 +24,6 @@ import numpy as np
 import openai
 import pytest
 import soundfile
-from prometheus_client.parser import text_string_to_metric_families
 
 from encdec import LLM, SamplingParams
 from encdec.engine.async_engine import AsyncLLMEngine
@@ -33,7 +32,7 @@ from encdec.entrypoints.openai.middleware import ServerState
 from encdec.entrypoints.openai.serving_models import ServedModel, ServedModels
 from tests.audio_files import av_encoded
 from tests.entrypoints.conftest import SAMPLE
-from tests.entrypoints.remote_server import API_KEY, RemoteServer
+from tests.entrypoints.remote_server import API_KEY, RemoteServer, metric_samples
 
 TEXT = "The rain in spain falls mainly on the plain."
 MAX_UPLOAD_MB = 1
@@ -1008,8 +1007,8 @@ def test_an_engine_that_dies_mid_stream_ends_it_with_engine_dead(tiny_bart_dir, 
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert (error["type"], error["code"]) == ("server_error", "engine_dead")
     assert error["message"].startswith("the engine failed") and "device lost" in error["message"], error
-    counted = {s.labels["status"]: s.value for f in text_string_to_metric_families(metrics) for s in f.samples
-               if s.name == "encdec_http_requests_total" and s.labels["endpoint"] == "/v1/completions"}
+    counted = {dict(labels)["status"]: value for (name, labels), value in metric_samples(metrics).items()
+               if name == "encdec_http_requests_total" and dict(labels)["endpoint"] == "/v1/completions"}
     assert counted == {"500": 1.0}  # the error event's status, not the status line's
 
 
